@@ -1,0 +1,321 @@
+"""The API, transport-free: parse the wire request, call the domain, render the answer.
+
+gRPC and Connect both call these methods, so every rule, check and error exists once."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import contextlib
+import hashlib
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+
+from kibo.ctrl.v1 import (
+    observation_service_pb2 as obs_pb2,
+)
+from kibo.ctrl.v1 import (
+    volume_service_pb2 as vol_pb2,
+)
+from kibo.ctrl.v1 import (
+    workspace_service_pb2 as ws_pb2,
+)
+from kibo.sim.v1 import simulator_pb2 as sim_pb2
+
+from . import cleanup, validation
+from .errors import Conflict, InvalidArgument, NotFound
+from .hub import Hub
+from .model import Command, Instance, Workspace
+from .runtime.sim import Fault, SimBoard, SimError, SimNode
+from .service import CommandRequest, Service
+from .store import Reader, Store, WorkspaceQuery
+from .transport import parse, render
+
+
+class Api:
+    def __init__(
+        self, store: Store, hub: Hub, service: Service, capabilities: list[str], settle_seconds: float
+    ) -> None:
+        self._store = store
+        self._hub = hub
+        self._service = service
+        self._capabilities = sorted(set(capabilities))
+        self._settle = settle_seconds
+
+    # -- commands ----------------------------------------------------------------------
+
+    async def _command(self, request: CommandRequest) -> tuple[Workspace, Command]:
+        workspace, command = await self._store.transact(lambda tx: self._service.execute(tx, request))
+        if command.terminal or self._settle <= 0:
+            return workspace, command
+        done = self._hub.command_done(command.id)
+        try:
+            latest = await self._store.read(lambda r: r.get_command(command.id))
+            if latest is not None and not latest.terminal:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(done), self._settle)
+        finally:
+            self._hub.forget(command.id, done)
+
+        def both(reader: Reader) -> tuple[Workspace, Command]:
+            ws, cmd = reader.get_workspace(workspace.id), reader.get_command(command.id)
+            assert ws is not None and cmd is not None
+            return ws, cmd
+
+        return await self._store.read(both)
+
+    async def create_workspace(self, request: ws_pb2.CreateWorkspaceRequest) -> ws_pb2.CreateWorkspaceResponse:
+        ws, cmd = await self._command(parse.create(request))
+        return ws_pb2.CreateWorkspaceResponse(workspace=render.workspace(ws), command=render.command(cmd))
+
+    async def stop_workspace(self, request: ws_pb2.StopWorkspaceRequest) -> ws_pb2.StopWorkspaceResponse:
+        ws, cmd = await self._command(parse.stop(request))
+        return ws_pb2.StopWorkspaceResponse(workspace=render.workspace(ws), command=render.command(cmd))
+
+    async def start_workspace(self, request: ws_pb2.StartWorkspaceRequest) -> ws_pb2.StartWorkspaceResponse:
+        ws, cmd = await self._command(parse.start(request))
+        return ws_pb2.StartWorkspaceResponse(workspace=render.workspace(ws), command=render.command(cmd))
+
+    async def delete_workspace(self, request: ws_pb2.DeleteWorkspaceRequest) -> ws_pb2.DeleteWorkspaceResponse:
+        ws, cmd = await self._command(parse.delete(request))
+        return ws_pb2.DeleteWorkspaceResponse(workspace=render.workspace(ws), command=render.command(cmd))
+
+    async def set_workspace_expiration(
+        self, request: ws_pb2.SetWorkspaceExpirationRequest
+    ) -> ws_pb2.SetWorkspaceExpirationResponse:
+        ws, cmd = await self._command(parse.set_expiration(request))
+        return ws_pb2.SetWorkspaceExpirationResponse(workspace=render.workspace(ws), command=render.command(cmd))
+
+    async def clear_workspace_expiration(
+        self, request: ws_pb2.ClearWorkspaceExpirationRequest
+    ) -> ws_pb2.ClearWorkspaceExpirationResponse:
+        ws, cmd = await self._command(parse.clear_expiration(request))
+        return ws_pb2.ClearWorkspaceExpirationResponse(workspace=render.workspace(ws), command=render.command(cmd))
+
+    async def set_workspace_labels(
+        self, request: ws_pb2.SetWorkspaceLabelsRequest
+    ) -> ws_pb2.SetWorkspaceLabelsResponse:
+        ws, cmd = await self._command(parse.set_labels(request))
+        return ws_pb2.SetWorkspaceLabelsResponse(workspace=render.workspace(ws), command=render.command(cmd))
+
+    async def resize_workspace(self, request: ws_pb2.ResizeWorkspaceRequest) -> ws_pb2.ResizeWorkspaceResponse:
+        ws, cmd = await self._command(parse.resize(request))
+        return ws_pb2.ResizeWorkspaceResponse(workspace=render.workspace(ws), command=render.command(cmd))
+
+    async def set_workspace_network_policy(
+        self, request: ws_pb2.SetWorkspaceNetworkPolicyRequest
+    ) -> ws_pb2.SetWorkspaceNetworkPolicyResponse:
+        ws, cmd = await self._command(parse.set_network_policy(request))
+        return ws_pb2.SetWorkspaceNetworkPolicyResponse(workspace=render.workspace(ws), command=render.command(cmd))
+
+    async def bind_workspace_volume(
+        self, request: ws_pb2.BindWorkspaceVolumeRequest
+    ) -> ws_pb2.BindWorkspaceVolumeResponse:
+        ws, cmd = await self._command(parse.bind_volume(request))
+        return ws_pb2.BindWorkspaceVolumeResponse(workspace=render.workspace(ws), command=render.command(cmd))
+
+    async def unbind_workspace_volume(
+        self, request: ws_pb2.UnbindWorkspaceVolumeRequest
+    ) -> ws_pb2.UnbindWorkspaceVolumeResponse:
+        ws, cmd = await self._command(parse.unbind_volume(request))
+        return ws_pb2.UnbindWorkspaceVolumeResponse(workspace=render.workspace(ws), command=render.command(cmd))
+
+    async def revoke_workspace_data_plane_access(
+        self, request: ws_pb2.RevokeWorkspaceDataPlaneAccessRequest
+    ) -> ws_pb2.RevokeWorkspaceDataPlaneAccessResponse:
+        ws, cmd = await self._command(parse.revoke(request))
+        return ws_pb2.RevokeWorkspaceDataPlaneAccessResponse(
+            workspace=render.workspace(ws), command=render.command(cmd)
+        )
+
+    # -- queries -----------------------------------------------------------------------
+
+    async def _workspace(self, workspace_id: str) -> Workspace:
+        workspace = await self._store.read(lambda r: r.get_workspace(workspace_id))
+        if workspace is None:
+            raise NotFound(f"workspace {workspace_id} not found", field="workspace_id")
+        return workspace
+
+    async def get_workspace(self, request: ws_pb2.GetWorkspaceRequest) -> ws_pb2.GetWorkspaceResponse:
+        workspace = await self._workspace(parse.workspace_id(request.workspace_id))
+        return ws_pb2.GetWorkspaceResponse(workspace=render.workspace(workspace))
+
+    async def list_workspaces(self, request: ws_pb2.ListWorkspacesRequest) -> ws_pb2.ListWorkspacesResponse:
+        size = validation.page_size(request.page_size, 50)
+        where = validation.workspace_filter(request.filter)
+        scope = _digest(f"{request.include_deleted}|{request.filter}")
+        after = _decode_token(request.page_token, scope)
+        query = WorkspaceQuery(
+            after_seq=after,
+            limit=size + 1,
+            include_deleted=request.include_deleted,
+            states=where.states,
+            labels=where.labels,
+        )
+        rows = await self._store.read(lambda r: r.list_workspaces(query))
+        token = _encode_token(rows[size - 1].seq, scope) if len(rows) > size else ""
+        return ws_pb2.ListWorkspacesResponse(
+            workspaces=[render.workspace(w) for w in rows[:size]], next_page_token=token
+        )
+
+    async def get_workspace_command(
+        self, request: ws_pb2.GetWorkspaceCommandRequest
+    ) -> ws_pb2.GetWorkspaceCommandResponse:
+        command_id = request.command_id
+        if not command_id or not validation.COMMAND_ID.fullmatch(command_id):
+            raise InvalidArgument("command_id is not a valid command ID", field="command_id")
+        command = await self._store.read(lambda r: r.get_command(command_id))
+        if command is None:
+            raise NotFound(f"command {command_id} not found", field="command_id")
+        return ws_pb2.GetWorkspaceCommandResponse(command=render.command(command))
+
+    async def watch_workspace(
+        self, request: ws_pb2.WatchWorkspaceRequest
+    ) -> AsyncIterator[ws_pb2.WatchWorkspaceResponse]:
+        workspace_id = parse.workspace_id(request.workspace_id)
+        with self._hub.watch(workspace_id) as changes:
+            workspace = await self._workspace(workspace_id)
+            yield ws_pb2.WatchWorkspaceResponse(workspace=render.workspace(workspace))
+            version = workspace.version
+            while not workspace.deleted:
+                snapshot = await changes.get()
+                if snapshot is None:  # the watcher fell behind: resynchronise
+                    snapshot = await self._workspace(workspace_id)
+                if snapshot.version <= version:
+                    continue
+                workspace, version = snapshot, snapshot.version
+                yield ws_pb2.WatchWorkspaceResponse(workspace=render.workspace(workspace))
+
+    async def get_capabilities(self, request: ws_pb2.GetCapabilitiesRequest) -> ws_pb2.GetCapabilitiesResponse:
+        return ws_pb2.GetCapabilitiesResponse(capabilities=self._capabilities)
+
+    # -- observation -------------------------------------------------------------------
+
+    async def get_workspace_cleanup(
+        self, request: obs_pb2.GetWorkspaceCleanupRequest
+    ) -> obs_pb2.GetWorkspaceCleanupResponse:
+        workspace_id = parse.workspace_id(request.workspace_id)
+
+        def load(reader: Reader) -> tuple[Workspace | None, Instance | None]:
+            workspace = reader.get_workspace(workspace_id)
+            instance = reader.get_instance(workspace.instance_id) if workspace and workspace.instance_id else None
+            return workspace, instance
+
+        workspace, instance = await self._store.read(load)
+        if workspace is None:
+            raise NotFound(f"workspace {workspace_id} not found", field="workspace_id")
+        derived = cleanup.derive(workspace, instance, time.time())
+        return obs_pb2.GetWorkspaceCleanupResponse(cleanup=render.cleanup(workspace_id, derived))
+
+    async def list_workspace_events(
+        self, request: obs_pb2.ListWorkspaceEventsRequest
+    ) -> obs_pb2.ListWorkspaceEventsResponse:
+        workspace_id = parse.workspace_id(request.workspace_id)
+        size = validation.page_size(request.page_size, 100)
+        scope = _digest(workspace_id)
+        after = _decode_token(request.page_token, scope)
+        await self._workspace(workspace_id)
+        events = await self._store.read(lambda r: r.list_events(workspace_id, after, size + 1))
+        token = _encode_token(events[size - 1].seq, scope) if len(events) > size else ""
+        return obs_pb2.ListWorkspaceEventsResponse(
+            events=[render.event(e) for e in events[:size]], next_page_token=token
+        )
+
+    async def list_workspace_instances(
+        self, request: obs_pb2.ListWorkspaceInstancesRequest
+    ) -> obs_pb2.ListWorkspaceInstancesResponse:
+        workspace_id = parse.workspace_id(request.workspace_id)
+        await self._workspace(workspace_id)
+        instances = await self._store.read(lambda r: r.list_instances(workspace_id))
+        return obs_pb2.ListWorkspaceInstancesResponse(instances=[render.instance(i) for i in instances])
+
+    # -- volumes -----------------------------------------------------------------------
+
+    async def create_volume(self, request: vol_pb2.CreateVolumeRequest) -> vol_pb2.CreateVolumeResponse:
+        command_id = validation.command_id(request.metadata.command_id)
+        if not 0 <= request.capacity_gib <= validation.MAX_VOLUME_GIB:
+            raise InvalidArgument("capacity_gib is out of range", field="capacity_gib")
+        capacity = request.capacity_gib or validation.DEFAULT_DATA_VOLUME_GIB
+        digest = parse.fingerprint("CreateVolume", request)
+        volume = await self._store.transact(lambda tx: self._service.create_volume(tx, command_id, digest, capacity))
+        return vol_pb2.CreateVolumeResponse(volume=render.volume(volume))
+
+    async def get_volume(self, request: vol_pb2.GetVolumeRequest) -> vol_pb2.GetVolumeResponse:
+        volume_id = validation.resource_id(request.volume_id, "volume_id", "vol-")
+        volume = await self._store.read(lambda r: r.get_volume(volume_id))
+        if volume is None:
+            raise NotFound(f"volume {volume_id} not found", field="volume_id")
+        return vol_pb2.GetVolumeResponse(volume=render.volume(volume))
+
+    async def delete_volume(self, request: vol_pb2.DeleteVolumeRequest) -> vol_pb2.DeleteVolumeResponse:
+        command_id = validation.command_id(request.metadata.command_id)
+        volume_id = validation.resource_id(request.volume_id, "volume_id", "vol-")
+        digest = parse.fingerprint("DeleteVolume", request)
+        volume = await self._store.transact(lambda tx: self._service.delete_volume(tx, command_id, digest, volume_id))
+        return vol_pb2.DeleteVolumeResponse(volume=render.volume(volume))
+
+
+class SimulatorApi:
+    """kibo.sim.v1.SimulatorService: inject the faults a real node would report."""
+
+    def __init__(self, store: Store, board: SimBoard, nodes: dict[str, SimNode], report: Callable[[str], object]):
+        self._store = store
+        self._board = board
+        self._nodes = nodes
+        self._pool_lost = report
+
+    async def inject_fault(self, request: sim_pb2.InjectFaultRequest) -> sim_pb2.InjectFaultResponse:
+        try:
+            fault = Fault(request.fault)
+        except ValueError:
+            raise InvalidArgument(f"unknown fault {request.fault}", field="fault") from None
+        if not request.workspace_id:
+            if fault not in (Fault.STALL, Fault.CREATE_FAIL, Fault.CREATE_FAIL_HOLDING):
+                raise InvalidArgument(f"{fault.name} needs a workspace_id", field="workspace_id")
+            self._board.arm("", fault)
+            return sim_pb2.InjectFaultResponse()
+        workspace_id = parse.workspace_id(request.workspace_id)
+        workspace = await self._store.read(lambda r: r.get_workspace(workspace_id))
+        if workspace is None:
+            raise NotFound(f"workspace {workspace_id} not found", field="workspace_id")
+        if fault in (Fault.SYNC_FAIL, Fault.STALL, Fault.CREATE_FAIL, Fault.CREATE_FAIL_HOLDING, Fault.DESTROY_FAIL):
+            self._board.arm(workspace_id, fault)
+        elif fault is Fault.UNSTALL:
+            self._board.armed.get(workspace_id, set()).discard(Fault.STALL)
+            event = self._board.unstall.get(workspace_id)
+            if event is not None:
+                event.set()
+        elif fault is Fault.STORAGE_POOL_LOST:
+            await self._pool_lost(workspace.storage_pool)  # type: ignore[misc]
+        else:
+            node = self._nodes.get(workspace.node_id or "")
+            if node is None:
+                raise Conflict(f"workspace {workspace_id} is not on any node", state=workspace.state.name)
+            try:
+                node.inject(workspace_id, workspace.instance_id, fault)
+            except SimError as error:
+                raise Conflict(str(error), state=workspace.state.name) from None
+        return sim_pb2.InjectFaultResponse()
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _encode_token(seq: int, scope: str) -> str:
+    return base64.urlsafe_b64encode(json.dumps({"after": seq, "scope": scope}).encode()).decode()
+
+
+def _decode_token(token: str, scope: str) -> int:
+    if not token:
+        return 0
+    try:
+        data = json.loads(base64.urlsafe_b64decode(token.encode()))
+        after, token_scope = int(data["after"]), str(data["scope"])
+    except (ValueError, KeyError, TypeError, binascii.Error, UnicodeDecodeError):
+        raise InvalidArgument("page_token is not valid", field="page_token") from None
+    if token_scope != scope or after < 0:
+        raise InvalidArgument("page_token belongs to another query", field="page_token")
+    return after

@@ -1,0 +1,161 @@
+"""Wiring: the store, the hub, the engine's loops, the runtime and the servers, in one process."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from kibo.ctrl.v1 import observation_service_pb2, volume_service_pb2, workspace_service_pb2
+from kibo.sim.v1 import simulator_pb2
+
+from . import controller
+from .api import Api, SimulatorApi
+from .expiry import ExpiryLoop
+from .hub import Hub
+from .model import Backend, Node
+from .node_agent import Liveness, NodeAgent
+from .reports import StorageReleased
+from .runtime.sim import SimBoard, SimNode
+from .scheduler import Scheduler
+from .service import Service, Settings
+from .store import SqliteStore
+from .transport.grpc import service_handler
+
+log = logging.getLogger("kibo")
+
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Config:
+    data_dir: Path
+    listen: str = "127.0.0.1:50051"
+    runtime: str = "sim"
+    sim_backend: Backend = Backend.FIRECRACKER
+    sim_step_ms: float = 20.0
+    sim_nodes: int = 1
+    node_vcpus: int = 4096
+    node_memory_mib: int = 16 * 1024 * 1024
+    settle_ms: float = 1000.0
+    node_timeout_ms: float = 3000.0
+    shutdown_grace_s: float = 5.0
+
+
+class App:
+    """One control plane process. `await App.start(config)`, then `await app.stop()`."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.port = 0
+        self._tasks: list[asyncio.Task[None]] = []
+
+    @classmethod
+    async def start(cls, config: Config) -> App:
+        app = cls(config)
+        await app._start()
+        return app
+
+    async def _start(self) -> None:
+        config = self.config
+        if config.runtime != "sim":
+            raise ValueError(f"unknown runtime {config.runtime!r}; this build has: sim")
+        self.store = await SqliteStore.open(config.data_dir / "kibo.db")
+        self.hub = Hub()
+        self.store.subscribe(self.hub.publish)
+        storage_pool = "local"
+        self.service = Service(Settings(storage_pool=storage_pool))
+        nodes = [
+            Node(
+                id=f"node-{i + 1}",
+                vcpus=config.node_vcpus,
+                memory_mib=config.node_memory_mib,
+                storage_pool=storage_pool,
+            )
+            for i in range(config.sim_nodes)
+        ]
+        self.board = SimBoard()
+        self.runtimes = {n.id: SimNode(n.id, config.sim_backend, config.sim_step_ms / 1000, self.board) for n in nodes}
+        liveness = Liveness(self.store, [n.id for n in nodes], config.node_timeout_ms / 1000)
+        # The pool's files are deleted by its first node.
+        agents = [
+            NodeAgent(n, self.runtimes[n.id], self.store, liveness)
+            if i == 0
+            else NodeAgent(
+                Node(n.id, n.vcpus, n.memory_mib, storage_pool=f"{storage_pool}-{n.id}"),
+                self.runtimes[n.id],
+                self.store,
+                liveness,
+            )
+            for i, n in enumerate(nodes)
+        ]
+        scheduler = Scheduler(self.store, nodes)
+        expiry = ExpiryLoop(self.store, self.service)
+        for listener in (scheduler.on_changes, expiry.on_changes, *(a.on_changes for a in agents)):
+            self.hub.listen(listener)
+        self._agents = agents
+        capabilities = next(iter(self.runtimes.values())).capabilities()
+        self.api = Api(self.store, self.hub, self.service, capabilities, config.settle_ms / 1000)
+        self.sim_api = SimulatorApi(self.store, self.board, self.runtimes, self._pool_lost)
+        for coroutine in (scheduler.run(), expiry.run(), liveness.run(), *(a.run() for a in agents)):
+            self._tasks.append(asyncio.create_task(self._supervise(coroutine)))
+        await self._serve()
+
+    async def _pool_lost(self, pool: str) -> None:
+        pending = await self.store.read(lambda r: r.storage_pending())
+        for workspace in pending:
+            if workspace.storage_pool == pool:
+                report = StorageReleased(workspace.id, pool_lost=True)
+                await self.store.transact(partial(controller.apply_storage, report=report))
+
+    async def _supervise(self, coroutine: object) -> None:
+        try:
+            await coroutine  # type: ignore[misc]
+        except asyncio.CancelledError:
+            raise
+        except BaseException:
+            log.exception("an engine loop died; the process can no longer make progress")
+            raise
+
+    async def _serve(self) -> None:
+        options = [
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ]
+        self.server = grpc.aio.server(options=options)
+        descriptors = [
+            (workspace_service_pb2.DESCRIPTOR.services_by_name["WorkspaceService"], self.api),
+            (observation_service_pb2.DESCRIPTOR.services_by_name["WorkspaceObservationService"], self.api),
+            (volume_service_pb2.DESCRIPTOR.services_by_name["VolumeService"], self.api),
+            (simulator_pb2.DESCRIPTOR.services_by_name["SimulatorService"], self.sim_api),
+        ]
+        self.server.add_generic_rpc_handlers([service_handler(d, impl) for d, impl in descriptors])
+        self.health = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        names = [d.full_name for d, _ in descriptors] + [health.SERVICE_NAME, reflection.SERVICE_NAME]
+        reflection.enable_server_reflection(names, self.server)
+        self.port = self.server.add_insecure_port(self.config.listen)
+        if self.port == 0:
+            raise OSError(f"cannot listen on {self.config.listen}")
+        await self.server.start()
+        for name in ["", *(d.full_name for d, _ in descriptors)]:
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+
+    async def stop(self) -> None:
+        """Finish in-flight calls, stop the loops, close the store."""
+        await self.health.enter_graceful_shutdown()
+        await self.server.stop(self.config.shutdown_grace_s)
+        for agent in self._agents:
+            await agent.stop()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(BaseException):
+                await task
+        await self.store.close()

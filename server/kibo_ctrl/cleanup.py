@@ -1,0 +1,121 @@
+"""Cleanup status: which parts of a workspace's execution are released. Read-only.
+
+Unknown parts are never shown as released: while the node is silent, a part it last
+reported as held is UNKNOWN."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .model import (
+    EXECUTION_PARTS,
+    CleanupCompleteness,
+    CleanupSource,
+    CleanupState,
+    CommandKind,
+    Component,
+    ComponentStatus,
+    Instance,
+    Workspace,
+    WorkspaceState,
+)
+
+
+@dataclass(frozen=True)
+class ComponentRow:
+    component: Component
+    status: ComponentStatus
+    source: CleanupSource
+    observe_time: float | None
+
+
+@dataclass(frozen=True)
+class Cleanup:
+    state: CleanupState
+    completeness: CleanupCompleteness
+    components: tuple[ComponentRow, ...]
+    # Present only while release is unfinished.
+    pending_since: float | None
+    last_confirmed_time: float | None
+
+
+# States in which the execution is supposed to be running, so held parts are expected.
+_RUNNING_STATES = frozenset({WorkspaceState.CREATING, WorkspaceState.STARTING, WorkspaceState.AVAILABLE})
+_RELEASING = frozenset({CommandKind.STOP, CommandKind.FORCE_STOP, CommandKind.DELETE})
+
+
+def derive(workspace: Workspace, instance: Instance | None, now: float) -> Cleanup:
+    rows: list[ComponentRow] = []
+    observed = instance.observe_time if instance is not None else None
+    never_reported = instance is not None and instance.node_id is not None and observed is None
+    for part in EXECUTION_PARTS:
+        if instance is None or instance.node_id is None:
+            rows.append(
+                ComponentRow(part, ComponentStatus.RELEASED, CleanupSource.CONTROL_PLANE, workspace.update_time)
+            )
+        elif workspace.node_silent and part in instance.holds:
+            rows.append(ComponentRow(part, ComponentStatus.UNKNOWN, CleanupSource.NODE_REPORT, observed))
+        elif part in instance.holds:
+            rows.append(ComponentRow(part, ComponentStatus.PRESENT, CleanupSource.NODE_REPORT, observed))
+        else:
+            rows.append(ComponentRow(part, ComponentStatus.RELEASED, CleanupSource.NODE_REPORT, observed))
+    rows.extend(_storage_rows(workspace))
+
+    unknown = [r for r in rows if r.status is ComponentStatus.UNKNOWN]
+    if never_reported and workspace.node_silent:
+        completeness = CleanupCompleteness.UNKNOWN
+    elif unknown:
+        completeness = CleanupCompleteness.PARTIAL
+    else:
+        completeness = CleanupCompleteness.COMPLETE
+
+    expected_running = workspace.state in _RUNNING_STATES and not workspace.deletion_started
+    to_release = [
+        r
+        for r in rows
+        if r.status is not ComponentStatus.RELEASED
+        and (not expected_running or r.component in (Component.RETAINED_LAYER, Component.VOLUME_DELETION))
+        and not (r.component in (Component.RETAINED_LAYER, Component.VOLUME_DELETION) and not workspace.deleted)
+    ]
+    if completeness is CleanupCompleteness.UNKNOWN:
+        state = CleanupState.UNKNOWN
+    elif not to_release:
+        state = CleanupState.COMPLETE
+    elif workspace.active_kind in _RELEASING or workspace.owed_stop is not None or workspace.deleted:
+        state = CleanupState.PROCESSING
+    else:
+        state = CleanupState.NEEDS_ATTENTION
+    unfinished = state is not CleanupState.COMPLETE
+    pending_since = workspace.release_pending_since or workspace.storage.since
+    return Cleanup(
+        state=state,
+        completeness=completeness,
+        components=tuple(rows),
+        pending_since=pending_since if unfinished else None,
+        last_confirmed_time=observed if unfinished else None,
+    )
+
+
+def _storage_rows(workspace: Workspace) -> list[ComponentRow]:
+    """The retained layer and the volumes that go with the workspace: kept until delete."""
+    rows = []
+    going = [b.volume_id for b in workspace.bindings if b.delete_with_workspace]
+    for component, still_pending in (
+        (Component.RETAINED_LAYER, workspace.storage.layer),
+        (Component.VOLUME_DELETION, bool(workspace.storage.volume_ids)),
+    ):
+        if component is Component.VOLUME_DELETION and not going:
+            continue
+        if not workspace.deleted:
+            rows.append(
+                ComponentRow(component, ComponentStatus.PRESENT, CleanupSource.CONTROL_PLANE, workspace.update_time)
+            )
+        elif still_pending:
+            rows.append(
+                ComponentRow(component, ComponentStatus.PENDING, CleanupSource.CONTROL_PLANE, workspace.update_time)
+            )
+        else:
+            rows.append(
+                ComponentRow(component, ComponentStatus.RELEASED, CleanupSource.NODE_REPORT, workspace.update_time)
+            )
+    return rows

@@ -1,0 +1,51 @@
+"""Domain errors: a small hierarchy, mapped to wire codes in one place (transport/errors.py)."""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class Reason(IntEnum):
+    """Numbers equal kibo.ctrl.v1.ErrorReason."""
+
+    CONFLICT = 1
+    NOT_FOUND = 2
+    INVALID_ARGUMENT = 3
+    RESERVED_COMMAND_ID = 4
+    COMMAND_ID_REUSED = 5
+    REVISION_MISMATCH = 6
+
+
+class KiboError(Exception):
+    reason: Reason = Reason.INVALID_ARGUMENT
+
+    def __init__(self, message: str, *, field: str = "", state: str = "", hint: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+        self.state = state
+        self.hint = hint
+
+
+class InvalidArgument(KiboError):
+    reason = Reason.INVALID_ARGUMENT
+
+
+class ReservedCommandId(InvalidArgument):
+    reason = Reason.RESERVED_COMMAND_ID
+
+
+class NotFound(KiboError):
+    reason = Reason.NOT_FOUND
+
+
+class CommandIdReused(KiboError):
+    reason = Reason.COMMAND_ID_REUSED
+
+
+class RevisionMismatch(KiboError):
+    reason = Reason.REVISION_MISMATCH
+
+
+class Conflict(KiboError):
+    reason = Reason.CONFLICT

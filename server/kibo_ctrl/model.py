@@ -1,0 +1,355 @@
+"""The records the store keeps, and the enums they use.
+
+Enum numbers equal the wire enums in proto/ (a unit test checks it), so rendering is a
+cast; nothing here imports generated code, transports, stores or runtimes.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum, StrEnum
+
+import msgspec
+
+
+class WorkspaceState(IntEnum):
+    UNSPECIFIED = 0
+    CREATING = 1
+    AVAILABLE = 2
+    STOPPING = 3
+    STOPPED = 4
+    STARTING = 5
+    FAILED = 6
+    UNKNOWN = 7
+    DELETING = 8
+    DELETED = 9
+
+
+class CommandState(IntEnum):
+    UNSPECIFIED = 0
+    PENDING = 1
+    RUNNING = 2
+    SUCCEEDED = 3
+    FAILED = 4
+
+
+class CommandKind(IntEnum):
+    UNSPECIFIED = 0
+    CREATE = 1
+    STOP = 2
+    FORCE_STOP = 3
+    START = 4
+    DELETE = 5
+    SET_EXPIRATION = 6
+    CLEAR_EXPIRATION = 7
+    SET_LABELS = 8
+    RESIZE = 9
+    SET_NETWORK_POLICY = 10
+    BIND_VOLUME = 11
+    UNBIND_VOLUME = 12
+    REVOKE_DATA_PLANE_ACCESS = 13
+    CREATE_VOLUME = 14
+    DELETE_VOLUME = 15
+
+
+class ExpirationAction(IntEnum):
+    UNSPECIFIED = 0
+    STOP = 1
+    DELETE = 2
+
+
+class StopCause(IntEnum):
+    UNSPECIFIED = 0
+    REQUESTED = 1
+    EXPIRED = 2
+    GUEST_SHUTDOWN = 3
+    HOST_MEMORY_EXHAUSTED = 4
+
+
+class StopDurability(IntEnum):
+    UNSPECIFIED = 0
+    CONFIRMED = 1
+    UNCONFIRMED = 2
+
+
+class NetworkEgress(IntEnum):
+    UNSPECIFIED = 0
+    ALLOW_ALL = 1
+    DENY_ALL = 2
+    ALLOW_LISTED = 3
+
+
+class Phase(IntEnum):
+    """The internal runtime status of an instance: richer than the visible state."""
+
+    UNSPECIFIED = 0
+    PENDING = 1
+    SCHEDULED = 2
+    PROVISIONING = 3
+    LAUNCHING = 4
+    RUNNING = 5
+    RESTARTING = 6
+    STOPPING = 7
+    STOPPED = 8
+    EXITED = 9
+    FAILED = 10
+    RELEASED = 11
+
+
+class Desired(IntEnum):
+    """What the control plane wants the node to do with an instance."""
+
+    RUNNING = 1
+    STOPPED = 2
+    FORCE_STOPPED = 3
+    DESTROYED = 4
+
+
+class Component(IntEnum):
+    UNSPECIFIED = 0
+    INSTANCE = 1
+    RESERVATION = 2
+    NETWORK = 3
+    VOLUME_ATTACHMENT = 4
+    RETAINED_LAYER = 5
+    VOLUME_DELETION = 6
+    LAYER_MOUNT = 7
+
+
+# The parts a running instance holds on its node; all released by a stop.
+EXECUTION_PARTS = (
+    Component.INSTANCE,
+    Component.RESERVATION,
+    Component.NETWORK,
+    Component.VOLUME_ATTACHMENT,
+    Component.LAYER_MOUNT,
+)
+
+
+class ComponentStatus(IntEnum):
+    UNSPECIFIED = 0
+    RELEASED = 1
+    PRESENT = 2
+    PENDING = 3
+    ISOLATED = 4
+    UNKNOWN = 5
+
+
+class CleanupState(IntEnum):
+    UNSPECIFIED = 0
+    COMPLETE = 1
+    PROCESSING = 2
+    NEEDS_ATTENTION = 3
+    UNKNOWN = 4
+
+
+class CleanupCompleteness(IntEnum):
+    UNSPECIFIED = 0
+    COMPLETE = 1
+    PARTIAL = 2
+    UNKNOWN = 3
+
+
+class CleanupSource(IntEnum):
+    UNSPECIFIED = 0
+    NODE_REPORT = 1
+    CONTROL_PLANE = 2
+
+
+class EventType(IntEnum):
+    UNSPECIFIED = 0
+    STATE_CHANGED = 1
+    COMMAND_ACCEPTED = 2
+    COMMAND_SUCCEEDED = 3
+    COMMAND_FAILED = 4
+    SCHEDULED = 5
+    UNSCHEDULABLE = 6
+    GUEST_RESET = 7
+    GUEST_NOT_RESPONDING = 8
+    NODE_SILENT = 9
+    NODE_BACK = 10
+    EXPIRED = 11
+    SERVER_STOP = 12
+    INSTANCE_PHASE = 13
+    STORAGE_RELEASED = 14
+
+
+class VolumeState(IntEnum):
+    UNSPECIFIED = 0
+    PENDING = 1
+    READY = 2
+    DELETED = 3
+
+
+class Backend(StrEnum):
+    FIRECRACKER = "firecracker"
+    KIBOVM = "kibovm"
+
+
+# gRPC status codes a command can end with (google.rpc.Code numbers).
+class ErrorCode(IntEnum):
+    CANCELLED = 1
+    ABORTED = 10
+    UNAVAILABLE = 14
+
+
+class Resources(msgspec.Struct):
+    vcpus: int
+    memory_mib: int
+    writable_layer_gib: int
+
+
+class Binding(msgspec.Struct):
+    volume_id: str
+    mount_path: str
+    delete_with_workspace: bool
+
+
+class NetworkPolicy(msgspec.Struct):
+    egress: NetworkEgress = NetworkEgress.ALLOW_ALL
+    allowed_cidrs: list[str] = msgspec.field(default_factory=list)
+
+
+class Expiration(msgspec.Struct):
+    revision: int = 1
+    expire_time: float | None = None
+    action: ExpirationAction = ExpirationAction.UNSPECIFIED
+
+
+class LastStop(msgspec.Struct):
+    cause: StopCause
+    command_id: str
+    durability: StopDurability = StopDurability.UNSPECIFIED
+
+
+class Failure(msgspec.Struct):
+    stage: str
+    message: str
+
+
+class Guest(msgspec.Struct):
+    reset_times: list[float] = msgspec.field(default_factory=list)
+    reset_count: int = 0
+    last_reset_time: float | None = None
+    responding: bool = True
+
+
+class StoragePending(msgspec.Struct):
+    """Files that go once the storage pool has a node available (after delete)."""
+
+    layer: bool = False
+    volume_ids: list[str] = msgspec.field(default_factory=list)
+    since: float | None = None
+
+
+class Workspace(msgspec.Struct):
+    id: str
+    seq: int
+    state: WorkspaceState
+    resources: Resources
+    bindings: list[Binding]
+    create_time: float
+    update_time: float
+    storage_pool: str
+    labels: dict[str, str] = msgspec.field(default_factory=dict)
+    annotations: dict[str, str] = msgspec.field(default_factory=dict)
+    network_policy: NetworkPolicy = msgspec.field(default_factory=NetworkPolicy)
+    expiration: Expiration = msgspec.field(default_factory=Expiration)
+    last_stop: LastStop | None = None
+    failure: Failure | None = None
+    delete_time: float | None = None
+    generation: int = 0
+    instance_id: str | None = None
+    node_id: str | None = None
+    guest: Guest = msgspec.field(default_factory=Guest)
+    data_plane_revision: int = 1
+    deletion_started: bool = False
+    deleted: bool = False
+    holds_execution: bool = False
+    # The lifecycle command in progress (create, start, stop, force stop, delete).
+    active_command: str | None = None
+    active_kind: CommandKind | None = None
+    active_cause: StopCause | None = None
+    node_silent: bool = False
+    # A stop the server owes (guest power-off on kibovm, host OOM), started when allowed.
+    owed_stop: StopCause | None = None
+    release_pending_since: float | None = None
+    storage: StoragePending = msgspec.field(default_factory=StoragePending)
+    version: int = 0
+
+
+class CommandError(msgspec.Struct):
+    code: ErrorCode
+    message: str
+
+
+class Command(msgspec.Struct):
+    id: str
+    workspace_id: str
+    kind: CommandKind
+    fingerprint: str
+    state: CommandState
+    create_time: float
+    update_time: float
+    stop_cause: StopCause = StopCause.UNSPECIFIED
+    durability: StopDurability = StopDurability.UNSPECIFIED
+    error: CommandError | None = None
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in (CommandState.SUCCEEDED, CommandState.FAILED)
+
+
+class Instance(msgspec.Struct):
+    id: str
+    workspace_id: str
+    generation: int
+    vcpus: int
+    memory_mib: int
+    create_time: float
+    desired: Desired = Desired.RUNNING
+    # `step` counts changes of `desired`; the node is done with it when done_step == step.
+    step: int = 1
+    done_step: int = 0
+    phase: Phase = Phase.PENDING
+    node_id: str | None = None
+    reason: str = ""
+    restart_count: int = 0
+    holds: list[Component] = msgspec.field(default_factory=list)
+    observe_time: float | None = None
+    # The step a stall or failure fault was armed for, etc. live in the runtime, not here.
+
+    @property
+    def reserved(self) -> bool:
+        return Component.RESERVATION in self.holds
+
+    @property
+    def holds_execution(self) -> bool:
+        return bool(self.holds)
+
+
+class Volume(msgspec.Struct):
+    id: str
+    storage_pool: str
+    capacity_gib: int
+    state: VolumeState
+    create_time: float
+    workspace_id: str | None = None
+
+
+class Event(msgspec.Struct):
+    workspace_id: str
+    time: float
+    type: EventType
+    from_state: WorkspaceState = WorkspaceState.UNSPECIFIED
+    to_state: WorkspaceState = WorkspaceState.UNSPECIFIED
+    command_id: str = ""
+    message: str = ""
+    generation: int = 0
+    seq: int = 0
+
+
+class Node(msgspec.Struct):
+    id: str
+    vcpus: int
+    memory_mib: int
+    storage_pool: str

@@ -1,0 +1,249 @@
+"""The node agent: sees work for its node in the store, drives the runtime, reports back.
+
+One task per instance at a time; when the control plane changes what it wants of an
+instance (a new `step`), the task for the old step is cancelled and a new one starts.
+Reports wait while the node is unreachable (a silent node reports nothing)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+
+from . import controller
+from .hub import Wakeup
+from .model import Desired, Instance, Node, Phase, StopDurability, Workspace
+from .reports import (
+    Destroyed,
+    DestroyFailed,
+    Launched,
+    LaunchFailed,
+    Progress,
+    Report,
+    Restarted,
+    StopFailed,
+    Stopped,
+    StorageReleased,
+)
+from .runtime import DestroyError, LaunchError, LaunchSpec, Runtime, SyncError
+from .store import Changes, Reader, Store
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Task:
+    step: int
+    task: asyncio.Task[None]
+
+
+class NodeAgent:
+    def __init__(self, node: Node, runtime: Runtime, store: Store, liveness: Liveness) -> None:
+        self.node = node
+        self.runtime = runtime
+        self._store = store
+        self._liveness = liveness
+        self._wakeup = Wakeup()
+        self._tasks: dict[str, _Task] = {}
+        self._storage: dict[str, asyncio.Task[None]] = {}
+        self._pending: dict[str, Instance] = {}
+        self._storage_pending: set[str] = set()
+
+    def on_changes(self, changes: Changes) -> None:
+        woke = False
+        for instance in changes.instances.values():
+            if instance.node_id == self.node.id:
+                self._pending[instance.id] = instance
+                woke = True
+        for workspace in changes.workspaces.values():
+            if workspace.storage_pool == self.node.storage_pool and (
+                workspace.storage.layer or workspace.storage.volume_ids
+            ):
+                self._storage_pending.add(workspace.id)
+                woke = True
+        if woke:
+            self._wakeup.set()
+
+    async def run(self) -> None:
+        instances = await self._store.read(lambda r: r.node_instances(self.node.id))
+        self.runtime.adopt(instances)
+        async with asyncio.TaskGroup() as group:
+            group.create_task(self._pump_events())
+            group.create_task(self._heartbeat())
+            await self._resync()
+            while True:
+                await self._wakeup.wait()
+                if not self.runtime.reachable.is_set():
+                    await self.runtime.reachable.wait()
+                    await self._resync()
+                    continue
+                pending, self._pending = self._pending, {}
+                for instance in pending.values():
+                    self._consider(instance)
+                storage, self._storage_pending = self._storage_pending, set()
+                for workspace_id in storage:
+                    self._consider_storage(workspace_id)
+
+    async def stop(self) -> None:
+        tasks = [t.task for t in self._tasks.values()] + list(self._storage.values())
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(BaseException):
+                await task
+
+    async def _resync(self) -> None:
+        """Re-read everything this node owes work for (at start, and when reachable again)."""
+
+        def load(reader: Reader) -> tuple[list[Instance], list[Workspace]]:
+            return reader.node_instances(self.node.id), reader.storage_pending()
+
+        instances, storage = await self._store.read(load)
+        for instance in instances:
+            self._consider(instance)
+        for workspace in storage:
+            if workspace.storage_pool == self.node.storage_pool:
+                self._consider_storage(workspace.id)
+
+    def _consider(self, instance: Instance) -> None:
+        if instance.step == instance.done_step:
+            return
+        current = self._tasks.get(instance.id)
+        if current is not None and current.step >= instance.step:
+            return
+        if current is not None:
+            current.task.cancel()
+        task = asyncio.create_task(self._act(instance), name=f"node-agent {instance.id} step {instance.step}")
+        self._tasks[instance.id] = _Task(instance.step, task)
+
+    async def _act(self, instance: Instance) -> None:
+        step = instance.step
+        try:
+            report = await self._drive(instance)
+            await self._report(report)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("node %s: acting on %s step %d failed", self.node.id, instance.id, step)
+        finally:
+            current = self._tasks.get(instance.id)
+            if current is not None and current.step == step:
+                del self._tasks[instance.id]
+
+    async def _drive(self, instance: Instance) -> Report:
+        step = instance.step
+        if instance.desired is Desired.RUNNING and instance.phase is Phase.RESTARTING:
+            await self.runtime.restart(instance)
+            return Restarted(instance.id, step)
+        if instance.desired is Desired.RUNNING:
+            spec = await self._store.read(lambda r: _launch_spec(r, instance))
+
+            async def progress(phase: Phase, volumes: tuple[str, ...]) -> None:
+                await self._report(Progress(instance.id, None, phase=phase, volumes_created=volumes))
+
+            try:
+                volumes = await self.runtime.launch(spec, progress)
+            except LaunchError as error:
+                return LaunchFailed(instance.id, step, str(error), error.holds, error.volumes_created)
+            return Launched(instance.id, step, volumes)
+        if instance.desired in (Desired.STOPPED, Desired.FORCE_STOPPED):
+            force = instance.desired is Desired.FORCE_STOPPED
+            try:
+                durability = await self.runtime.stop(instance, force=force)
+            except SyncError as error:
+                return StopFailed(instance.id, step, str(error))
+            return Stopped(instance.id, step, StopDurability.UNCONFIRMED if force else durability)
+        try:
+            await self.runtime.destroy(instance)
+        except DestroyError as error:
+            return DestroyFailed(instance.id, step, str(error))
+        return Destroyed(instance.id, step)
+
+    def _consider_storage(self, workspace_id: str) -> None:
+        if workspace_id in self._storage:
+            return
+        task = asyncio.create_task(self._release_storage(workspace_id))
+        self._storage[workspace_id] = task
+
+    async def _release_storage(self, workspace_id: str) -> None:
+        try:
+            workspace = await self._store.read(lambda r: r.get_workspace(workspace_id))
+            if workspace is None or not (workspace.storage.layer or workspace.storage.volume_ids):
+                return
+            await self.runtime.delete_storage(workspace_id, tuple(workspace.storage.volume_ids))
+            await self.runtime.reachable.wait()
+            report = StorageReleased(workspace_id, volume_ids=tuple(workspace.storage.volume_ids))
+            await self._store.transact(lambda tx: controller.apply_storage(tx, report))
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("node %s: releasing storage of %s failed", self.node.id, workspace_id)
+        finally:
+            self._storage.pop(workspace_id, None)
+
+    async def _report(self, report: Report) -> None:
+        # A silent node's reports arrive when it is back.
+        await self.runtime.reachable.wait()
+        await self._store.transact(lambda tx: controller.apply(tx, report))
+
+    async def _pump_events(self) -> None:
+        while True:
+            report = await self.runtime.events.get()
+            try:
+                await self._report(report)
+            except Exception:
+                log.exception("node %s: report %r failed", self.node.id, report)
+
+    async def _heartbeat(self) -> None:
+        while True:
+            if self.runtime.reachable.is_set():
+                self._liveness.beat(self.node.id)
+            await asyncio.sleep(self._liveness.interval)
+
+
+def _launch_spec(reader: Reader, instance: Instance) -> LaunchSpec:
+    workspace = reader.get_workspace(instance.workspace_id)
+    assert workspace is not None
+    volumes = tuple(v for b in workspace.bindings if (v := reader.get_volume(b.volume_id)) is not None)
+    return LaunchSpec(
+        instance=instance,
+        resources=workspace.resources,
+        bindings=tuple(workspace.bindings),
+        volumes=volumes,
+        network_policy=workspace.network_policy,
+    )
+
+
+class Liveness:
+    """Tells whether each node reports. In memory: liveness is about this process's view."""
+
+    def __init__(self, store: Store, node_ids: list[str], timeout: float) -> None:
+        self._store = store
+        self.timeout = timeout
+        self.interval = timeout / 4
+        self._last: dict[str, float] = {}
+        # None: not yet decided since start (the first beat clears stale silence).
+        self._silent: dict[str, bool | None] = dict.fromkeys(node_ids)
+
+    def beat(self, node_id: str) -> None:
+        self._last[node_id] = time.monotonic()
+        if self._silent.get(node_id) is not False:
+            self._mark(node_id, silent=False)
+
+    def _mark(self, node_id: str, silent: bool) -> None:
+        self._silent[node_id] = silent
+        asyncio.get_running_loop().create_task(
+            self._store.transact(lambda tx: controller.set_node_silent(tx, node_id, silent))
+        )
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval)
+            now = time.monotonic()
+            for node_id, silent in list(self._silent.items()):
+                last = self._last.get(node_id)
+                if silent is False and last is not None and now - last > self.timeout:
+                    log.warning("node %s stopped reporting", node_id)
+                    self._mark(node_id, silent=True)

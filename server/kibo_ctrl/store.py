@@ -1,0 +1,470 @@
+"""The embedded store: SQLite in WAL mode, one writer thread with group commit.
+
+Every mutation is a function run inside a transaction on the writer thread. The writer
+takes every job waiting in its queue, runs each inside its own SAVEPOINT (a failing job
+rolls back alone), commits them with one fsync, and only then resolves the callers and
+publishes the change set. So an acknowledged command is always on disk, and under load
+many commands share one fsync.
+
+The Store protocol is what the rest of the code uses; a PostgreSQL store can implement it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import queue
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+import msgspec
+
+from .model import Command, Event, Instance, Phase, Volume, Workspace, WorkspaceState
+
+T = TypeVar("T")
+
+MIGRATIONS: tuple[str, ...] = (
+    # 1: the initial schema. Records are JSON documents; columns exist only to be queried.
+    """
+    CREATE TABLE workspaces (
+        id TEXT PRIMARY KEY,
+        seq INTEGER NOT NULL UNIQUE,
+        state INTEGER NOT NULL,
+        deleted INTEGER NOT NULL,
+        expire_at REAL,
+        storage_pending INTEGER NOT NULL,
+        data BLOB NOT NULL
+    );
+    CREATE INDEX workspaces_expire_at ON workspaces(expire_at) WHERE expire_at IS NOT NULL;
+    CREATE INDEX workspaces_storage ON workspaces(storage_pending) WHERE storage_pending = 1;
+    CREATE TABLE commands (
+        id TEXT PRIMARY KEY,
+        workspace_id TEXT NOT NULL,
+        data BLOB NOT NULL
+    );
+    CREATE TABLE instances (
+        id TEXT PRIMARY KEY,
+        workspace_id TEXT NOT NULL,
+        node_id TEXT,
+        unscheduled INTEGER NOT NULL,
+        reserved INTEGER NOT NULL,
+        vcpus INTEGER NOT NULL,
+        memory_mib INTEGER NOT NULL,
+        active INTEGER NOT NULL,
+        data BLOB NOT NULL
+    );
+    CREATE INDEX instances_workspace ON instances(workspace_id);
+    CREATE INDEX instances_node ON instances(node_id, active);
+    CREATE INDEX instances_unscheduled ON instances(unscheduled) WHERE unscheduled = 1;
+    CREATE TABLE events (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        workspace_id TEXT NOT NULL,
+        data BLOB NOT NULL
+    );
+    CREATE INDEX events_workspace ON events(workspace_id, seq);
+    CREATE TABLE volumes (
+        id TEXT PRIMARY KEY,
+        data BLOB NOT NULL
+    );
+    """,
+)
+
+_ENCODER = msgspec.json.Encoder()
+_WORKSPACE = msgspec.json.Decoder(Workspace)
+_COMMAND = msgspec.json.Decoder(Command)
+_INSTANCE = msgspec.json.Decoder(Instance)
+_EVENT = msgspec.json.Decoder(Event)
+_VOLUME = msgspec.json.Decoder(Volume)
+
+
+@dataclass
+class Changes:
+    """What one commit wrote, in order; published to the hub after the commit."""
+
+    workspaces: dict[str, Workspace] = field(default_factory=dict)
+    commands: dict[str, Command] = field(default_factory=dict)
+    instances: dict[str, Instance] = field(default_factory=dict)
+    events: list[Event] = field(default_factory=list)
+    # Every snapshot of each workspace, in commit order (a watcher gets one per change).
+    workspace_history: list[Workspace] = field(default_factory=list)
+
+    def merge(self, other: Changes) -> None:
+        self.workspaces.update(other.workspaces)
+        self.commands.update(other.commands)
+        self.instances.update(other.instances)
+        self.events.extend(other.events)
+        self.workspace_history.extend(other.workspace_history)
+
+    def __bool__(self) -> bool:
+        return bool(self.workspaces or self.commands or self.instances or self.events)
+
+
+@dataclass(frozen=True)
+class WorkspaceQuery:
+    after_seq: int = 0
+    limit: int = 50
+    include_deleted: bool = False
+    # (state, equal?) and (label key, value, equal?) conditions, all ANDed.
+    states: tuple[tuple[WorkspaceState, bool], ...] = ()
+    labels: tuple[tuple[str, str, bool], ...] = ()
+
+
+class Reader:
+    """Queries, on any connection."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+
+    def _one(self, sql: str, args: tuple[Any, ...]) -> bytes | None:
+        row = self._conn.execute(sql, args).fetchone()
+        return None if row is None else bytes(row[0])
+
+    def get_workspace(self, workspace_id: str) -> Workspace | None:
+        data = self._one("SELECT data FROM workspaces WHERE id = ?", (workspace_id,))
+        return None if data is None else _WORKSPACE.decode(data)
+
+    def get_command(self, command_id: str) -> Command | None:
+        data = self._one("SELECT data FROM commands WHERE id = ?", (command_id,))
+        return None if data is None else _COMMAND.decode(data)
+
+    def get_instance(self, instance_id: str) -> Instance | None:
+        data = self._one("SELECT data FROM instances WHERE id = ?", (instance_id,))
+        return None if data is None else _INSTANCE.decode(data)
+
+    def get_volume(self, volume_id: str) -> Volume | None:
+        data = self._one("SELECT data FROM volumes WHERE id = ?", (volume_id,))
+        return None if data is None else _VOLUME.decode(data)
+
+    def list_workspaces(self, query: WorkspaceQuery) -> list[Workspace]:
+        where = ["seq > ?"]
+        args: list[Any] = [query.after_seq]
+        if not query.include_deleted:
+            where.append("deleted = 0")
+        for state, equal in query.states:
+            where.append("state = ?" if equal else "state != ?")
+            args.append(int(state))
+        for key, value, equal in query.labels:
+            # A missing label is "not equal" to any value.
+            if equal:
+                where.append("json_extract(data, ?) = ?")
+            else:
+                where.append("json_extract(data, ?) IS NOT ?")
+            args.extend((f'$.labels."{key}"', value))
+        sql = f"SELECT data FROM workspaces WHERE {' AND '.join(where)} ORDER BY seq LIMIT ?"
+        args.append(query.limit)
+        return [_WORKSPACE.decode(bytes(row[0])) for row in self._conn.execute(sql, args)]
+
+    def count_workspaces(self) -> int:
+        return int(self._conn.execute("SELECT COUNT(*) FROM workspaces").fetchone()[0])
+
+    def list_events(self, workspace_id: str, after_seq: int, limit: int) -> list[Event]:
+        rows = self._conn.execute(
+            "SELECT seq, data FROM events WHERE workspace_id = ? AND seq > ? ORDER BY seq LIMIT ?",
+            (workspace_id, after_seq, limit),
+        )
+        events = []
+        for seq, data in rows:
+            event = _EVENT.decode(bytes(data))
+            event.seq = int(seq)
+            events.append(event)
+        return events
+
+    def list_instances(self, workspace_id: str) -> list[Instance]:
+        rows = self._conn.execute("SELECT data FROM instances WHERE workspace_id = ? ORDER BY rowid", (workspace_id,))
+        return [_INSTANCE.decode(bytes(row[0])) for row in rows]
+
+    def unscheduled_instances(self) -> list[Instance]:
+        rows = self._conn.execute("SELECT data FROM instances WHERE unscheduled = 1 ORDER BY rowid")
+        return [_INSTANCE.decode(bytes(row[0])) for row in rows]
+
+    def node_instances(self, node_id: str) -> list[Instance]:
+        """Instances a node still has to act on or still holds parts of."""
+        rows = self._conn.execute(
+            "SELECT data FROM instances WHERE node_id = ? AND active = 1 ORDER BY rowid", (node_id,)
+        )
+        return [_INSTANCE.decode(bytes(row[0])) for row in rows]
+
+    def node_usage(self, node_id: str) -> tuple[int, int]:
+        row = self._conn.execute(
+            "SELECT COALESCE(SUM(vcpus), 0), COALESCE(SUM(memory_mib), 0) FROM instances "
+            "WHERE node_id = ? AND reserved = 1",
+            (node_id,),
+        ).fetchone()
+        return int(row[0]), int(row[1])
+
+    def next_expirations(self, limit: int) -> list[Workspace]:
+        rows = self._conn.execute(
+            "SELECT data FROM workspaces WHERE expire_at IS NOT NULL ORDER BY expire_at LIMIT ?", (limit,)
+        )
+        return [_WORKSPACE.decode(bytes(row[0])) for row in rows]
+
+    def storage_pending(self) -> list[Workspace]:
+        rows = self._conn.execute("SELECT data FROM workspaces WHERE storage_pending = 1 ORDER BY seq")
+        return [_WORKSPACE.decode(bytes(row[0])) for row in rows]
+
+    def integrity_check(self) -> str:
+        return str(self._conn.execute("PRAGMA integrity_check").fetchone()[0])
+
+
+class Tx(Reader):
+    """A transaction on the writer connection. Writes are collected into `changes`."""
+
+    def __init__(self, conn: sqlite3.Connection, now: float) -> None:
+        super().__init__(conn)
+        self.now = now
+        self.changes = Changes()
+
+    def next_workspace_seq(self) -> int:
+        return int(self._conn.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM workspaces").fetchone()[0])
+
+    def put_workspace(self, workspace: Workspace) -> None:
+        workspace.version += 1
+        workspace.update_time = self.now
+        self._conn.execute(
+            "INSERT INTO workspaces (id, seq, state, deleted, expire_at, storage_pending, data) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO UPDATE SET state = excluded.state, "
+            "deleted = excluded.deleted, expire_at = excluded.expire_at, "
+            "storage_pending = excluded.storage_pending, data = excluded.data",
+            (
+                workspace.id,
+                workspace.seq,
+                int(workspace.state),
+                int(workspace.deleted),
+                workspace.expiration.expire_time,
+                int(bool(workspace.storage.layer or workspace.storage.volume_ids)),
+                _ENCODER.encode(workspace),
+            ),
+        )
+        # A snapshot: callers keep mutating their record.
+        snapshot = msgspec.structs.replace(workspace)
+        self.changes.workspaces[workspace.id] = snapshot
+        self.changes.workspace_history.append(snapshot)
+
+    def put_command(self, command: Command) -> None:
+        command.update_time = self.now
+        self._conn.execute(
+            "INSERT INTO commands (id, workspace_id, data) VALUES (?, ?, ?) "
+            "ON CONFLICT(id) DO UPDATE SET data = excluded.data",
+            (command.id, command.workspace_id, _ENCODER.encode(command)),
+        )
+        self.changes.commands[command.id] = msgspec.structs.replace(command)
+
+    def put_instance(self, instance: Instance) -> None:
+        active = (
+            instance.step != instance.done_step
+            or bool(instance.holds)
+            or instance.phase
+            in (
+                Phase.SCHEDULED,
+                Phase.PROVISIONING,
+                Phase.LAUNCHING,
+                Phase.RUNNING,
+                Phase.RESTARTING,
+                Phase.STOPPING,
+            )
+        )
+        unscheduled = instance.node_id is None and instance.phase is Phase.PENDING
+        self._conn.execute(
+            "INSERT INTO instances (id, workspace_id, node_id, unscheduled, reserved, vcpus, memory_mib, "
+            "active, data) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO UPDATE SET "
+            "node_id = excluded.node_id, unscheduled = excluded.unscheduled, reserved = excluded.reserved, "
+            "vcpus = excluded.vcpus, memory_mib = excluded.memory_mib, active = excluded.active, "
+            "data = excluded.data",
+            (
+                instance.id,
+                instance.workspace_id,
+                instance.node_id,
+                int(unscheduled),
+                int(instance.reserved),
+                instance.vcpus,
+                instance.memory_mib,
+                int(active),
+                _ENCODER.encode(instance),
+            ),
+        )
+        self.changes.instances[instance.id] = msgspec.structs.replace(instance)
+
+    def put_volume(self, volume: Volume) -> None:
+        self._conn.execute(
+            "INSERT INTO volumes (id, data) VALUES (?, ?) ON CONFLICT(id) DO UPDATE SET data = excluded.data",
+            (volume.id, _ENCODER.encode(volume)),
+        )
+
+    def add_event(self, event: Event) -> None:
+        cursor = self._conn.execute(
+            "INSERT INTO events (workspace_id, data) VALUES (?, ?)", (event.workspace_id, _ENCODER.encode(event))
+        )
+        event.seq = int(cursor.lastrowid or 0)
+        self.changes.events.append(event)
+
+
+class Store(Protocol):
+    async def transact(self, fn: Callable[[Tx], T]) -> T: ...
+    async def read(self, fn: Callable[[Reader], T]) -> T: ...
+    def subscribe(self, listener: Callable[[Changes], None]) -> None: ...
+    async def close(self) -> None: ...
+
+
+@dataclass
+class _Job:
+    fn: Callable[[Tx], Any]
+    future: asyncio.Future[Any]
+
+
+_STOP = object()
+
+
+class SqliteStore:
+    """Store on one SQLite file. Create with `await SqliteStore.open(path)`."""
+
+    MAX_BATCH = 512
+
+    def __init__(self, path: Path, loop: asyncio.AbstractEventLoop) -> None:
+        self.path = path
+        self._loop = loop
+        self._queue: queue.SimpleQueue[_Job | object] = queue.SimpleQueue()
+        self._listeners: list[Callable[[Changes], None]] = []
+        self._local = threading.local()
+        self._readers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="kibo-store-read")
+        self._writer = threading.Thread(target=self._write_loop, name="kibo-store-write", daemon=True)
+        self._closed = False
+
+    @classmethod
+    async def open(cls, path: Path) -> SqliteStore:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        store = cls(path, asyncio.get_running_loop())
+        await asyncio.to_thread(store._migrate)
+        store._writer.start()
+        return store
+
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        conn.execute("PRAGMA journal_mode=WAL")
+        # FULL: a commit is on disk before it is acknowledged.
+        conn.execute("PRAGMA synchronous=FULL")
+        conn.execute("PRAGMA busy_timeout=10000")
+        return conn
+
+    def _migrate(self) -> None:
+        conn = self._connect()
+        try:
+            version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+            if version > len(MIGRATIONS):
+                raise RuntimeError(
+                    f"{self.path} has schema version {version}, newer than this kibo ({len(MIGRATIONS)})"
+                )
+            for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
+                conn.executescript(f"BEGIN IMMEDIATE; {script}; PRAGMA user_version = {number}; COMMIT;")
+        finally:
+            conn.close()
+
+    def subscribe(self, listener: Callable[[Changes], None]) -> None:
+        self._listeners.append(listener)
+
+    async def transact(self, fn: Callable[[Tx], T]) -> T:
+        if self._closed:
+            raise RuntimeError("store is closed")
+        future: asyncio.Future[T] = self._loop.create_future()
+        self._queue.put(_Job(fn, future))
+        return await future
+
+    async def read(self, fn: Callable[[Reader], T]) -> T:
+        return await self._loop.run_in_executor(self._readers, self._read, fn)
+
+    def _read(self, fn: Callable[[Reader], T]) -> T:
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self._local.conn = self._connect()
+        with _read_transaction(conn):
+            return fn(Reader(conn))
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._queue.put(_STOP)
+        await asyncio.to_thread(self._writer.join)
+        self._readers.shutdown(wait=True)
+
+    def _write_loop(self) -> None:
+        conn = self._connect()
+        try:
+            while True:
+                first = self._queue.get()
+                if first is _STOP:
+                    return
+                batch: list[_Job] = [first]  # type: ignore[list-item]
+                stop = False
+                while len(batch) < self.MAX_BATCH:
+                    try:
+                        job = self._queue.get_nowait()
+                    except queue.Empty:
+                        break
+                    if job is _STOP:
+                        stop = True
+                        break
+                    batch.append(job)  # type: ignore[arg-type]
+                self._commit_batch(conn, batch)
+                if stop:
+                    return
+        finally:
+            conn.close()
+
+    def _commit_batch(self, conn: sqlite3.Connection, batch: list[_Job]) -> None:
+        outcomes: list[tuple[_Job, Any, BaseException | None]] = []
+        changes = Changes()
+        now = time.time()
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            for job in batch:
+                tx = Tx(conn, now)
+                conn.execute("SAVEPOINT job")
+                try:
+                    result = job.fn(tx)
+                except BaseException as error:
+                    conn.execute("ROLLBACK TO job")
+                    conn.execute("RELEASE job")
+                    outcomes.append((job, None, error))
+                else:
+                    conn.execute("RELEASE job")
+                    outcomes.append((job, result, None))
+                    changes.merge(tx.changes)
+            conn.execute("COMMIT")
+        except sqlite3.Error as commit_error:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            outcomes = [(job, None, commit_error) for job in batch]
+            changes = Changes()
+        if changes:
+            self._loop.call_soon_threadsafe(self._publish, changes)
+        for job, result, failure in outcomes:
+            self._loop.call_soon_threadsafe(_settle, job.future, result, failure)
+
+    def _publish(self, changes: Changes) -> None:
+        for listener in self._listeners:
+            listener(changes)
+
+
+def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
+
+
+@contextlib.contextmanager
+def _read_transaction(conn: sqlite3.Connection) -> Iterator[None]:
+    # One snapshot for the whole read function.
+    conn.execute("BEGIN")
+    try:
+        yield
+    finally:
+        conn.execute("COMMIT")

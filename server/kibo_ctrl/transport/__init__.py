@@ -1,0 +1,1 @@
+"""Transports: parse wire requests, call the API, render responses. No rules live here."""

@@ -1,0 +1,43 @@
+"""The one map from domain errors to wire status: code, ErrorDetail and ErrorInfo (AIP-193).
+
+Both transports use it: gRPC puts the Status in grpc-status-details-bin, Connect in its
+error details."""
+
+from __future__ import annotations
+
+import grpc
+from google.protobuf import any_pb2
+from google.rpc import error_details_pb2, status_pb2
+from kibo.ctrl.v1 import error_pb2
+
+from ..errors import KiboError, Reason
+
+DOMAIN = "kibo.dev"
+
+CODES: dict[Reason, grpc.StatusCode] = {
+    Reason.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
+    Reason.RESERVED_COMMAND_ID: grpc.StatusCode.INVALID_ARGUMENT,
+    Reason.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    Reason.COMMAND_ID_REUSED: grpc.StatusCode.ALREADY_EXISTS,
+    Reason.REVISION_MISMATCH: grpc.StatusCode.ABORTED,
+    Reason.CONFLICT: grpc.StatusCode.FAILED_PRECONDITION,
+}
+
+
+def details(error: KiboError) -> tuple[error_pb2.ErrorDetail, error_details_pb2.ErrorInfo]:
+    detail = error_pb2.ErrorDetail(
+        reason=int(error.reason), field=error.field, workspace_state=error.state, hint=error.hint
+    )
+    metadata = {k: v for k, v in (("field", error.field), ("state", error.state), ("hint", error.hint)) if v}
+    info = error_details_pb2.ErrorInfo(reason=error.reason.name, domain=DOMAIN, metadata=metadata)
+    return detail, info
+
+
+def to_status(error: KiboError) -> tuple[grpc.StatusCode, status_pb2.Status]:
+    code = CODES[error.reason]
+    status = status_pb2.Status(code=code.value[0], message=error.message)
+    for message in details(error):
+        packed = any_pb2.Any()
+        packed.Pack(message)
+        status.details.append(packed)
+    return code, status

@@ -1,0 +1,78 @@
+"""The gRPC transport (grpc.aio). Handlers take raw bytes and decode them here, so a
+request that cannot be decoded is INVALID_ARGUMENT, not grpc.aio's UNKNOWN."""
+
+from __future__ import annotations
+
+import logging
+import re
+import sqlite3
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+from google.protobuf.descriptor import ServiceDescriptor
+from google.protobuf.message import DecodeError, Message
+from google.protobuf.message_factory import GetMessageClass
+
+from ..errors import InvalidArgument, KiboError
+from .errors import to_status
+
+log = logging.getLogger(__name__)
+
+UnaryFn = Callable[[Any], Awaitable[Message]]
+StreamFn = Callable[[Any], AsyncIterator[Message]]
+
+
+def _snake(name: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+async def _abort(context: grpc.aio.ServicerContext[Any, Any], error: KiboError) -> None:
+    code, status = to_status(error)
+    await context.abort(
+        code, error.message, trailing_metadata=(("grpc-status-details-bin", status.SerializeToString()),)
+    )
+
+
+def _decode(request_class: type[Message], raw: bytes) -> Message:
+    try:
+        return request_class.FromString(raw)
+    except (DecodeError, RuntimeError, ValueError) as error:
+        raise InvalidArgument(
+            f"the request body cannot be decoded as {request_class.DESCRIPTOR.full_name}: {error}"
+        ) from None
+
+
+def _unary(request_class: type[Message], fn: UnaryFn) -> grpc.RpcMethodHandler[Any, Any]:
+    async def handle(raw: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
+        try:
+            response = await fn(_decode(request_class, raw))
+        except KiboError as error:
+            await _abort(context, error)
+        except sqlite3.Error as error:
+            log.error("store error: %s", error)
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"the store is unavailable: {error}")
+        return response.SerializeToString()
+
+    return grpc.unary_unary_rpc_method_handler(handle)
+
+
+def _stream(request_class: type[Message], fn: StreamFn) -> grpc.RpcMethodHandler[Any, Any]:
+    async def handle(raw: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[bytes]:
+        try:
+            async for response in fn(_decode(request_class, raw)):
+                yield response.SerializeToString()
+        except KiboError as error:
+            await _abort(context, error)
+
+    return grpc.unary_stream_rpc_method_handler(handle)
+
+
+def service_handler(descriptor: ServiceDescriptor, implementation: object) -> grpc.GenericRpcHandler:
+    """Bind every method of `descriptor` to the snake_case method of `implementation`."""
+    handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
+    for method in descriptor.methods:
+        fn = getattr(implementation, _snake(method.name))
+        request_class = GetMessageClass(method.input_type)
+        handlers[method.name] = _stream(request_class, fn) if method.server_streaming else _unary(request_class, fn)
+    return grpc.method_handlers_generic_handler(descriptor.full_name, handlers)

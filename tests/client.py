@@ -1,0 +1,176 @@
+"""A thin test client over the generated stubs: what any gRPC client would do."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from google.rpc import error_details_pb2, status_pb2
+from kibo.ctrl.v1 import (
+    command_pb2,
+    error_pb2,
+)
+from kibo.ctrl.v1 import (
+    observation_service_pb2 as obs,
+)
+from kibo.ctrl.v1 import (
+    observation_service_pb2_grpc as obs_grpc,
+)
+from kibo.ctrl.v1 import (
+    volume_service_pb2 as vol,
+)
+from kibo.ctrl.v1 import (
+    volume_service_pb2_grpc as vol_grpc,
+)
+from kibo.ctrl.v1 import (
+    workspace_pb2 as wp,
+)
+from kibo.ctrl.v1 import (
+    workspace_service_pb2 as ws,
+)
+from kibo.ctrl.v1 import (
+    workspace_service_pb2_grpc as ws_grpc,
+)
+from kibo.sim.v1 import simulator_pb2 as sim
+from kibo.sim.v1 import simulator_pb2_grpc as sim_grpc
+
+S = wp.WorkspaceState
+TERMINAL = (command_pb2.COMMAND_STATE_SUCCEEDED, command_pb2.COMMAND_STATE_FAILED)
+
+
+def new_id(prefix: str = "test") -> str:
+    return f"{prefix}/{uuid.uuid4()}"
+
+
+def meta(command_id: str | None = None) -> wp.CommandMetadata:
+    return wp.CommandMetadata(command_id=command_id or new_id())
+
+
+def state_name(state: int) -> str:
+    return wp.WorkspaceState.Name(state).removeprefix("WORKSPACE_STATE_")
+
+
+@dataclass(frozen=True)
+class ErrorInfo:
+    code: grpc.StatusCode
+    reason: str  # ErrorReason name without prefix, e.g. "CONFLICT"
+    detail: error_pb2.ErrorDetail
+    info: error_details_pb2.ErrorInfo
+
+
+def error_of(error: grpc.aio.AioRpcError) -> ErrorInfo:
+    """Decode the status details a rejection carries (ErrorDetail + ErrorInfo)."""
+    detail, info = error_pb2.ErrorDetail(), error_details_pb2.ErrorInfo()
+    for key, value in error.trailing_metadata() or ():
+        if key == "grpc-status-details-bin":
+            status = status_pb2.Status.FromString(value)
+            for packed in status.details:
+                if packed.Is(error_pb2.ErrorDetail.DESCRIPTOR):
+                    packed.Unpack(detail)
+                elif packed.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+                    packed.Unpack(info)
+    reason = error_pb2.ErrorReason.Name(detail.reason).removeprefix("ERROR_REASON_")
+    return ErrorInfo(error.code(), reason, detail, info)
+
+
+class Client:
+    def __init__(self, channel: grpc.aio.Channel) -> None:
+        self.channel = channel
+        self.ws = ws_grpc.WorkspaceServiceStub(channel)
+        self.obs = obs_grpc.WorkspaceObservationServiceStub(channel)
+        self.vol = vol_grpc.VolumeServiceStub(channel)
+        self.sim = sim_grpc.SimulatorServiceStub(channel)
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def connect(cls, address: str) -> AsyncIterator[Client]:
+        async with grpc.aio.insecure_channel(address) as channel:
+            yield cls(channel)
+
+    # -- commands, settled: resend the same request until the command is terminal ---------
+
+    async def settle(self, method: Any, request: Any, within: float = 10.0) -> Any:
+        deadline = time.monotonic() + within
+        while True:
+            response = await method(request)
+            if response.command.state in TERMINAL or time.monotonic() > deadline:
+                return response
+            await asyncio.sleep(0.02)
+
+    async def create(self, **spec: Any) -> wp.Workspace:
+        """Create and wait until the create command is terminal."""
+        response = await self.settle(
+            self.ws.CreateWorkspace, ws.CreateWorkspaceRequest(metadata=meta(), spec=wp.WorkspaceSpec(**spec))
+        )
+        return await self.wait_steady(response.workspace.workspace_id)
+
+    async def stop(self, workspace_id: str, force: bool = False, command_id: str | None = None) -> Any:
+        mode = ws.STOP_MODE_FORCE if force else ws.STOP_MODE_GRACEFUL
+        request = ws.StopWorkspaceRequest(metadata=meta(command_id), workspace_id=workspace_id, mode=mode)
+        return await self.settle(self.ws.StopWorkspace, request)
+
+    async def start(self, workspace_id: str, command_id: str | None = None) -> Any:
+        request = ws.StartWorkspaceRequest(metadata=meta(command_id), workspace_id=workspace_id)
+        return await self.settle(self.ws.StartWorkspace, request)
+
+    async def delete(self, workspace_id: str, command_id: str | None = None) -> Any:
+        request = ws.DeleteWorkspaceRequest(metadata=meta(command_id), workspace_id=workspace_id)
+        return await self.settle(self.ws.DeleteWorkspace, request)
+
+    async def inject(self, workspace_id: str, fault: int) -> None:
+        await self.sim.InjectFault(sim.InjectFaultRequest(workspace_id=workspace_id, fault=fault))
+
+    # -- reads -----------------------------------------------------------------------------
+
+    async def get(self, workspace_id: str) -> wp.Workspace:
+        return (await self.ws.GetWorkspace(ws.GetWorkspaceRequest(workspace_id=workspace_id))).workspace
+
+    async def command(self, command_id: str) -> command_pb2.WorkspaceCommand:
+        request = ws.GetWorkspaceCommandRequest(command_id=command_id)
+        return (await self.ws.GetWorkspaceCommand(request)).command
+
+    async def events(self, workspace_id: str) -> list[obs.WorkspaceEvent]:
+        events, token = [], ""
+        while True:
+            request = obs.ListWorkspaceEventsRequest(workspace_id=workspace_id, page_size=1000, page_token=token)
+            response = await self.obs.ListWorkspaceEvents(request)
+            events.extend(response.events)
+            token = response.next_page_token
+            if not token:
+                return events
+
+    async def cleanup(self, workspace_id: str) -> obs.WorkspaceCleanup:
+        request = obs.GetWorkspaceCleanupRequest(workspace_id=workspace_id)
+        return (await self.obs.GetWorkspaceCleanup(request)).cleanup
+
+    async def wait_for(self, workspace_id: str, *states: int, within: float = 10.0) -> wp.Workspace:
+        """Poll until the workspace is in one of `states`."""
+        deadline = time.monotonic() + within
+        while True:
+            workspace = await self.get(workspace_id)
+            if workspace.state in states:
+                return workspace
+            if time.monotonic() > deadline:
+                wanted = ", ".join(state_name(s) for s in states)
+                raise TimeoutError(f"{workspace_id} is {state_name(workspace.state)}, wanted {wanted}")
+            await asyncio.sleep(0.02)
+
+    async def wait_steady(self, workspace_id: str, within: float = 10.0) -> wp.Workspace:
+        return await self.wait_for(
+            workspace_id,
+            S.WORKSPACE_STATE_AVAILABLE,
+            S.WORKSPACE_STATE_STOPPED,
+            S.WORKSPACE_STATE_FAILED,
+            S.WORKSPACE_STATE_DELETED,
+            within=within,
+        )
+
+    async def create_volume(self, capacity_gib: int = 1) -> vol.Volume:
+        request = vol.CreateVolumeRequest(metadata=meta(), capacity_gib=capacity_gib)
+        return (await self.vol.CreateVolume(request)).volume

@@ -1,0 +1,59 @@
+"""Fixtures: real servers on loopback ports and gRPC clients for them."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from tests.client import Client
+from tests.server import ServerProcess
+
+_count = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def server_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., ServerProcess]]:
+    """Start extra servers (own data dir each); all are stopped at the end of the session."""
+    started: list[ServerProcess] = []
+
+    def start(*flags: str, data_dir: Path | None = None) -> ServerProcess:
+        directory = data_dir or tmp_path_factory.mktemp(f"kibo{next(_count)}") / "data"
+        server = ServerProcess(directory, tuple(flags)).start()
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        if server.process is not None and server.process.poll() is None:
+            server.kill()
+
+
+@pytest.fixture(scope="session")
+def firecracker(server_factory: Callable[..., ServerProcess]) -> ServerProcess:
+    """A shared server with the firecracker personality. Do not make its node silent."""
+    return server_factory("--sim-backend", "firecracker")
+
+
+@pytest.fixture(scope="session")
+def kibovm(server_factory: Callable[..., ServerProcess]) -> ServerProcess:
+    return server_factory("--sim-backend", "kibovm")
+
+
+@pytest.fixture
+async def client(firecracker: ServerProcess) -> AsyncIterator[Client]:
+    async with Client.connect(firecracker.address) as connected:
+        yield connected
+
+
+@pytest.fixture
+async def kibovm_client(kibovm: ServerProcess) -> AsyncIterator[Client]:
+    async with Client.connect(kibovm.address) as connected:
+        yield connected
+
+
+def rpc_error(excinfo: pytest.ExceptionInfo[grpc.aio.AioRpcError]) -> grpc.aio.AioRpcError:
+    return excinfo.value
