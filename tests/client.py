@@ -80,18 +80,40 @@ def error_of(error: grpc.aio.AioRpcError) -> ErrorInfo:
 
 
 class Client:
-    def __init__(self, channel: grpc.aio.Channel) -> None:
+    """Stubs for every service, over gRPC (`connect`) or Connect (`connect_http`)."""
+
+    def __init__(self, channel: grpc.aio.Channel | None, stubs: tuple[Any, Any, Any, Any] | None = None) -> None:
         self.channel = channel
-        self.ws = ws_grpc.WorkspaceServiceStub(channel)
-        self.obs = obs_grpc.WorkspaceObservationServiceStub(channel)
-        self.vol = vol_grpc.VolumeServiceStub(channel)
-        self.sim = sim_grpc.SimulatorServiceStub(channel)
+        self.transport = "grpc" if stubs is None else "connect"
+        if stubs is None:
+            assert channel is not None
+            stubs = (
+                ws_grpc.WorkspaceServiceStub(channel),
+                obs_grpc.WorkspaceObservationServiceStub(channel),
+                vol_grpc.VolumeServiceStub(channel),
+                sim_grpc.SimulatorServiceStub(channel),
+            )
+        self.ws, self.obs, self.vol, self.sim = stubs
 
     @classmethod
     @contextlib.asynccontextmanager
     async def connect(cls, address: str) -> AsyncIterator[Client]:
         async with grpc.aio.insecure_channel(address) as channel:
             yield cls(channel)
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def connect_http(cls, http_address: str) -> AsyncIterator[Client]:
+        """The same API over the Connect protocol on the HTTP listener."""
+        from tests.connect_client import ConnectStub, connect_clients
+
+        clients = connect_clients(http_address)
+        try:
+            ws_, obs_, vol_, sim_ = (ConnectStub(c) for c in clients)
+            yield cls(None, (ws_, obs_, vol_, sim_))
+        finally:
+            for client in clients:
+                await client.close()
 
     # -- commands, settled: resend the same request until the command is terminal ---------
 

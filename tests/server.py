@@ -29,12 +29,18 @@ class ServerProcess:
     data_dir: Path
     flags: tuple[str, ...] = ()
     port: int = field(default_factory=free_port)
+    http_port: int = field(default_factory=free_port)
     process: subprocess.Popen[bytes] | None = None
     log_path: Path | None = None
 
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def http_address(self) -> str:
+        """Connect, gRPC-Web and plain HTTP JSON."""
+        return f"127.0.0.1:{self.http_port}"
 
     def start(self, timeout: float = 20.0) -> ServerProcess:
         self.log_path = self.data_dir.parent / f"{self.data_dir.name}-server.log"
@@ -46,6 +52,8 @@ class ServerProcess:
             "serve",
             "--listen",
             self.address,
+            "--http-listen",
+            self.http_address,
             "--data-dir",
             str(self.data_dir),
             *TEST_FLAGS,

@@ -26,7 +26,9 @@ from .runtime.sim import SimBoard, SimNode
 from .scheduler import Scheduler
 from .service import Service, Settings
 from .store import SqliteStore
+from .transport.connect import application
 from .transport.grpc import service_handler
+from .transport.http import SERVERS, HttpServer
 
 log = logging.getLogger("kibo")
 
@@ -37,6 +39,9 @@ MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 class Config:
     data_dir: Path
     listen: str = "127.0.0.1:50051"
+    # Connect, gRPC-Web and JSON; empty to serve gRPC only.
+    http_listen: str = "127.0.0.1:8080"
+    http_server: str = "uvicorn"
     runtime: str = "sim"
     sim_backend: Backend = Backend.FIRECRACKER
     sim_step_ms: float = 20.0
@@ -144,13 +149,26 @@ class App:
         if self.port == 0:
             raise OSError(f"cannot listen on {self.config.listen}")
         await self.server.start()
+        self.http: HttpServer | None = None
+        if self.config.http_listen:
+            asgi = application(self.api, self.sim_api, MAX_MESSAGE_BYTES)
+            self.http = SERVERS[self.config.http_server](asgi, self.config.http_listen, self.config.shutdown_grace_s)
+            try:
+                await self.http.start()
+            except OSError:
+                await self.server.stop(None)
+                raise
+        # SERVING only once both listeners accept calls.
         for name in ["", *(d.full_name for d, _ in descriptors)]:
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
 
     async def stop(self) -> None:
         """Finish in-flight calls, stop the loops, close the store."""
         await self.health.enter_graceful_shutdown()
-        await self.server.stop(self.config.shutdown_grace_s)
+        stopping = [self.server.stop(self.config.shutdown_grace_s)]
+        if self.http is not None:
+            stopping.append(self.http.stop())
+        await asyncio.gather(*stopping)
         for agent in self._agents:
             await agent.stop()
         for task in self._tasks:

@@ -31,8 +31,11 @@ def default_data_dir() -> Path:
 def serve(
     listen: Annotated[str, typer.Option(help="gRPC address, HOST:PORT.")] = "127.0.0.1:50051",
     http_listen: Annotated[
-        str, typer.Option(help="Connect / gRPC-Web / JSON address, HOST:PORT (not served by this build yet).")
+        str, typer.Option(help="Connect, gRPC-Web and plain HTTP JSON address, HOST:PORT; empty to disable.")
     ] = "127.0.0.1:8080",
+    http_server: Annotated[
+        str, typer.Option(help="uvicorn (HTTP/1.1, fastest here) or hypercorn (adds h2c and gRPC over h2c).")
+    ] = "uvicorn",
     data_dir: Annotated[Path | None, typer.Option(help="Where the embedded store keeps its files.")] = None,
     runtime: Annotated[str, typer.Option(help="What runs workspaces: sim (simulated).")] = "sim",
     sim_backend: Annotated[Backend, typer.Option(help="Backend personality of the simulator.")] = Backend.FIRECRACKER,
@@ -51,6 +54,8 @@ def serve(
     config = Config(
         data_dir=data_dir or default_data_dir(),
         listen=listen,
+        http_listen=http_listen,
+        http_server=http_server,
         runtime=runtime,
         sim_backend=sim_backend,
         sim_step_ms=sim_step_ms,
@@ -60,6 +65,8 @@ def serve(
         settle_ms=settle_ms,
         node_timeout_ms=node_timeout_ms,
     )
+    if http_server not in ("uvicorn", "hypercorn"):
+        raise typer.BadParameter("choose uvicorn or hypercorn", param_hint="--http-server")
     try:
         asyncio.run(_serve(config))
     except OSError as error:
@@ -71,9 +78,10 @@ async def _serve(config: Config) -> None:
     app = await App.start(config)
     log = logging.getLogger("kibo")
     log.info(
-        "serving gRPC on %s (port %d), data in %s, runtime %s/%s",
+        "serving gRPC on %s (port %d), HTTP on %s, data in %s, runtime %s/%s",
         config.listen,
         app.port,
+        config.http_listen or "-",
         config.data_dir,
         config.runtime,
         config.sim_backend.value,

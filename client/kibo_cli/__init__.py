@@ -1,0 +1,1 @@
+"""kibo: the command line for kibo workspaces."""

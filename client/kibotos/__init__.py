@@ -1,0 +1,1 @@
+"""kibotos: the Python SDK for kibo."""

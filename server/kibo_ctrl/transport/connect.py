@@ -1,0 +1,118 @@
+"""The Connect transport: Connect (JSON and binary), gRPC-Web and plain HTTP JSON on one
+ASGI app, calling the same Api as the gRPC server. Errors go through transport/errors.py."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import sqlite3
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, cast
+
+from connectrpc.code import Code
+from connectrpc.errors import ConnectError, ErrorDetail
+from google.protobuf.message import Message
+from kibo.ctrl.v1 import observation_service_connect, volume_service_connect, workspace_service_connect
+from kibo.sim.v1 import simulator_connect
+from protobuf.wkt import Any as ConnectAny
+
+from ..errors import KiboError
+from .errors import to_status
+
+log = logging.getLogger(__name__)
+
+ASGIApp = Callable[[dict[str, Any], Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]], Awaitable[None]]
+
+
+def connect_error(error: KiboError) -> ConnectError:
+    code, status = to_status(error)
+    name = "CANCELED" if code.name == "CANCELLED" else code.name
+    # connectrpc's details are its own runtime's Any: hand over type URL and bytes as they are.
+    details = [ErrorDetail(ConnectAny(type_url=packed.type_url, value=packed.value)) for packed in status.details]
+    return ConnectError(Code[name], error.message, details=details)
+
+
+def _store_unavailable(error: sqlite3.Error) -> ConnectError:
+    log.error("store error: %s", error)
+    return ConnectError(Code.UNAVAILABLE, f"the store is unavailable: {error}")
+
+
+class _Adapter:
+    """Presents an Api object as a connectrpc service: `name(request, ctx)` -> `api.name(request)`."""
+
+    def __init__(self, api: object) -> None:
+        self._api = api
+
+    def __getattr__(self, name: str) -> Any:
+        target = getattr(self._api, name)
+        if _is_async_generator(target):
+
+            @functools.wraps(target)
+            async def stream(request: Message, ctx: object) -> AsyncIterator[Message]:
+                try:
+                    async for response in target(request):
+                        yield response
+                except KiboError as error:
+                    raise connect_error(error) from None
+                except sqlite3.Error as error:
+                    raise _store_unavailable(error) from None
+
+            return stream
+
+        @functools.wraps(target)
+        async def unary(request: Message, ctx: object) -> Message:
+            try:
+                response: Message = await target(request)
+            except KiboError as error:
+                raise connect_error(error) from None
+            except sqlite3.Error as error:
+                raise _store_unavailable(error) from None
+            return response
+
+        return unary
+
+
+def _is_async_generator(function: Any) -> bool:
+    return inspect.isasyncgenfunction(function)
+
+
+def application(api: object, simulator: object | None, read_max_bytes: int) -> ASGIApp:
+    """One ASGI app routing each service's path prefix to its connectrpc application."""
+    service = cast(Any, _Adapter(api))
+    apps: list[Any] = [
+        workspace_service_connect.WorkspaceServiceASGIApplication(service, read_max_bytes=read_max_bytes),
+        observation_service_connect.WorkspaceObservationServiceASGIApplication(service, read_max_bytes=read_max_bytes),
+        volume_service_connect.VolumeServiceASGIApplication(service, read_max_bytes=read_max_bytes),
+    ]
+    if simulator is not None:
+        apps.append(
+            simulator_connect.SimulatorServiceASGIApplication(
+                cast(Any, _Adapter(simulator)), read_max_bytes=read_max_bytes
+            )
+        )
+    routes = {f"/{app.path.strip('/')}/": app for app in apps}
+
+    async def route(
+        scope: dict[str, Any], receive: Callable[[], Awaitable[Any]], send: Callable[[Any], Awaitable[None]]
+    ) -> None:
+        if scope["type"] == "lifespan":
+            return
+        path: str = scope.get("path", "")
+        if path == "/healthz":
+            await _plain(send, 200, b"SERVING\n")
+            return
+        prefix = path[: path.find("/", 1) + 1] if path.count("/") >= 2 else ""
+        app = routes.get(prefix)
+        if app is None:
+            await _plain(send, 404, b"no such service\n")
+            return
+        await app(scope, receive, send)
+
+    return route
+
+
+async def _plain(send: Callable[[Any], Awaitable[None]], status: int, body: bytes) -> None:
+    headers = [(b"content-type", b"text/plain; charset=utf-8"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,78 @@
+"""The same stub interface as the grpc stubs, over Connect (connectrpc's own client).
+
+Lets every behaviour test run through both transports: errors come back as
+grpc.aio.AioRpcError with the Connect error details in grpc-status-details-bin, so the
+tests' assertions read them the same way."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+from connectrpc.errors import ConnectError
+from google.protobuf import any_pb2
+from google.rpc import status_pb2
+from kibo.ctrl.v1 import observation_service_connect, volume_service_connect, workspace_service_connect
+from kibo.sim.v1 import simulator_connect
+
+STREAMING = frozenset({"WatchWorkspace"})
+
+
+def _snake(name: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+def as_grpc_error(error: ConnectError) -> grpc.aio.AioRpcError:
+    name = "CANCELLED" if error.code.name == "CANCELED" else error.code.name
+    code = grpc.StatusCode[name]
+    status = status_pb2.Status(code=code.value[0], message=error.message)
+    for detail in error.details:
+        status.details.append(
+            any_pb2.Any(type_url=f"type.googleapis.com/{detail.type_name}", value=detail.message_bytes)
+        )
+    trailing = grpc.aio.Metadata(("grpc-status-details-bin", status.SerializeToString()))
+    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), trailing, details=error.message)
+
+
+class _Stream:
+    def __init__(self, responses: AsyncIterator[Any]) -> None:
+        self._responses = responses
+
+    async def __aiter__(self) -> AsyncIterator[Any]:
+        try:
+            async for response in self._responses:
+                yield response
+        except ConnectError as error:
+            raise as_grpc_error(error) from None
+
+
+class ConnectStub:
+    """`stub.CreateWorkspace(request)` -> `client.create_workspace(request)`."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+
+    def __getattr__(self, rpc: str) -> Any:
+        method = getattr(self._client, _snake(rpc))
+        if rpc in STREAMING:
+            return lambda request, **_: _Stream(method(request))
+
+        async def call(request: Any, **_: Any) -> Any:
+            try:
+                return await method(request)
+            except ConnectError as error:
+                raise as_grpc_error(error) from None
+
+        return call
+
+
+def connect_clients(http_address: str) -> list[Any]:
+    base = f"http://{http_address}"
+    return [
+        workspace_service_connect.WorkspaceServiceClient(base),
+        observation_service_connect.WorkspaceObservationServiceClient(base),
+        volume_service_connect.VolumeServiceClient(base),
+        simulator_connect.SimulatorServiceClient(base),
+    ]
