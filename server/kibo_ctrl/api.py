@@ -47,6 +47,8 @@ class Api:
     # -- commands ----------------------------------------------------------------------
 
     async def _command(self, request: CommandRequest) -> tuple[Workspace, Command]:
+        # Every field is well formed (parse checked them); only now the reserved prefixes.
+        validation.command_id(request.command_id)
         workspace, command = await self._store.transact(lambda tx: self._service.execute(tx, request))
         if command.terminal or self._settle <= 0:
             return workspace, command
@@ -234,9 +236,10 @@ class Api:
     # -- volumes -----------------------------------------------------------------------
 
     async def create_volume(self, request: vol_pb2.CreateVolumeRequest) -> vol_pb2.CreateVolumeResponse:
-        command_id = validation.command_id(request.metadata.command_id)
+        command_id = validation.command_id(request.metadata.command_id, reserved_ok=True)
         if not 0 <= request.capacity_gib <= validation.MAX_VOLUME_GIB:
             raise InvalidArgument("capacity_gib is out of range", field="capacity_gib")
+        validation.command_id(command_id)
         capacity = request.capacity_gib or validation.DEFAULT_DATA_VOLUME_GIB
         digest = parse.fingerprint("CreateVolume", request)
         volume = await self._store.transact(lambda tx: self._service.create_volume(tx, command_id, digest, capacity))
@@ -250,8 +253,9 @@ class Api:
         return vol_pb2.GetVolumeResponse(volume=render.volume(volume))
 
     async def delete_volume(self, request: vol_pb2.DeleteVolumeRequest) -> vol_pb2.DeleteVolumeResponse:
-        command_id = validation.command_id(request.metadata.command_id)
+        command_id = validation.command_id(request.metadata.command_id, reserved_ok=True)
         volume_id = validation.resource_id(request.volume_id, "volume_id", "vol-")
+        validation.command_id(command_id)
         digest = parse.fingerprint("DeleteVolume", request)
         volume = await self._store.transact(lambda tx: self._service.delete_volume(tx, command_id, digest, volume_id))
         return vol_pb2.DeleteVolumeResponse(volume=render.volume(volume))

@@ -33,6 +33,7 @@ from .reports import (
     Progress,
     Report,
     Restarted,
+    RestartFailed,
     StopFailed,
     Stopped,
     StorageReleased,
@@ -103,6 +104,13 @@ def apply(tx: Tx, report: Report) -> None:
         instance.phase = Phase.RUNNING
         if current:
             workspace.guest.responding = True
+    elif isinstance(report, RestartFailed):
+        instance.done_step = instance.step
+        instance.phase = Phase.EXITED
+        instance.reason = report.message
+        if current:
+            workspace.failure = Failure(stage="", message=f"guest reset: {report.message}")
+            workspace.release_pending_since = tx.now
     elif isinstance(report, VmmExited):
         _vmm_exited(tx, workspace, instance, report, current)
     elif isinstance(report, GuestResponding) and current and workspace.guest.responding != report.responding:

@@ -23,11 +23,12 @@ from .reports import (
     Progress,
     Report,
     Restarted,
+    RestartFailed,
     StopFailed,
     Stopped,
     StorageReleased,
 )
-from .runtime import DestroyError, LaunchError, LaunchSpec, Runtime, SyncError
+from .runtime import DestroyError, LaunchError, LaunchSpec, RestartError, Runtime, SyncError
 from .store import Changes, Reader, Store
 
 log = logging.getLogger(__name__)
@@ -135,7 +136,10 @@ class NodeAgent:
     async def _drive(self, instance: Instance) -> Report:
         step = instance.step
         if instance.desired is Desired.RUNNING and instance.phase is Phase.RESTARTING:
-            await self.runtime.restart(instance)
+            try:
+                await self.runtime.restart(instance)
+            except RestartError as error:
+                return RestartFailed(instance.id, step, str(error))
             return Restarted(instance.id, step)
         if instance.desired is Desired.RUNNING:
             spec = await self._store.read(lambda r: _launch_spec(r, instance))
@@ -226,6 +230,7 @@ class Liveness:
         self._last: dict[str, float] = {}
         # None: not yet decided since start (the first beat clears stale silence).
         self._silent: dict[str, bool | None] = dict.fromkeys(node_ids)
+        self._writes: set[asyncio.Task[None]] = set()
 
     def beat(self, node_id: str) -> None:
         self._last[node_id] = time.monotonic()
@@ -234,9 +239,16 @@ class Liveness:
 
     def _mark(self, node_id: str, silent: bool) -> None:
         self._silent[node_id] = silent
-        asyncio.get_running_loop().create_task(
-            self._store.transact(lambda tx: controller.set_node_silent(tx, node_id, silent))
-        )
+        task = asyncio.get_running_loop().create_task(self._write(node_id, silent))
+        self._writes.add(task)
+        task.add_done_callback(self._writes.discard)
+
+    async def _write(self, node_id: str, silent: bool) -> None:
+        try:
+            await self._store.transact(lambda tx: controller.set_node_silent(tx, node_id, silent))
+        except Exception:
+            log.exception("recording node %s silent=%s failed; retrying at the next beat", node_id, silent)
+            self._silent[node_id] = None
 
     async def run(self) -> None:
         while True:

@@ -73,6 +73,13 @@ class Restarted(Report):
 
 
 @dataclass(frozen=True)
+class RestartFailed(Report):
+    """The new VMM for a reset guest did not start (or the node restarted meanwhile)."""
+
+    message: str = ""
+
+
+@dataclass(frozen=True)
 class VmmExited(Report):
     reason: ExitReason = ExitReason.CRASH
 

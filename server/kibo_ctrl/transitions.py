@@ -74,8 +74,12 @@ def event(tx: Tx, workspace: Workspace, type_: EventType, *, command_id: str = "
 
 
 def save(tx: Tx, workspace: Workspace, instance: Instance | None, *, command_id: str = "", message: str = "") -> None:
-    """Derive the visible state, record a transition event if it changed, and store."""
-    new = status.derive_state(status_facts(workspace, instance))
+    """Derive the visible state, record a transition event if it changed, and store.
+
+    `instance` None means the caller changed no instance: the state is derived from the
+    current instance as stored (not from "no instance", which would read as STOPPED)."""
+    observed = instance if instance is not None else current_instance(tx, workspace)
+    new = status.derive_state(status_facts(workspace, observed))
     if new is not workspace.state:
         tx.add_event(
             Event(

@@ -28,12 +28,14 @@ DEFAULT_DATA_VOLUME_GIB = 10
 MAX_VOLUME_GIB = 16_384
 
 
-def command_id(value: str, field: str = "metadata.command_id") -> str:
+def command_id(value: str, field: str = "metadata.command_id", *, reserved_ok: bool = False) -> str:
+    """Check a caller's command ID. `reserved_ok` defers the reserved-prefix check, which
+    must come after every other field's check (the error table's first row wins)."""
     if not value:
         raise InvalidArgument("a command ID is required", field=field)
     if not COMMAND_ID.fullmatch(value):
         raise InvalidArgument("a command ID is 1 to 128 characters from A-Z a-z 0-9 . _ ~ : / -", field=field)
-    if value.startswith(RESERVED_PREFIXES):
+    if not reserved_ok and value.startswith(RESERVED_PREFIXES):
         raise ReservedCommandId(
             f"command IDs beginning with {' or '.join(RESERVED_PREFIXES)} are reserved for the server",
             field=field,

@@ -43,6 +43,10 @@ class SyncError(Exception):
     """A graceful stop could not confirm the guest's writes are on disk."""
 
 
+class RestartError(Exception):
+    """A new VMM for a reset guest did not start; the instance still holds its parts."""
+
+
 class DestroyError(Exception):
     """Releasing the instance failed; it still holds its parts."""
 

@@ -13,7 +13,7 @@ from enum import IntEnum
 
 from ..model import EXECUTION_PARTS, Backend, Component, Instance, Phase, StopDurability, VolumeState
 from ..reports import ExitReason, GuestReset, GuestResponding, Report, VmmExited
-from .base import DestroyError, LaunchError, LaunchSpec, SyncError
+from .base import DestroyError, LaunchError, LaunchSpec, RestartError, SyncError
 
 
 class Fault(IntEnum):
@@ -96,6 +96,8 @@ class SimNode:
         # Files on the node's storage pool: workspace layers and volumes.
         self.layers: set[str] = set()
         self.volumes: set[str] = set()
+        # Guests whose restart the node's own restart interrupted.
+        self.interrupted: set[str] = set()
 
     def capabilities(self) -> list[str]:
         caps = ["workspace.stop.force", f"runtime.sim.{self.backend.value}"]
@@ -109,6 +111,8 @@ class SimNode:
                 alive = instance.phase in (Phase.RUNNING, Phase.RESTARTING, Phase.STOPPING)
                 self.vms[instance.id] = SimVm(instance.id, instance.workspace_id, alive=alive)
                 self.layers.add(instance.workspace_id)
+            if instance.phase is Phase.RESTARTING:
+                self.interrupted.add(instance.id)
 
     async def _step(self, workspace_id: str) -> None:
         if self.board.take(workspace_id, Fault.STALL):
@@ -140,6 +144,11 @@ class SimNode:
 
     async def restart(self, instance: Instance) -> None:
         await asyncio.sleep(self.step_s)
+        if instance.id in self.interrupted:
+            self.interrupted.discard(instance.id)
+            raise RestartError("the node restarted while the guest was being restarted")
+        if self.board.take(instance.workspace_id, Fault.CREATE_FAIL):
+            raise RestartError("simulated: the new VMM for the reset guest failed to start")
         self.vms[instance.id] = SimVm(instance.id, instance.workspace_id)
 
     async def stop(self, instance: Instance, force: bool) -> StopDurability:

@@ -68,14 +68,14 @@ def _binding(message: workspace_pb2.VolumeBinding, field: str) -> Binding:
 def _base(kind: CommandKind, method: str, request: Any, **fields: Any) -> CommandRequest:
     return CommandRequest(
         kind=kind,
-        command_id=validation.command_id(request.metadata.command_id),
+        command_id=validation.command_id(request.metadata.command_id, reserved_ok=True),
         fingerprint=fingerprint(method, request),
         **fields,
     )
 
 
 def create(request: ws_pb2.CreateWorkspaceRequest) -> CommandRequest:
-    command_id = validation.command_id(request.metadata.command_id)
+    command_id = validation.command_id(request.metadata.command_id, reserved_ok=True)
     spec = request.spec
     resources = validation.resources(
         spec.resources.vcpus, spec.resources.memory_mib, spec.resources.writable_layer_gib, DEFAULT_RESOURCES
