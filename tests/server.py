@@ -15,7 +15,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 # Fast defaults for tests: small simulated steps, short settle window, quick node timeout.
-TEST_FLAGS = ("--sim-step-ms", "5", "--settle-ms", "300", "--node-timeout-ms", "400", "--log-level", "warning")
+TEST_FLAGS = ("--sim-step-ms", "5", "--settle-ms", "300", "--node-timeout-ms", "1000", "--log-level", "warning")
 
 
 def free_port() -> int:

@@ -125,6 +125,8 @@ HINTS: Mapping[tuple[S, Op], str] = {
     (S.FAILED, Op.START): "the workspace still holds execution: force stop first, then start",
     (S.DELETING, Op.DELETE): "a delete is in progress: wait for it to finish",
     (S.STOPPED, Op.STOP): "the workspace is already stopped",
+    (S.AVAILABLE, Op.START): "the workspace is already running",
+    (S.FAILED, Op.STOP): "a graceful stop cannot stop a FAILED workspace: force stop it",
 }
 STATE_HINTS: Mapping[S, str] = {
     S.UNKNOWN: "wait for the system to confirm, or resend the original request with the same command ID",
