@@ -39,8 +39,6 @@ class Cleanup:
     last_confirmed_time: float | None
 
 
-# States in which the execution is supposed to be running, so held parts are expected.
-_RUNNING_STATES = frozenset({WorkspaceState.CREATING, WorkspaceState.STARTING, WorkspaceState.AVAILABLE})
 _RELEASING = frozenset({CommandKind.STOP, CommandKind.FORCE_STOP, CommandKind.DELETE})
 
 
@@ -48,12 +46,15 @@ def derive(workspace: Workspace, instance: Instance | None, now: float) -> Clean
     rows: list[ComponentRow] = []
     observed = instance.observe_time if instance is not None else None
     never_reported = instance is not None and instance.node_id is not None and observed is None
+    # A step the node has not reported on may have taken or released any part.
+    in_flight = instance is not None and instance.step != instance.done_step
     for part in EXECUTION_PARTS:
         if instance is None or instance.node_id is None:
             rows.append(
                 ComponentRow(part, ComponentStatus.RELEASED, CleanupSource.CONTROL_PLANE, workspace.update_time)
             )
-        elif workspace.node_silent and part in instance.holds:
+        elif workspace.node_silent and (part in instance.holds or never_reported or in_flight):
+            # A silent node may hold any part it did not report released: unknown, never released.
             rows.append(ComponentRow(part, ComponentStatus.UNKNOWN, CleanupSource.NODE_REPORT, observed))
         elif part in instance.holds:
             rows.append(ComponentRow(part, ComponentStatus.PRESENT, CleanupSource.NODE_REPORT, observed))
@@ -69,7 +70,14 @@ def derive(workspace: Workspace, instance: Instance | None, now: float) -> Clean
     else:
         completeness = CleanupCompleteness.COMPLETE
 
-    expected_running = workspace.state in _RUNNING_STATES and not workspace.deletion_started
+    # Held parts are expected while the execution is meant to run.
+    expected_running = not (
+        workspace.failure is not None
+        or workspace.state in (WorkspaceState.FAILED, WorkspaceState.STOPPED)
+        or workspace.owed_stop is not None
+        or workspace.deletion_started
+        or workspace.active_kind in _RELEASING
+    )
     to_release = [
         r
         for r in rows
@@ -77,16 +85,20 @@ def derive(workspace: Workspace, instance: Instance | None, now: float) -> Clean
         and (not expected_running or r.component in (Component.RETAINED_LAYER, Component.VOLUME_DELETION))
         and not (r.component in (Component.RETAINED_LAYER, Component.VOLUME_DELETION) and not workspace.deleted)
     ]
+    releasing = workspace.active_kind in _RELEASING or workspace.owed_stop is not None or workspace.deleted
     if completeness is CleanupCompleteness.UNKNOWN:
+        state = CleanupState.UNKNOWN
+    elif to_release and releasing:
+        state = CleanupState.PROCESSING
+    elif unknown:
+        # Nothing unknown may be reported as complete.
         state = CleanupState.UNKNOWN
     elif not to_release:
         state = CleanupState.COMPLETE
-    elif workspace.active_kind in _RELEASING or workspace.owed_stop is not None or workspace.deleted:
-        state = CleanupState.PROCESSING
     else:
         state = CleanupState.NEEDS_ATTENTION
-    unfinished = state is not CleanupState.COMPLETE
-    pending_since = workspace.release_pending_since or workspace.storage.since
+    unfinished = bool(to_release)
+    pending_since = workspace.release_pending_since or workspace.storage.since or observed or workspace.update_time
     return Cleanup(
         state=state,
         completeness=completeness,

@@ -30,7 +30,7 @@ class Guard(Enum):
     ALWAYS = "always"
     # Only with no lifecycle command in progress (a server-initiated stop counts).
     IDLE = "idle"
-    # FAILED: only while the workspace holds no execution.
+    # FAILED: only while the workspace holds no execution and no command is in progress.
     NOT_HOLDING = "not holding execution"
     # Decided row by row by FORCE_STOP below.
     FORCE_STOP_TABLE = "force-stop table"
@@ -167,7 +167,7 @@ def check(op: Op, facts: Facts) -> ForceStop:
                 hint=row.hint if row else STATE_HINTS.get(facts.state, ""),
             )
         return row.decision
-    if guard is Guard.IDLE and facts.active is not None:
+    if guard in (Guard.IDLE, Guard.NOT_HOLDING) and facts.active is not None:
         raise Conflict(
             f"{name} is not allowed while a {facts.active.name} command is in progress",
             state=facts.state.name,

@@ -50,6 +50,8 @@ class SimVm:
     instance_id: str
     workspace_id: str
     alive: bool = True
+    # False while the guest does not answer (hung; powered off under firecracker).
+    responding: bool = True
 
 
 @dataclass
@@ -116,9 +118,13 @@ class SimNode:
 
     async def _step(self, workspace_id: str) -> None:
         if self.board.take(workspace_id, Fault.STALL):
-            event = self.board.unstall.setdefault(workspace_id, asyncio.Event())
-            await event.wait()
-            self.board.unstall.pop(workspace_id, None)
+            event = self.board.unstall[workspace_id] = asyncio.Event()
+            try:
+                await event.wait()
+            finally:
+                # Also when a force stop or delete cancels the stalled step.
+                if self.board.unstall.get(workspace_id) is event:
+                    del self.board.unstall[workspace_id]
         await asyncio.sleep(self.step_s)
 
     async def launch(
@@ -155,6 +161,11 @@ class SimNode:
         await self._step(instance.workspace_id)
         if not force and self.board.take(instance.workspace_id, Fault.SYNC_FAIL):
             raise SyncError("simulated: the filesystem sync failed; the instance was not destroyed")
+        vm = self.vms.get(instance.id)
+        if not force and vm is not None and not (vm.alive and vm.responding):
+            # Nobody in the guest can sync: a graceful stop cannot confirm the writes are on disk.
+            why = "its VMM exited" if not vm.alive else "the guest does not answer"
+            raise SyncError(f"the guest's writes could not be synced: {why}; the instance was not destroyed")
         self.vms.pop(instance.id, None)
         return StopDurability.UNCONFIRMED if force else StopDurability.CONFIRMED
 
@@ -181,6 +192,7 @@ class SimNode:
         if vm is None or not vm.alive:
             raise SimError(f"workspace {workspace_id} has no running VMM on {self.node_id}")
         if fault is Fault.GUEST_HANG or (fault is Fault.GUEST_POWEROFF and self.backend is Backend.FIRECRACKER):
+            vm.responding = False
             self.events.put_nowait(GuestResponding(vm.instance_id, responding=False))
         elif fault is Fault.GUEST_REBOOT and self.backend is Backend.FIRECRACKER:
             vm.alive = False
