@@ -25,8 +25,8 @@ from kibo.ctrl.v1 import (
 from kibo.sim.v1 import simulator_pb2 as sim_pb2
 
 from . import cleanup, validation
-from .errors import Conflict, InvalidArgument, NotFound
-from .hub import Hub
+from .errors import Conflict, InvalidArgument, NotFound, Unavailable
+from .hub import Hub, Signal
 from .model import Command, Instance, Workspace
 from .runtime.sim import Fault, SimBoard, SimError, SimNode
 from .service import CommandRequest, Service
@@ -183,7 +183,9 @@ class Api:
             version = workspace.version
             while not workspace.deleted:
                 snapshot = await changes.get()
-                if snapshot is None:  # the watcher fell behind: resynchronise
+                if snapshot is Signal.CLOSED:
+                    raise Unavailable("the server is shutting down: watch again")
+                if snapshot is Signal.RESYNC:
                     snapshot = await self._workspace(workspace_id)
                 if snapshot.version <= version:
                     continue

@@ -69,6 +69,14 @@ def apply(tx: Tx, report: Report) -> None:
         return
     instance.observe_time = tx.now
     current = workspace.instance_id == instance.id
+    # A transition this report causes by finishing a command is recorded with that command.
+    finishing = workspace.active_command or ""
+    if current and workspace.node_silent:
+        # A report from the node proves it answers, even before liveness notices; without
+        # this, an instance that stops or is released here is no longer among the node's
+        # active instances, and the workspace would stay UNKNOWN after the node is back.
+        workspace.node_silent = False
+        event(tx, workspace, EventType.NODE_BACK, message=f"node {instance.node_id} reports again")
     if isinstance(report, Progress):
         instance.phase = report.phase
         _volumes_created(tx, report.volumes_created)
@@ -82,7 +90,8 @@ def apply(tx: Tx, report: Report) -> None:
         _stopped(tx, workspace, instance, report, current)
     elif isinstance(report, StopFailed):
         instance.done_step = instance.step
-        instance.phase = Phase.RUNNING
+        if instance.phase is not Phase.EXITED:  # a VMM that exited stays exited
+            instance.phase = Phase.RUNNING
         if current and workspace.active_kind in (CommandKind.STOP, CommandKind.FORCE_STOP):
             workspace.failure = Failure(stage="STOP", message=report.message)
             finish_command(tx, workspace, error=CommandError(ErrorCode.ABORTED, report.message))
@@ -120,7 +129,7 @@ def apply(tx: Tx, report: Report) -> None:
     if current:
         workspace.holds_execution = bool(instance.holds)
         transitions.start_owed_stop(tx, workspace, instance)
-        save(tx, workspace, instance)
+        save(tx, workspace, instance, command_id=finishing)
     else:
         tx.put_instance(instance)
 

@@ -14,6 +14,7 @@ class Reason(IntEnum):
     RESERVED_COMMAND_ID = 4
     COMMAND_ID_REUSED = 5
     REVISION_MISMATCH = 6
+    UNAVAILABLE = 7
 
 
 class KiboError(Exception):
@@ -49,3 +50,9 @@ class RevisionMismatch(KiboError):
 
 class Conflict(KiboError):
     reason = Reason.CONFLICT
+
+
+class Unavailable(KiboError):
+    """Retry later: e.g. the server is shutting down."""
+
+    reason = Reason.UNAVAILABLE

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 from collections import defaultdict
 from collections.abc import Callable, Iterator
+from enum import Enum
 
 from .model import Command, Workspace
 from .store import Changes
@@ -15,11 +16,25 @@ from .store import Changes
 WATCH_QUEUE = 1024
 
 
+class Signal(Enum):
+    # The watcher fell behind: re-read the workspace from the store.
+    RESYNC = "resync"
+    # The server is shutting down: end the stream.
+    CLOSED = "closed"
+
+
 class Hub:
     def __init__(self) -> None:
-        self._watchers: dict[str, set[asyncio.Queue[Workspace | None]]] = defaultdict(set)
+        self._watchers: dict[str, set[asyncio.Queue[Workspace | Signal]]] = defaultdict(set)
         self._waiters: dict[str, list[asyncio.Future[Command]]] = defaultdict(list)
         self._listeners: list[Callable[[Changes], None]] = []
+
+    def close(self) -> None:
+        """Tell every watcher the server is shutting down."""
+        for watchers in self._watchers.values():
+            for watcher in watchers:
+                _drain(watcher)
+                watcher.put_nowait(Signal.CLOSED)
 
     def listen(self, listener: Callable[[Changes], None]) -> None:
         self._listeners.append(listener)
@@ -32,7 +47,7 @@ class Hub:
                 except asyncio.QueueFull:
                     # Too slow a reader: tell it to resynchronise from the store.
                     _drain(watcher)
-                    watcher.put_nowait(None)
+                    watcher.put_nowait(Signal.RESYNC)
         for command in changes.commands.values():
             if command.terminal:
                 for waiter in self._waiters.pop(command.id, ()):
@@ -42,9 +57,9 @@ class Hub:
             listener(changes)
 
     @contextlib.contextmanager
-    def watch(self, workspace_id: str) -> Iterator[asyncio.Queue[Workspace | None]]:
-        """Snapshots of each stored change of the workspace; None means "resynchronise"."""
-        queue: asyncio.Queue[Workspace | None] = asyncio.Queue(WATCH_QUEUE)
+    def watch(self, workspace_id: str) -> Iterator[asyncio.Queue[Workspace | Signal]]:
+        """Snapshots of each stored change of the workspace, or a Signal."""
+        queue: asyncio.Queue[Workspace | Signal] = asyncio.Queue(WATCH_QUEUE)
         self._watchers[workspace_id].add(queue)
         try:
             yield queue
@@ -73,7 +88,7 @@ class Hub:
                 del self._waiters[command_id]
 
 
-def _drain(queue: asyncio.Queue[Workspace | None]) -> None:
+def _drain(queue: asyncio.Queue[Workspace | Signal]) -> None:
     while not queue.empty():
         queue.get_nowait()
 

@@ -293,6 +293,7 @@ class Command(msgspec.Struct):
     stop_cause: StopCause = StopCause.UNSPECIFIED
     durability: StopDurability = StopDurability.UNSPECIFIED
     error: CommandError | None = None
+    volume_id: str = ""
 
     @property
     def terminal(self) -> bool:

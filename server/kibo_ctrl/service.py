@@ -352,7 +352,7 @@ class Service:
         if existing is not None:
             if existing.fingerprint != fingerprint:
                 raise CommandIdReused(f"command ID {command_id} was already used for another request")
-            volume = tx.get_volume(existing.workspace_id)
+            volume = tx.get_volume(existing.volume_id)
             assert volume is not None
             return volume
         volume = Volume(
@@ -367,7 +367,8 @@ class Service:
         tx.put_command(
             Command(
                 id=command_id,
-                workspace_id=volume.id,
+                workspace_id="",
+                volume_id=volume.id,
                 kind=CommandKind.CREATE_VOLUME,
                 fingerprint=fingerprint,
                 state=CommandState.SUCCEEDED,
@@ -398,7 +399,8 @@ class Service:
         tx.put_command(
             Command(
                 id=command_id,
-                workspace_id=volume.id,
+                workspace_id="",
+                volume_id=volume.id,
                 kind=CommandKind.DELETE_VOLUME,
                 fingerprint=fingerprint,
                 state=CommandState.SUCCEEDED,

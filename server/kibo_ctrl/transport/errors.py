@@ -21,6 +21,7 @@ CODES: dict[Reason, grpc.StatusCode] = {
     Reason.COMMAND_ID_REUSED: grpc.StatusCode.ALREADY_EXISTS,
     Reason.REVISION_MISMATCH: grpc.StatusCode.ABORTED,
     Reason.CONFLICT: grpc.StatusCode.FAILED_PRECONDITION,
+    Reason.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
 }
 
 

@@ -110,6 +110,12 @@ def stop(request: ws_pb2.StopWorkspaceRequest) -> CommandRequest:
     if request.mode not in (ws_pb2.STOP_MODE_UNSPECIFIED, ws_pb2.STOP_MODE_GRACEFUL, ws_pb2.STOP_MODE_FORCE):
         raise InvalidArgument(f"unknown stop mode {request.mode}", field="mode")
     kind = CommandKind.FORCE_STOP if request.mode == ws_pb2.STOP_MODE_FORCE else CommandKind.STOP
+    if request.mode == ws_pb2.STOP_MODE_UNSPECIFIED:
+        # UNSPECIFIED means graceful: both spellings are the same request for idempotency.
+        canonical = ws_pb2.StopWorkspaceRequest()
+        canonical.CopyFrom(request)
+        canonical.mode = ws_pb2.STOP_MODE_GRACEFUL
+        request = canonical
     return _lifecycle(kind, "StopWorkspace", request)
 
 

@@ -91,6 +91,7 @@ def command(record: Command) -> command_pb2.WorkspaceCommand:
         create_time=timestamp(record.create_time),
         update_time=timestamp(record.update_time),
         stop_cause=int(record.stop_cause),
+        volume_id=record.volume_id,
     )
     if record.error is not None:
         message.error.CopyFrom(status_pb2.Status(code=int(record.error.code), message=record.error.message))

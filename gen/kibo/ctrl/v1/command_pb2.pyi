@@ -66,7 +66,7 @@ class CommandResult(_message.Message):
     def __init__(self, durability: _Optional[_Union[_workspace_pb2.StopDurability, str]] = ...) -> None: ...
 
 class WorkspaceCommand(_message.Message):
-    __slots__ = ("command_id", "workspace_id", "state", "result", "error", "kind", "create_time", "update_time", "stop_cause")
+    __slots__ = ("command_id", "workspace_id", "state", "result", "error", "kind", "create_time", "update_time", "stop_cause", "volume_id")
     COMMAND_ID_FIELD_NUMBER: _ClassVar[int]
     WORKSPACE_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -76,6 +76,7 @@ class WorkspaceCommand(_message.Message):
     CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
     UPDATE_TIME_FIELD_NUMBER: _ClassVar[int]
     STOP_CAUSE_FIELD_NUMBER: _ClassVar[int]
+    VOLUME_ID_FIELD_NUMBER: _ClassVar[int]
     command_id: str
     workspace_id: str
     state: CommandState
@@ -85,4 +86,5 @@ class WorkspaceCommand(_message.Message):
     create_time: _timestamp_pb2.Timestamp
     update_time: _timestamp_pb2.Timestamp
     stop_cause: _workspace_pb2.StopCause
-    def __init__(self, command_id: _Optional[str] = ..., workspace_id: _Optional[str] = ..., state: _Optional[_Union[CommandState, str]] = ..., result: _Optional[_Union[CommandResult, _Mapping]] = ..., error: _Optional[_Union[_status_pb2.Status, _Mapping]] = ..., kind: _Optional[_Union[CommandKind, str]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., stop_cause: _Optional[_Union[_workspace_pb2.StopCause, str]] = ...) -> None: ...
+    volume_id: str
+    def __init__(self, command_id: _Optional[str] = ..., workspace_id: _Optional[str] = ..., state: _Optional[_Union[CommandState, str]] = ..., result: _Optional[_Union[CommandResult, _Mapping]] = ..., error: _Optional[_Union[_status_pb2.Status, _Mapping]] = ..., kind: _Optional[_Union[CommandKind, str]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., stop_cause: _Optional[_Union[_workspace_pb2.StopCause, str]] = ..., volume_id: _Optional[str] = ...) -> None: ...

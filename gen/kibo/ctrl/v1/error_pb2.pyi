@@ -14,6 +14,7 @@ class ErrorReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ERROR_REASON_RESERVED_COMMAND_ID: _ClassVar[ErrorReason]
     ERROR_REASON_COMMAND_ID_REUSED: _ClassVar[ErrorReason]
     ERROR_REASON_REVISION_MISMATCH: _ClassVar[ErrorReason]
+    ERROR_REASON_UNAVAILABLE: _ClassVar[ErrorReason]
 ERROR_REASON_UNSPECIFIED: ErrorReason
 ERROR_REASON_CONFLICT: ErrorReason
 ERROR_REASON_NOT_FOUND: ErrorReason
@@ -21,6 +22,7 @@ ERROR_REASON_INVALID_ARGUMENT: ErrorReason
 ERROR_REASON_RESERVED_COMMAND_ID: ErrorReason
 ERROR_REASON_COMMAND_ID_REUSED: ErrorReason
 ERROR_REASON_REVISION_MISMATCH: ErrorReason
+ERROR_REASON_UNAVAILABLE: ErrorReason
 
 class ErrorDetail(_message.Message):
     __slots__ = ("reason", "field", "workspace_state", "hint")
