@@ -440,6 +440,9 @@ def finish_delete(tx: Tx, workspace: Workspace) -> None:
     """The workspace's execution is released: it is DELETED; its files go asynchronously."""
     transitions.finish_command(tx, workspace)
     workspace.deleted = True
+    # Whatever failed before (e.g. a host OOM during the delete) is gone with the execution.
+    workspace.failure = None
+    workspace.owed_stop = None
     workspace.holds_execution = False
     workspace.node_silent = False
     workspace.release_pending_since = None
