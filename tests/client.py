@@ -79,6 +79,28 @@ def error_of(error: grpc.aio.AioRpcError) -> ErrorInfo:
     return ErrorInfo(error.code(), reason, detail, info)
 
 
+class _Bearer:
+    """Adds the Authorization header to a call's metadata."""
+
+    def __init__(self, token: str) -> None:
+        self._metadata = ("authorization", f"Bearer {token}")
+
+    def _with_token(self, details: Any) -> Any:
+        metadata = grpc.aio.Metadata(*(details.metadata or ()), self._metadata)
+        return details._replace(metadata=metadata)
+
+
+# grpc.aio files an interceptor under one kind only: one class per kind.
+class _BearerUnary(_Bearer, grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[misc]
+    async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        return await continuation(self._with_token(details), request)
+
+
+class _BearerStream(_Bearer, grpc.aio.UnaryStreamClientInterceptor):  # type: ignore[misc]
+    async def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
+        return await continuation(self._with_token(details), request)
+
+
 class Client:
     """Stubs for every service, over gRPC (`connect`) or Connect (`connect_http`)."""
 
@@ -97,19 +119,29 @@ class Client:
 
     @classmethod
     @contextlib.asynccontextmanager
-    async def connect(cls, address: str) -> AsyncIterator[Client]:
-        async with grpc.aio.insecure_channel(address) as channel:
+    async def connect(
+        cls, address: str, token: str | None = None, root_certificates: bytes | None = None
+    ) -> AsyncIterator[Client]:
+        """A gRPC client; with `token`, every call carries `authorization: Bearer TOKEN`."""
+        interceptors: list[Any] = [_BearerUnary(token), _BearerStream(token)] if token else []
+        if root_certificates is None:
+            channel = grpc.aio.insecure_channel(address, interceptors=interceptors)
+        else:
+            credentials = grpc.ssl_channel_credentials(root_certificates=root_certificates)
+            channel = grpc.aio.secure_channel(address, credentials, interceptors=interceptors)
+        async with channel:
             yield cls(channel)
 
     @classmethod
     @contextlib.asynccontextmanager
-    async def connect_http(cls, http_address: str) -> AsyncIterator[Client]:
+    async def connect_http(cls, http_address: str, token: str | None = None) -> AsyncIterator[Client]:
         """The same API over the Connect protocol on the HTTP listener."""
         from tests.connect_client import ConnectStub, connect_clients
 
         clients = connect_clients(http_address)
+        headers = {"authorization": f"Bearer {token}"} if token else {}
         try:
-            ws_, obs_, vol_, sim_ = (ConnectStub(c) for c in clients)
+            ws_, obs_, vol_, sim_ = (ConnectStub(c, headers) for c in clients)
             yield cls(None, (ws_, obs_, vol_, sim_))
         finally:
             for client in clients:

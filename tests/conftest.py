@@ -20,9 +20,14 @@ def server_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callabl
     """Start extra servers (own data dir each); all are stopped at the end of the session."""
     started: list[ServerProcess] = []
 
-    def start(*flags: str, data_dir: Path | None = None) -> ServerProcess:
+    def start(
+        *flags: str,
+        data_dir: Path | None = None,
+        auth: bool = False,
+        credentials: grpc.ChannelCredentials | None = None,
+    ) -> ServerProcess:
         directory = data_dir or tmp_path_factory.mktemp(f"kibo{next(_count)}") / "data"
-        server = ServerProcess(directory, tuple(flags)).start()
+        server = ServerProcess(directory, tuple(flags), auth=auth, credentials=credentials).start()
         started.append(server)
         return server
 

@@ -51,17 +51,18 @@ class _Stream:
 class ConnectStub:
     """`stub.CreateWorkspace(request)` -> `client.create_workspace(request)`."""
 
-    def __init__(self, client: Any) -> None:
+    def __init__(self, client: Any, headers: dict[str, str] | None = None) -> None:
         self._client = client
+        self._headers = headers or {}
 
     def __getattr__(self, rpc: str) -> Any:
         method = getattr(self._client, _snake(rpc))
         if rpc in STREAMING:
-            return lambda request, **_: _Stream(method(request))
+            return lambda request, **_: _Stream(method(request, headers=self._headers))
 
         async def call(request: Any, **_: Any) -> Any:
             try:
-                return await method(request)
+                return await method(request, headers=self._headers)
             except ConnectError as error:
                 raise as_grpc_error(error) from None
 

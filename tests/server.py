@@ -15,6 +15,8 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 # Fast defaults for tests: small simulated steps, short settle window, quick node timeout.
+# Authentication is off except where a test turns it on (tests/test_auth.py): the
+# lifecycle does not depend on who asks, and tenancy has its own tests.
 TEST_FLAGS = ("--sim-step-ms", "5", "--settle-ms", "300", "--node-timeout-ms", "1000", "--log-level", "warning")
 
 
@@ -30,6 +32,10 @@ class ServerProcess:
     flags: tuple[str, ...] = ()
     port: int = field(default_factory=free_port)
     http_port: int = field(default_factory=free_port)
+    # False: --insecure-no-auth. True: tokens required; `admin_token` is the first one.
+    auth: bool = False
+    # For a server started with --tls-cert: how the health check connects.
+    credentials: grpc.ChannelCredentials | None = None
     process: subprocess.Popen[bytes] | None = None
     log_path: Path | None = None
 
@@ -57,6 +63,7 @@ class ServerProcess:
             "--data-dir",
             str(self.data_dir),
             *TEST_FLAGS,
+            *(() if self.auth else ("--insecure-no-auth",)),
             *self.flags,
         ]
         self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ})
@@ -65,7 +72,11 @@ class ServerProcess:
 
     def _wait_serving(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
-        with grpc.insecure_channel(self.address) as channel:
+        if self.credentials is None:
+            channel = grpc.insecure_channel(self.address)
+        else:
+            channel = grpc.secure_channel(self.address, self.credentials)
+        with channel:
             stub = health_pb2_grpc.HealthStub(channel)
             while time.monotonic() < deadline:
                 assert self.process is not None
@@ -79,6 +90,11 @@ class ServerProcess:
                     pass
                 time.sleep(0.05)
         raise TimeoutError(f"server not SERVING after {timeout}s: {self.log()}")
+
+    @property
+    def admin_token(self) -> str:
+        """The admin token the server made on first start (tenant `default`)."""
+        return (self.data_dir / "admin.token").read_text().strip()
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-4000:] if self.log_path and self.log_path.exists() else ""

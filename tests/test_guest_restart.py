@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from kibo.sim.v1 import simulator_pb2 as sim
 
-from tests.client import S, Client
+from tests.client import Client, S
 from tests.server import ServerProcess
 
 

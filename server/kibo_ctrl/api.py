@@ -12,6 +12,8 @@ import hashlib
 import json
 import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
+from typing import TypeVar
 
 from kibo.ctrl.v1 import (
     observation_service_pb2 as obs_pb2,
@@ -25,6 +27,7 @@ from kibo.ctrl.v1 import (
 from kibo.sim.v1 import simulator_pb2 as sim_pb2
 
 from . import cleanup, validation
+from .auth import Caller
 from .errors import Conflict, InvalidArgument, NotFound, Unavailable
 from .hub import Hub, Signal
 from .model import Command, Instance, Workspace
@@ -32,6 +35,8 @@ from .runtime.sim import Fault, SimBoard, SimError, SimNode
 from .service import CommandRequest, Service
 from .store import Reader, Store, WorkspaceQuery
 from .transport import parse, render
+
+RequestT = TypeVar("RequestT")
 
 
 class Api:
@@ -46,110 +51,128 @@ class Api:
 
     # -- commands ----------------------------------------------------------------------
 
-    async def _command(self, request: CommandRequest) -> tuple[Workspace, Command]:
-        # Every field is well formed (parse checked them); only now the reserved prefixes.
+    async def _command(
+        self, caller: Caller, parser: Callable[[RequestT], CommandRequest], message: RequestT
+    ) -> tuple[Workspace, Command]:
+        # Permission before anything else (AIP-193), then every field, then reserved prefixes.
+        caller.require_admin(type(message).__name__.removesuffix("Request"))
+        request = replace(parser(message), tenant=caller.tenant)
         validation.command_id(request.command_id)
         workspace, command = await self._store.transact(lambda tx: self._service.execute(tx, request))
         if command.terminal or self._settle <= 0:
             return workspace, command
-        done = self._hub.command_done(command.id)
+        done = self._hub.command_done(command.key)
         try:
-            latest = await self._store.read(lambda r: r.get_command(command.id))
+            latest = await self._store.read(lambda r: r.get_command(command.tenant, command.id))
             if latest is not None and not latest.terminal:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(asyncio.shield(done), self._settle)
         finally:
-            self._hub.forget(command.id, done)
+            self._hub.forget(command.key, done)
 
         def both(reader: Reader) -> tuple[Workspace, Command]:
-            ws, cmd = reader.get_workspace(workspace.id), reader.get_command(command.id)
+            ws, cmd = reader.get_workspace(workspace.id), reader.get_command(command.tenant, command.id)
             assert ws is not None and cmd is not None
             return ws, cmd
 
         return await self._store.read(both)
 
-    async def create_workspace(self, request: ws_pb2.CreateWorkspaceRequest) -> ws_pb2.CreateWorkspaceResponse:
-        ws, cmd = await self._command(parse.create(request))
+    async def create_workspace(
+        self, request: ws_pb2.CreateWorkspaceRequest, caller: Caller
+    ) -> ws_pb2.CreateWorkspaceResponse:
+        ws, cmd = await self._command(caller, parse.create, request)
         return ws_pb2.CreateWorkspaceResponse(workspace=render.workspace(ws), command=render.command(cmd))
 
-    async def stop_workspace(self, request: ws_pb2.StopWorkspaceRequest) -> ws_pb2.StopWorkspaceResponse:
-        ws, cmd = await self._command(parse.stop(request))
+    async def stop_workspace(
+        self, request: ws_pb2.StopWorkspaceRequest, caller: Caller
+    ) -> ws_pb2.StopWorkspaceResponse:
+        ws, cmd = await self._command(caller, parse.stop, request)
         return ws_pb2.StopWorkspaceResponse(workspace=render.workspace(ws), command=render.command(cmd))
 
-    async def start_workspace(self, request: ws_pb2.StartWorkspaceRequest) -> ws_pb2.StartWorkspaceResponse:
-        ws, cmd = await self._command(parse.start(request))
+    async def start_workspace(
+        self, request: ws_pb2.StartWorkspaceRequest, caller: Caller
+    ) -> ws_pb2.StartWorkspaceResponse:
+        ws, cmd = await self._command(caller, parse.start, request)
         return ws_pb2.StartWorkspaceResponse(workspace=render.workspace(ws), command=render.command(cmd))
 
-    async def delete_workspace(self, request: ws_pb2.DeleteWorkspaceRequest) -> ws_pb2.DeleteWorkspaceResponse:
-        ws, cmd = await self._command(parse.delete(request))
+    async def delete_workspace(
+        self, request: ws_pb2.DeleteWorkspaceRequest, caller: Caller
+    ) -> ws_pb2.DeleteWorkspaceResponse:
+        ws, cmd = await self._command(caller, parse.delete, request)
         return ws_pb2.DeleteWorkspaceResponse(workspace=render.workspace(ws), command=render.command(cmd))
 
     async def set_workspace_expiration(
-        self, request: ws_pb2.SetWorkspaceExpirationRequest
+        self, request: ws_pb2.SetWorkspaceExpirationRequest, caller: Caller
     ) -> ws_pb2.SetWorkspaceExpirationResponse:
-        ws, cmd = await self._command(parse.set_expiration(request))
+        ws, cmd = await self._command(caller, parse.set_expiration, request)
         return ws_pb2.SetWorkspaceExpirationResponse(workspace=render.workspace(ws), command=render.command(cmd))
 
     async def clear_workspace_expiration(
-        self, request: ws_pb2.ClearWorkspaceExpirationRequest
+        self, request: ws_pb2.ClearWorkspaceExpirationRequest, caller: Caller
     ) -> ws_pb2.ClearWorkspaceExpirationResponse:
-        ws, cmd = await self._command(parse.clear_expiration(request))
+        ws, cmd = await self._command(caller, parse.clear_expiration, request)
         return ws_pb2.ClearWorkspaceExpirationResponse(workspace=render.workspace(ws), command=render.command(cmd))
 
     async def set_workspace_labels(
-        self, request: ws_pb2.SetWorkspaceLabelsRequest
+        self, request: ws_pb2.SetWorkspaceLabelsRequest, caller: Caller
     ) -> ws_pb2.SetWorkspaceLabelsResponse:
-        ws, cmd = await self._command(parse.set_labels(request))
+        ws, cmd = await self._command(caller, parse.set_labels, request)
         return ws_pb2.SetWorkspaceLabelsResponse(workspace=render.workspace(ws), command=render.command(cmd))
 
-    async def resize_workspace(self, request: ws_pb2.ResizeWorkspaceRequest) -> ws_pb2.ResizeWorkspaceResponse:
-        ws, cmd = await self._command(parse.resize(request))
+    async def resize_workspace(
+        self, request: ws_pb2.ResizeWorkspaceRequest, caller: Caller
+    ) -> ws_pb2.ResizeWorkspaceResponse:
+        ws, cmd = await self._command(caller, parse.resize, request)
         return ws_pb2.ResizeWorkspaceResponse(workspace=render.workspace(ws), command=render.command(cmd))
 
     async def set_workspace_network_policy(
-        self, request: ws_pb2.SetWorkspaceNetworkPolicyRequest
+        self, request: ws_pb2.SetWorkspaceNetworkPolicyRequest, caller: Caller
     ) -> ws_pb2.SetWorkspaceNetworkPolicyResponse:
-        ws, cmd = await self._command(parse.set_network_policy(request))
+        ws, cmd = await self._command(caller, parse.set_network_policy, request)
         return ws_pb2.SetWorkspaceNetworkPolicyResponse(workspace=render.workspace(ws), command=render.command(cmd))
 
     async def bind_workspace_volume(
-        self, request: ws_pb2.BindWorkspaceVolumeRequest
+        self, request: ws_pb2.BindWorkspaceVolumeRequest, caller: Caller
     ) -> ws_pb2.BindWorkspaceVolumeResponse:
-        ws, cmd = await self._command(parse.bind_volume(request))
+        ws, cmd = await self._command(caller, parse.bind_volume, request)
         return ws_pb2.BindWorkspaceVolumeResponse(workspace=render.workspace(ws), command=render.command(cmd))
 
     async def unbind_workspace_volume(
-        self, request: ws_pb2.UnbindWorkspaceVolumeRequest
+        self, request: ws_pb2.UnbindWorkspaceVolumeRequest, caller: Caller
     ) -> ws_pb2.UnbindWorkspaceVolumeResponse:
-        ws, cmd = await self._command(parse.unbind_volume(request))
+        ws, cmd = await self._command(caller, parse.unbind_volume, request)
         return ws_pb2.UnbindWorkspaceVolumeResponse(workspace=render.workspace(ws), command=render.command(cmd))
 
     async def revoke_workspace_data_plane_access(
-        self, request: ws_pb2.RevokeWorkspaceDataPlaneAccessRequest
+        self, request: ws_pb2.RevokeWorkspaceDataPlaneAccessRequest, caller: Caller
     ) -> ws_pb2.RevokeWorkspaceDataPlaneAccessResponse:
-        ws, cmd = await self._command(parse.revoke(request))
+        ws, cmd = await self._command(caller, parse.revoke, request)
         return ws_pb2.RevokeWorkspaceDataPlaneAccessResponse(
             workspace=render.workspace(ws), command=render.command(cmd)
         )
 
     # -- queries -----------------------------------------------------------------------
 
-    async def _workspace(self, workspace_id: str) -> Workspace:
+    async def _workspace(self, caller: Caller, workspace_id: str) -> Workspace:
         workspace = await self._store.read(lambda r: r.get_workspace(workspace_id))
-        if workspace is None:
+        # Another tenant's workspace does not exist for this caller.
+        if workspace is None or workspace.tenant != caller.tenant:
             raise NotFound(f"workspace {workspace_id} not found", field="workspace_id")
         return workspace
 
-    async def get_workspace(self, request: ws_pb2.GetWorkspaceRequest) -> ws_pb2.GetWorkspaceResponse:
-        workspace = await self._workspace(parse.workspace_id(request.workspace_id))
+    async def get_workspace(self, request: ws_pb2.GetWorkspaceRequest, caller: Caller) -> ws_pb2.GetWorkspaceResponse:
+        workspace = await self._workspace(caller, parse.workspace_id(request.workspace_id))
         return ws_pb2.GetWorkspaceResponse(workspace=render.workspace(workspace))
 
-    async def list_workspaces(self, request: ws_pb2.ListWorkspacesRequest) -> ws_pb2.ListWorkspacesResponse:
+    async def list_workspaces(
+        self, request: ws_pb2.ListWorkspacesRequest, caller: Caller
+    ) -> ws_pb2.ListWorkspacesResponse:
         size = validation.page_size(request.page_size, 50)
         where = validation.workspace_filter(request.filter)
         scope = _digest(f"{request.include_deleted}|{request.filter}")
         after = _decode_token(request.page_token, scope)
         query = WorkspaceQuery(
+            tenant=caller.tenant,
             after_seq=after,
             limit=size + 1,
             include_deleted=request.include_deleted,
@@ -163,22 +186,22 @@ class Api:
         )
 
     async def get_workspace_command(
-        self, request: ws_pb2.GetWorkspaceCommandRequest
+        self, request: ws_pb2.GetWorkspaceCommandRequest, caller: Caller
     ) -> ws_pb2.GetWorkspaceCommandResponse:
         command_id = request.command_id
         if not command_id or not validation.COMMAND_ID.fullmatch(command_id):
             raise InvalidArgument("command_id is not a valid command ID", field="command_id")
-        command = await self._store.read(lambda r: r.get_command(command_id))
+        command = await self._store.read(lambda r: r.get_command(caller.tenant, command_id))
         if command is None:
             raise NotFound(f"command {command_id} not found", field="command_id")
         return ws_pb2.GetWorkspaceCommandResponse(command=render.command(command))
 
     async def watch_workspace(
-        self, request: ws_pb2.WatchWorkspaceRequest
+        self, request: ws_pb2.WatchWorkspaceRequest, caller: Caller
     ) -> AsyncIterator[ws_pb2.WatchWorkspaceResponse]:
         workspace_id = parse.workspace_id(request.workspace_id)
         with self._hub.watch(workspace_id) as changes:
-            workspace = await self._workspace(workspace_id)
+            workspace = await self._workspace(caller, workspace_id)
             yield ws_pb2.WatchWorkspaceResponse(workspace=render.workspace(workspace))
             version = workspace.version
             while not workspace.deleted:
@@ -186,19 +209,21 @@ class Api:
                 if snapshot is Signal.CLOSED:
                     raise Unavailable("the server is shutting down: watch again")
                 if snapshot is Signal.RESYNC:
-                    snapshot = await self._workspace(workspace_id)
+                    snapshot = await self._workspace(caller, workspace_id)
                 if snapshot.version <= version:
                     continue
                 workspace, version = snapshot, snapshot.version
                 yield ws_pb2.WatchWorkspaceResponse(workspace=render.workspace(workspace))
 
-    async def get_capabilities(self, request: ws_pb2.GetCapabilitiesRequest) -> ws_pb2.GetCapabilitiesResponse:
+    async def get_capabilities(
+        self, request: ws_pb2.GetCapabilitiesRequest, caller: Caller
+    ) -> ws_pb2.GetCapabilitiesResponse:
         return ws_pb2.GetCapabilitiesResponse(capabilities=self._capabilities)
 
     # -- observation -------------------------------------------------------------------
 
     async def get_workspace_cleanup(
-        self, request: obs_pb2.GetWorkspaceCleanupRequest
+        self, request: obs_pb2.GetWorkspaceCleanupRequest, caller: Caller
     ) -> obs_pb2.GetWorkspaceCleanupResponse:
         workspace_id = parse.workspace_id(request.workspace_id)
 
@@ -208,19 +233,19 @@ class Api:
             return workspace, instance
 
         workspace, instance = await self._store.read(load)
-        if workspace is None:
+        if workspace is None or workspace.tenant != caller.tenant:
             raise NotFound(f"workspace {workspace_id} not found", field="workspace_id")
         derived = cleanup.derive(workspace, instance, time.time())
         return obs_pb2.GetWorkspaceCleanupResponse(cleanup=render.cleanup(workspace_id, derived))
 
     async def list_workspace_events(
-        self, request: obs_pb2.ListWorkspaceEventsRequest
+        self, request: obs_pb2.ListWorkspaceEventsRequest, caller: Caller
     ) -> obs_pb2.ListWorkspaceEventsResponse:
         workspace_id = parse.workspace_id(request.workspace_id)
         size = validation.page_size(request.page_size, 100)
         scope = _digest(workspace_id)
         after = _decode_token(request.page_token, scope)
-        await self._workspace(workspace_id)
+        await self._workspace(caller, workspace_id)
         events = await self._store.read(lambda r: r.list_events(workspace_id, after, size + 1))
         token = _encode_token(events[size - 1].seq, scope) if len(events) > size else ""
         return obs_pb2.ListWorkspaceEventsResponse(
@@ -228,38 +253,44 @@ class Api:
         )
 
     async def list_workspace_instances(
-        self, request: obs_pb2.ListWorkspaceInstancesRequest
+        self, request: obs_pb2.ListWorkspaceInstancesRequest, caller: Caller
     ) -> obs_pb2.ListWorkspaceInstancesResponse:
         workspace_id = parse.workspace_id(request.workspace_id)
-        await self._workspace(workspace_id)
+        await self._workspace(caller, workspace_id)
         instances = await self._store.read(lambda r: r.list_instances(workspace_id))
         return obs_pb2.ListWorkspaceInstancesResponse(instances=[render.instance(i) for i in instances])
 
     # -- volumes -----------------------------------------------------------------------
 
-    async def create_volume(self, request: vol_pb2.CreateVolumeRequest) -> vol_pb2.CreateVolumeResponse:
+    async def create_volume(self, request: vol_pb2.CreateVolumeRequest, caller: Caller) -> vol_pb2.CreateVolumeResponse:
+        caller.require_admin("CreateVolume")
         command_id = validation.command_id(request.metadata.command_id, reserved_ok=True)
         if not 0 <= request.capacity_gib <= validation.MAX_VOLUME_GIB:
             raise InvalidArgument("capacity_gib is out of range", field="capacity_gib")
         validation.command_id(command_id)
         capacity = request.capacity_gib or validation.DEFAULT_DATA_VOLUME_GIB
         digest = parse.fingerprint("CreateVolume", request)
-        volume = await self._store.transact(lambda tx: self._service.create_volume(tx, command_id, digest, capacity))
+        volume = await self._store.transact(
+            lambda tx: self._service.create_volume(tx, caller.tenant, command_id, digest, capacity)
+        )
         return vol_pb2.CreateVolumeResponse(volume=render.volume(volume))
 
-    async def get_volume(self, request: vol_pb2.GetVolumeRequest) -> vol_pb2.GetVolumeResponse:
+    async def get_volume(self, request: vol_pb2.GetVolumeRequest, caller: Caller) -> vol_pb2.GetVolumeResponse:
         volume_id = validation.resource_id(request.volume_id, "volume_id", "vol-")
         volume = await self._store.read(lambda r: r.get_volume(volume_id))
-        if volume is None:
+        if volume is None or volume.tenant != caller.tenant:
             raise NotFound(f"volume {volume_id} not found", field="volume_id")
         return vol_pb2.GetVolumeResponse(volume=render.volume(volume))
 
-    async def delete_volume(self, request: vol_pb2.DeleteVolumeRequest) -> vol_pb2.DeleteVolumeResponse:
+    async def delete_volume(self, request: vol_pb2.DeleteVolumeRequest, caller: Caller) -> vol_pb2.DeleteVolumeResponse:
+        caller.require_admin("DeleteVolume")
         command_id = validation.command_id(request.metadata.command_id, reserved_ok=True)
         volume_id = validation.resource_id(request.volume_id, "volume_id", "vol-")
         validation.command_id(command_id)
         digest = parse.fingerprint("DeleteVolume", request)
-        volume = await self._store.transact(lambda tx: self._service.delete_volume(tx, command_id, digest, volume_id))
+        volume = await self._store.transact(
+            lambda tx: self._service.delete_volume(tx, caller.tenant, command_id, digest, volume_id)
+        )
         return vol_pb2.DeleteVolumeResponse(volume=render.volume(volume))
 
 
@@ -272,7 +303,8 @@ class SimulatorApi:
         self._nodes = nodes
         self._pool_lost = report
 
-    async def inject_fault(self, request: sim_pb2.InjectFaultRequest) -> sim_pb2.InjectFaultResponse:
+    async def inject_fault(self, request: sim_pb2.InjectFaultRequest, caller: Caller) -> sim_pb2.InjectFaultResponse:
+        caller.require_admin("InjectFault")
         try:
             fault = Fault(request.fault)
         except ValueError:
@@ -284,7 +316,7 @@ class SimulatorApi:
             return sim_pb2.InjectFaultResponse()
         workspace_id = parse.workspace_id(request.workspace_id)
         workspace = await self._store.read(lambda r: r.get_workspace(workspace_id))
-        if workspace is None:
+        if workspace is None or workspace.tenant != caller.tenant:
             raise NotFound(f"workspace {workspace_id} not found", field="workspace_id")
         if fault in (Fault.SYNC_FAIL, Fault.STALL, Fault.CREATE_FAIL, Fault.CREATE_FAIL_HOLDING, Fault.DESTROY_FAIL):
             self._board.arm(workspace_id, fault)

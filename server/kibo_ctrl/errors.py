@@ -15,6 +15,10 @@ class Reason(IntEnum):
     COMMAND_ID_REUSED = 5
     REVISION_MISMATCH = 6
     UNAVAILABLE = 7
+    UNAUTHENTICATED = 8
+    PERMISSION_DENIED = 9
+    QUOTA_EXCEEDED = 10
+    RATE_LIMITED = 11
 
 
 class KiboError(Exception):
@@ -56,3 +60,32 @@ class Unavailable(KiboError):
     """Retry later: e.g. the server is shutting down."""
 
     reason = Reason.UNAVAILABLE
+
+
+class Unauthenticated(KiboError):
+    reason = Reason.UNAUTHENTICATED
+
+
+class PermissionDenied(KiboError):
+    reason = Reason.PERMISSION_DENIED
+
+
+class QuotaExceeded(KiboError):
+    """A per-tenant quota would be exceeded; `quota` says which, with its limit and use."""
+
+    reason = Reason.QUOTA_EXCEEDED
+
+    def __init__(self, message: str, *, quota: str, limit: int, used: int, requested: int) -> None:
+        super().__init__(message, hint=f"the {quota} quota is {limit}; {used} in use, {requested} requested")
+        self.quota = quota
+        self.limit = limit
+        self.used = used
+        self.requested = requested
+
+
+class RateLimited(KiboError):
+    reason = Reason.RATE_LIMITED
+
+    def __init__(self, message: str, *, retry_after: float) -> None:
+        super().__init__(message, hint=f"retry after {retry_after:.2f} s")
+        self.retry_after = retry_after

@@ -50,7 +50,7 @@ class Hub:
                     watcher.put_nowait(Signal.RESYNC)
         for command in changes.commands.values():
             if command.terminal:
-                for waiter in self._waiters.pop(command.id, ()):
+                for waiter in self._waiters.pop(command.key, ()):
                     if not waiter.done():
                         waiter.set_result(command)
         for listener in self._listeners:
@@ -74,18 +74,18 @@ class Hub:
     def watcher_count(self) -> int:
         return sum(len(w) for w in self._watchers.values())
 
-    def command_done(self, command_id: str) -> asyncio.Future[Command]:
+    def command_done(self, command_key: str) -> asyncio.Future[Command]:
         """A future resolved when the command is next published in a terminal state."""
         future: asyncio.Future[Command] = asyncio.get_running_loop().create_future()
-        self._waiters[command_id].append(future)
+        self._waiters[command_key].append(future)
         return future
 
-    def forget(self, command_id: str, future: asyncio.Future[Command]) -> None:
-        waiters = self._waiters.get(command_id)
+    def forget(self, command_key: str, future: asyncio.Future[Command]) -> None:
+        waiters = self._waiters.get(command_key)
         if waiters and future in waiters:
             waiters.remove(future)
             if not waiters:
-                del self._waiters[command_id]
+                del self._waiters[command_key]
 
 
 def _drain(queue: asyncio.Queue[Workspace | Signal]) -> None:

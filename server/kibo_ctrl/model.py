@@ -275,6 +275,7 @@ class Workspace(msgspec.Struct):
     release_pending_since: float | None = None
     storage: StoragePending = msgspec.field(default_factory=StoragePending)
     version: int = 0
+    tenant: str = "default"
 
 
 class CommandError(msgspec.Struct):
@@ -294,6 +295,11 @@ class Command(msgspec.Struct):
     durability: StopDurability = StopDurability.UNSPECIFIED
     error: CommandError | None = None
     volume_id: str = ""
+    tenant: str = "default"
+
+    @property
+    def key(self) -> str:
+        return command_key(self.tenant, self.id)
 
     @property
     def terminal(self) -> bool:
@@ -335,6 +341,12 @@ class Volume(msgspec.Struct):
     state: VolumeState
     create_time: float
     workspace_id: str | None = None
+    tenant: str = "default"
+
+
+def command_key(tenant: str, command_id: str) -> str:
+    """Command IDs are unique per tenant: this names one across the deployment."""
+    return f"{tenant}\x00{command_id}"
 
 
 class Event(msgspec.Struct):

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from . import rules, transitions
-from .errors import CommandIdReused, Conflict, InvalidArgument, NotFound, RevisionMismatch
+from .errors import CommandIdReused, Conflict, InvalidArgument, NotFound, QuotaExceeded, RevisionMismatch
 from .model import (
     Binding,
     Command,
@@ -64,11 +64,23 @@ class CommandRequest:
     network_policy: NetworkPolicy | None = None
     binding: Binding | None = None
     volume_id: str = ""
+    # Whose command this is: command IDs and workspaces are scoped per tenant.
+    tenant: str = "default"
+
+
+@dataclass(frozen=True)
+class Quotas:
+    """Per-tenant limits over workspaces not deleted; 0 means no limit."""
+
+    workspaces: int = 0
+    vcpus: int = 0
+    memory_mib: int = 0
 
 
 @dataclass(frozen=True)
 class Settings:
     storage_pool: str = "local"
+    quotas: Quotas = field(default_factory=Quotas)
 
 
 class Service:
@@ -98,7 +110,7 @@ class Service:
                 return existing
             return self._create(tx, request)
         workspace = tx.get_workspace(request.workspace_id)
-        if workspace is None:
+        if workspace is None or workspace.tenant != request.tenant:
             raise NotFound(f"workspace {request.workspace_id} not found", field="workspace_id")
         existing = self._existing(tx, request)
         if existing is not None:
@@ -113,7 +125,7 @@ class Service:
         return workspace, command
 
     def _existing(self, tx: Tx, request: CommandRequest) -> tuple[Workspace, Command] | None:
-        command = tx.get_command(request.command_id)
+        command = tx.get_command(request.tenant, request.command_id)
         if command is None:
             return None
         if command.fingerprint != request.fingerprint:
@@ -131,7 +143,9 @@ class Service:
         spec = request.create
         assert spec is not None
         workspace_id = f"ws-{uuid.uuid4().hex[:20]}"
+        self._check_quotas(tx, request.tenant, 1, spec.resources.vcpus, spec.resources.memory_mib)
         own_volume = Volume(
+            tenant=request.tenant,
             id=f"vol-{uuid.uuid4().hex[:20]}",
             storage_pool=self.settings.storage_pool,
             capacity_gib=spec.data_volume_gib,
@@ -141,7 +155,7 @@ class Service:
         )
         bindings = [Binding(volume_id=own_volume.id, mount_path="/data", delete_with_workspace=True)]
         for binding in spec.bindings:
-            volume = self._bindable_volume(tx, binding.volume_id, workspace_id)
+            volume = self._bindable_volume(tx, binding.volume_id, workspace_id, request.tenant)
             volume.workspace_id = workspace_id
             tx.put_volume(volume)
             bindings.append(binding)
@@ -159,6 +173,7 @@ class Service:
             create_time=tx.now,
             update_time=tx.now,
             storage_pool=self.settings.storage_pool,
+            tenant=request.tenant,
             labels=spec.labels,
             annotations=spec.annotations,
             network_policy=spec.network_policy,
@@ -286,13 +301,18 @@ class Service:
 
     def _resize(self, tx: Tx, workspace: Workspace, request: CommandRequest) -> Command:
         assert request.resources is not None
-        command = self._immediate(tx, workspace, request, "resources changed")
+        rules.check(request.kind, transitions.rule_facts(workspace))
         wanted, current = request.resources, workspace.resources
-        workspace.resources = Resources(
+        resized = Resources(
             vcpus=wanted.vcpus or current.vcpus,
             memory_mib=wanted.memory_mib or current.memory_mib,
             writable_layer_gib=wanted.writable_layer_gib or current.writable_layer_gib,
         )
+        self._check_quotas(
+            tx, workspace.tenant, 0, resized.vcpus - current.vcpus, resized.memory_mib - current.memory_mib
+        )
+        command = self._immediate(tx, workspace, request, "resources changed")
+        workspace.resources = resized
         save(tx, workspace, None)
         return command
 
@@ -308,7 +328,7 @@ class Service:
         binding = request.binding
         assert binding is not None
         rules.check(request.kind, transitions.rule_facts(workspace))
-        volume = self._bindable_volume(tx, binding.volume_id, workspace.id)
+        volume = self._bindable_volume(tx, binding.volume_id, workspace.id, workspace.tenant)
         bindings = [b for b in workspace.bindings if b.volume_id != binding.volume_id] + [binding]
         _check_mount_paths(bindings)
         command = self._immediate(tx, workspace, request, f"volume {binding.volume_id} bound at {binding.mount_path}")
@@ -337,9 +357,28 @@ class Service:
         save(tx, workspace, None)
         return command
 
-    def _bindable_volume(self, tx: Tx, volume_id: str, workspace_id: str) -> Volume:
+    def _check_quotas(self, tx: Tx, tenant: str, workspaces: int, vcpus: int, memory_mib: int) -> None:
+        quotas = self.settings.quotas
+        if not (quotas.workspaces or quotas.vcpus or quotas.memory_mib):
+            return
+        used = tx.tenant_usage(tenant)
+        for name, limit, in_use, more in (
+            ("workspaces", quotas.workspaces, used[0], workspaces),
+            ("vcpus", quotas.vcpus, used[1], vcpus),
+            ("memory_mib", quotas.memory_mib, used[2], memory_mib),
+        ):
+            if limit and more > 0 and in_use + more > limit:
+                raise QuotaExceeded(
+                    f"tenant {tenant} would exceed its {name} quota",
+                    quota=name,
+                    limit=limit,
+                    used=in_use,
+                    requested=more,
+                )
+
+    def _bindable_volume(self, tx: Tx, volume_id: str, workspace_id: str, tenant: str) -> Volume:
         volume = tx.get_volume(volume_id)
-        if volume is None or volume.state is VolumeState.DELETED:
+        if volume is None or volume.tenant != tenant or volume.state is VolumeState.DELETED:
             raise NotFound(f"volume {volume_id} not found", field="volume_id")
         if volume.workspace_id not in (None, workspace_id):
             raise Conflict(f"volume {volume_id} is bound to workspace {volume.workspace_id}", field="volume_id")
@@ -347,8 +386,8 @@ class Service:
 
     # -- volumes ------------------------------------------------------------------------
 
-    def create_volume(self, tx: Tx, command_id: str, fingerprint: str, capacity_gib: int) -> Volume:
-        existing = tx.get_command(command_id)
+    def create_volume(self, tx: Tx, tenant: str, command_id: str, fingerprint: str, capacity_gib: int) -> Volume:
+        existing = tx.get_command(tenant, command_id)
         if existing is not None:
             if existing.fingerprint != fingerprint:
                 raise CommandIdReused(f"command ID {command_id} was already used for another request")
@@ -362,6 +401,7 @@ class Service:
             # Standalone volumes live in the control plane's pool record until first bound.
             state=VolumeState.READY,
             create_time=tx.now,
+            tenant=tenant,
         )
         tx.put_volume(volume)
         tx.put_command(
@@ -369,6 +409,7 @@ class Service:
                 id=command_id,
                 workspace_id="",
                 volume_id=volume.id,
+                tenant=tenant,
                 kind=CommandKind.CREATE_VOLUME,
                 fingerprint=fingerprint,
                 state=CommandState.SUCCEEDED,
@@ -378,11 +419,11 @@ class Service:
         )
         return volume
 
-    def delete_volume(self, tx: Tx, command_id: str, fingerprint: str, volume_id: str) -> Volume:
+    def delete_volume(self, tx: Tx, tenant: str, command_id: str, fingerprint: str, volume_id: str) -> Volume:
         volume = tx.get_volume(volume_id)
-        if volume is None:
+        if volume is None or volume.tenant != tenant:
             raise NotFound(f"volume {volume_id} not found", field="volume_id")
-        existing = tx.get_command(command_id)
+        existing = tx.get_command(tenant, command_id)
         if existing is not None:
             if existing.fingerprint != fingerprint:
                 raise CommandIdReused(f"command ID {command_id} was already used for another request")
@@ -401,6 +442,7 @@ class Service:
                 id=command_id,
                 workspace_id="",
                 volume_id=volume.id,
+                tenant=tenant,
                 kind=CommandKind.DELETE_VOLUME,
                 fingerprint=fingerprint,
                 state=CommandState.SUCCEEDED,
@@ -421,7 +463,7 @@ class Service:
             return
         action = workspace.expiration.action
         command_id = f"expiration/{workspace.id}/r{workspace.expiration.revision}"
-        if tx.get_command(command_id) is not None:
+        if tx.get_command(workspace.tenant, command_id) is not None:
             command_id = f"{command_id}/{uuid.uuid4()}"
         workspace.expiration = Expiration(revision=workspace.expiration.revision + 1)
         event(tx, workspace, EventType.EXPIRED, command_id=command_id, message=f"expiration: {action.name}")

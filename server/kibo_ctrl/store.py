@@ -25,6 +25,7 @@ from typing import Any, Protocol, TypeVar
 
 import msgspec
 
+from .auth import Role, TokenRecord
 from .model import Command, Event, Instance, Phase, Volume, Workspace, WorkspaceState
 
 T = TypeVar("T")
@@ -73,6 +74,35 @@ MIGRATIONS: tuple[str, ...] = (
         data BLOB NOT NULL
     );
     """,
+    # 2: tenants. Command IDs are scoped per tenant; tokens (hashes only) are stored.
+    """
+    ALTER TABLE workspaces ADD COLUMN tenant TEXT NOT NULL DEFAULT 'default';
+    ALTER TABLE workspaces ADD COLUMN vcpus INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE workspaces ADD COLUMN memory_mib INTEGER NOT NULL DEFAULT 0;
+    UPDATE workspaces SET vcpus = json_extract(data, '$.resources.vcpus'),
+        memory_mib = json_extract(data, '$.resources.memory_mib');
+    CREATE INDEX workspaces_tenant ON workspaces(tenant, seq);
+    CREATE TABLE commands_v2 (
+        tenant TEXT NOT NULL,
+        id TEXT NOT NULL,
+        workspace_id TEXT NOT NULL,
+        data BLOB NOT NULL,
+        PRIMARY KEY (tenant, id)
+    );
+    INSERT INTO commands_v2 (tenant, id, workspace_id, data)
+        SELECT 'default', id, workspace_id, data FROM commands;
+    DROP TABLE commands;
+    ALTER TABLE commands_v2 RENAME TO commands;
+    ALTER TABLE volumes ADD COLUMN tenant TEXT NOT NULL DEFAULT 'default';
+    CREATE TABLE tokens (
+        id TEXT PRIMARY KEY,
+        hash TEXT NOT NULL UNIQUE,
+        tenant TEXT NOT NULL,
+        role TEXT NOT NULL,
+        create_time REAL NOT NULL,
+        revoked INTEGER NOT NULL DEFAULT 0
+    );
+    """,
 )
 
 _ENCODER = msgspec.json.Encoder()
@@ -107,6 +137,7 @@ class Changes:
 
 @dataclass(frozen=True)
 class WorkspaceQuery:
+    tenant: str
     after_seq: int = 0
     limit: int = 50
     include_deleted: bool = False
@@ -129,8 +160,8 @@ class Reader:
         data = self._one("SELECT data FROM workspaces WHERE id = ?", (workspace_id,))
         return None if data is None else _WORKSPACE.decode(data)
 
-    def get_command(self, command_id: str) -> Command | None:
-        data = self._one("SELECT data FROM commands WHERE id = ?", (command_id,))
+    def get_command(self, tenant: str, command_id: str) -> Command | None:
+        data = self._one("SELECT data FROM commands WHERE tenant = ? AND id = ?", (tenant, command_id))
         return None if data is None else _COMMAND.decode(data)
 
     def get_instance(self, instance_id: str) -> Instance | None:
@@ -142,8 +173,8 @@ class Reader:
         return None if data is None else _VOLUME.decode(data)
 
     def list_workspaces(self, query: WorkspaceQuery) -> list[Workspace]:
-        where = ["seq > ?"]
-        args: list[Any] = [query.after_seq]
+        where = ["tenant = ?", "seq > ?"]
+        args: list[Any] = [query.tenant, query.after_seq]
         if not query.include_deleted:
             where.append("deleted = 0")
         for state, equal in query.states:
@@ -162,6 +193,25 @@ class Reader:
 
     def count_workspaces(self) -> int:
         return int(self._conn.execute("SELECT COUNT(*) FROM workspaces").fetchone()[0])
+
+    def tenant_usage(self, tenant: str) -> tuple[int, int, int]:
+        """Workspaces not deleted, and their vCPU and memory, for quotas."""
+        row = self._conn.execute(
+            "SELECT COUNT(*), COALESCE(SUM(vcpus), 0), COALESCE(SUM(memory_mib), 0) FROM workspaces "
+            "WHERE tenant = ? AND deleted = 0",
+            (tenant,),
+        ).fetchone()
+        return int(row[0]), int(row[1]), int(row[2])
+
+    def find_token(self, digest: str) -> TokenRecord | None:
+        row = self._conn.execute(
+            "SELECT id, tenant, role, create_time, revoked FROM tokens WHERE hash = ?", (digest,)
+        ).fetchone()
+        return None if row is None else TokenRecord(row[0], row[1], Role(row[2]), float(row[3]), bool(row[4]))
+
+    def list_tokens(self) -> list[TokenRecord]:
+        rows = self._conn.execute("SELECT id, tenant, role, create_time, revoked FROM tokens ORDER BY create_time")
+        return [TokenRecord(r[0], r[1], Role(r[2]), float(r[3]), bool(r[4])) for r in rows]
 
     def list_events(self, workspace_id: str, after_seq: int, limit: int) -> list[Event]:
         rows = self._conn.execute(
@@ -227,10 +277,11 @@ class Tx(Reader):
         workspace.version += 1
         workspace.update_time = self.now
         self._conn.execute(
-            "INSERT INTO workspaces (id, seq, state, deleted, expire_at, storage_pending, data) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO UPDATE SET state = excluded.state, "
+            "INSERT INTO workspaces (id, seq, state, deleted, expire_at, storage_pending, data, tenant, vcpus, "
+            "memory_mib) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO UPDATE SET state = excluded.state, "
             "deleted = excluded.deleted, expire_at = excluded.expire_at, "
-            "storage_pending = excluded.storage_pending, data = excluded.data",
+            "storage_pending = excluded.storage_pending, data = excluded.data, vcpus = excluded.vcpus, "
+            "memory_mib = excluded.memory_mib",
             (
                 workspace.id,
                 workspace.seq,
@@ -239,6 +290,9 @@ class Tx(Reader):
                 workspace.expiration.expire_time,
                 int(bool(workspace.storage.layer or workspace.storage.volume_ids)),
                 _ENCODER.encode(workspace),
+                workspace.tenant,
+                workspace.resources.vcpus,
+                workspace.resources.memory_mib,
             ),
         )
         # A snapshot: callers keep mutating their record.
@@ -249,11 +303,11 @@ class Tx(Reader):
     def put_command(self, command: Command) -> None:
         command.update_time = self.now
         self._conn.execute(
-            "INSERT INTO commands (id, workspace_id, data) VALUES (?, ?, ?) "
-            "ON CONFLICT(id) DO UPDATE SET data = excluded.data",
-            (command.id, command.workspace_id, _ENCODER.encode(command)),
+            "INSERT INTO commands (tenant, id, workspace_id, data) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT(tenant, id) DO UPDATE SET data = excluded.data",
+            (command.tenant, command.id, command.workspace_id, _ENCODER.encode(command)),
         )
-        self.changes.commands[command.id] = msgspec.structs.replace(command)
+        self.changes.commands[command.key] = msgspec.structs.replace(command)
 
     def put_instance(self, instance: Instance) -> None:
         active = (
@@ -292,9 +346,20 @@ class Tx(Reader):
 
     def put_volume(self, volume: Volume) -> None:
         self._conn.execute(
-            "INSERT INTO volumes (id, data) VALUES (?, ?) ON CONFLICT(id) DO UPDATE SET data = excluded.data",
-            (volume.id, _ENCODER.encode(volume)),
+            "INSERT INTO volumes (id, data, tenant) VALUES (?, ?, ?) "
+            "ON CONFLICT(id) DO UPDATE SET data = excluded.data",
+            (volume.id, _ENCODER.encode(volume), volume.tenant),
         )
+
+    def add_token(self, record: TokenRecord, digest: str) -> None:
+        self._conn.execute(
+            "INSERT INTO tokens (id, hash, tenant, role, create_time, revoked) VALUES (?, ?, ?, ?, ?, 0)",
+            (record.id, digest, record.tenant, record.role.value, record.create_time),
+        )
+
+    def revoke_token(self, token_id: str) -> bool:
+        cursor = self._conn.execute("UPDATE tokens SET revoked = 1 WHERE id = ? AND revoked = 0", (token_id,))
+        return cursor.rowcount > 0
 
     def add_event(self, event: Event) -> None:
         cursor = self._conn.execute(

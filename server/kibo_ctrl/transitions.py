@@ -114,6 +114,7 @@ def new_command(
     command = Command(
         id=command_id,
         workspace_id=workspace.id,
+        tenant=workspace.tenant,
         kind=kind,
         fingerprint=fingerprint,
         state=CommandState.PENDING,
@@ -136,6 +137,7 @@ def immediate_command(
     command = Command(
         id=command_id,
         workspace_id=workspace.id,
+        tenant=workspace.tenant,
         kind=kind,
         fingerprint=fingerprint,
         state=CommandState.SUCCEEDED,
@@ -150,7 +152,7 @@ def immediate_command(
 def mark_running(tx: Tx, workspace: Workspace) -> None:
     if workspace.active_command is None:
         return
-    command = tx.get_command(workspace.active_command)
+    command = tx.get_command(workspace.tenant, workspace.active_command)
     if command is not None and command.state is CommandState.PENDING:
         command.state = CommandState.RUNNING
         tx.put_command(command)
@@ -166,7 +168,7 @@ def finish_command(
     """End the workspace's active command, successfully unless `error` is given."""
     if workspace.active_command is None:
         return None
-    command = tx.get_command(workspace.active_command)
+    command = tx.get_command(workspace.tenant, workspace.active_command)
     workspace.active_command = None
     workspace.active_kind = None
     workspace.active_cause = None

@@ -12,11 +12,13 @@ from typing import Any, cast
 
 from connectrpc.code import Code
 from connectrpc.errors import ConnectError, ErrorDetail
+from connectrpc.request import RequestContext
 from google.protobuf.message import Message
 from kibo.ctrl.v1 import observation_service_connect, volume_service_connect, workspace_service_connect
 from kibo.sim.v1 import simulator_connect
 from protobuf.wkt import Any as ConnectAny
 
+from ..auth import Authenticator
 from ..errors import KiboError
 from .errors import to_status
 
@@ -41,17 +43,19 @@ def _store_unavailable(error: sqlite3.Error) -> ConnectError:
 class _Adapter:
     """Presents an Api object as a connectrpc service: `name(request, ctx)` -> `api.name(request)`."""
 
-    def __init__(self, api: object) -> None:
+    def __init__(self, api: object, auth: Authenticator) -> None:
         self._api = api
+        self._auth = auth
 
     def __getattr__(self, name: str) -> Any:
         target = getattr(self._api, name)
         if _is_async_generator(target):
 
             @functools.wraps(target)
-            async def stream(request: Message, ctx: object) -> AsyncIterator[Message]:
+            async def stream(request: Message, ctx: RequestContext[Any, Any]) -> AsyncIterator[Message]:
                 try:
-                    async for response in target(request):
+                    caller = await self._auth.authenticate(ctx.request_headers.get("authorization"))
+                    async for response in target(request, caller):
                         yield response
                 except KiboError as error:
                     raise connect_error(error) from None
@@ -61,9 +65,10 @@ class _Adapter:
             return stream
 
         @functools.wraps(target)
-        async def unary(request: Message, ctx: object) -> Message:
+        async def unary(request: Message, ctx: RequestContext[Any, Any]) -> Message:
             try:
-                response: Message = await target(request)
+                caller = await self._auth.authenticate(ctx.request_headers.get("authorization"))
+                response: Message = await target(request, caller)
             except KiboError as error:
                 raise connect_error(error) from None
             except sqlite3.Error as error:
@@ -77,9 +82,9 @@ def _is_async_generator(function: Any) -> bool:
     return inspect.isasyncgenfunction(function)
 
 
-def application(api: object, simulator: object | None, read_max_bytes: int) -> ASGIApp:
+def application(api: object, simulator: object | None, read_max_bytes: int, auth: Authenticator) -> ASGIApp:
     """One ASGI app routing each service's path prefix to its connectrpc application."""
-    service = cast(Any, _Adapter(api))
+    service = cast(Any, _Adapter(api, auth))
     apps: list[Any] = [
         workspace_service_connect.WorkspaceServiceASGIApplication(service, read_max_bytes=read_max_bytes),
         observation_service_connect.WorkspaceObservationServiceASGIApplication(service, read_max_bytes=read_max_bytes),
@@ -88,7 +93,7 @@ def application(api: object, simulator: object | None, read_max_bytes: int) -> A
     if simulator is not None:
         apps.append(
             simulator_connect.SimulatorServiceASGIApplication(
-                cast(Any, _Adapter(simulator)), read_max_bytes=read_max_bytes
+                cast(Any, _Adapter(simulator, auth)), read_max_bytes=read_max_bytes
             )
         )
     routes = {f"/{app.path.strip('/')}/": app for app in apps}

@@ -6,11 +6,12 @@ error details."""
 from __future__ import annotations
 
 import grpc
-from google.protobuf import any_pb2
+from google.protobuf import any_pb2, duration_pb2
+from google.protobuf.message import Message
 from google.rpc import error_details_pb2, status_pb2
 from kibo.ctrl.v1 import error_pb2
 
-from ..errors import KiboError, Reason
+from ..errors import KiboError, QuotaExceeded, RateLimited, Reason
 
 DOMAIN = "kibo.dev"
 
@@ -22,16 +23,30 @@ CODES: dict[Reason, grpc.StatusCode] = {
     Reason.REVISION_MISMATCH: grpc.StatusCode.ABORTED,
     Reason.CONFLICT: grpc.StatusCode.FAILED_PRECONDITION,
     Reason.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
+    Reason.UNAUTHENTICATED: grpc.StatusCode.UNAUTHENTICATED,
+    Reason.PERMISSION_DENIED: grpc.StatusCode.PERMISSION_DENIED,
+    Reason.QUOTA_EXCEEDED: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    Reason.RATE_LIMITED: grpc.StatusCode.RESOURCE_EXHAUSTED,
 }
 
 
-def details(error: KiboError) -> tuple[error_pb2.ErrorDetail, error_details_pb2.ErrorInfo]:
+def details(error: KiboError) -> list[Message]:
+    """ErrorDetail and ErrorInfo always; QuotaFailure or RetryInfo where they apply."""
     detail = error_pb2.ErrorDetail(
         reason=int(error.reason), field=error.field, workspace_state=error.state, hint=error.hint
     )
     metadata = {k: v for k, v in (("field", error.field), ("state", error.state), ("hint", error.hint)) if v}
+    extra: list[Message] = []
+    if isinstance(error, QuotaExceeded):
+        metadata.update(quota=error.quota, limit=str(error.limit), used=str(error.used), requested=str(error.requested))
+        violation = error_details_pb2.QuotaFailure.Violation(subject=error.quota, description=error.hint)
+        extra.append(error_details_pb2.QuotaFailure(violations=[violation]))
+    if isinstance(error, RateLimited):
+        delay = duration_pb2.Duration()
+        delay.FromNanoseconds(int(error.retry_after * 1e9))
+        extra.append(error_details_pb2.RetryInfo(retry_delay=delay))
     info = error_details_pb2.ErrorInfo(reason=error.reason.name, domain=DOMAIN, metadata=metadata)
-    return detail, info
+    return [detail, info, *extra]
 
 
 def to_status(error: KiboError) -> tuple[grpc.StatusCode, status_pb2.Status]:

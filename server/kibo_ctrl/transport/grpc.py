@@ -14,13 +14,14 @@ from google.protobuf.descriptor import ServiceDescriptor
 from google.protobuf.message import DecodeError, Message
 from google.protobuf.message_factory import GetMessageClass
 
+from ..auth import Authenticator
 from ..errors import InvalidArgument, KiboError
 from .errors import to_status
 
 log = logging.getLogger(__name__)
 
-UnaryFn = Callable[[Any], Awaitable[Message]]
-StreamFn = Callable[[Any], AsyncIterator[Message]]
+UnaryFn = Callable[[Any, Any], Awaitable[Message]]
+StreamFn = Callable[[Any, Any], AsyncIterator[Message]]
 
 
 def _snake(name: str) -> str:
@@ -43,10 +44,18 @@ def _decode(request_class: type[Message], raw: bytes) -> Message:
         ) from None
 
 
-def _unary(request_class: type[Message], fn: UnaryFn) -> grpc.RpcMethodHandler[Any, Any]:
+def _authorization(context: grpc.aio.ServicerContext[Any, Any]) -> str | None:
+    for key, value in context.invocation_metadata() or ():
+        if key == "authorization":
+            return value if isinstance(value, str) else value.decode(errors="replace")
+    return None
+
+
+def _unary(request_class: type[Message], fn: UnaryFn, auth: Authenticator) -> grpc.RpcMethodHandler[Any, Any]:
     async def handle(raw: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
         try:
-            response = await fn(_decode(request_class, raw))
+            caller = await auth.authenticate(_authorization(context))
+            response = await fn(_decode(request_class, raw), caller)
         except KiboError as error:
             await _abort(context, error)
         except sqlite3.Error as error:
@@ -57,10 +66,11 @@ def _unary(request_class: type[Message], fn: UnaryFn) -> grpc.RpcMethodHandler[A
     return grpc.unary_unary_rpc_method_handler(handle)
 
 
-def _stream(request_class: type[Message], fn: StreamFn) -> grpc.RpcMethodHandler[Any, Any]:
+def _stream(request_class: type[Message], fn: StreamFn, auth: Authenticator) -> grpc.RpcMethodHandler[Any, Any]:
     async def handle(raw: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[bytes]:
         try:
-            async for response in fn(_decode(request_class, raw)):
+            caller = await auth.authenticate(_authorization(context))
+            async for response in fn(_decode(request_class, raw), caller):
                 yield response.SerializeToString()
         except KiboError as error:
             await _abort(context, error)
@@ -68,11 +78,15 @@ def _stream(request_class: type[Message], fn: StreamFn) -> grpc.RpcMethodHandler
     return grpc.unary_stream_rpc_method_handler(handle)
 
 
-def service_handler(descriptor: ServiceDescriptor, implementation: object) -> grpc.GenericRpcHandler:
-    """Bind every method of `descriptor` to the snake_case method of `implementation`."""
+def service_handler(
+    descriptor: ServiceDescriptor, implementation: object, auth: Authenticator
+) -> grpc.GenericRpcHandler:
+    """Bind every method of `descriptor` to the snake_case method of `implementation`,
+    called as `method(request, caller)` once the caller is authenticated."""
     handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
     for method in descriptor.methods:
         fn = getattr(implementation, _snake(method.name))
         request_class = GetMessageClass(method.input_type)
-        handlers[method.name] = _stream(request_class, fn) if method.server_streaming else _unary(request_class, fn)
+        handler = _stream if method.server_streaming else _unary
+        handlers[method.name] = handler(request_class, fn, auth)
     return grpc.method_handlers_generic_handler(descriptor.full_name, handlers)

@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 from collections.abc import Iterator
 from typing import Any, Protocol
 
+from ..tls import Tls
 from .connect import ASGIApp
 
 log = logging.getLogger(__name__)
@@ -28,7 +30,7 @@ class HttpServer(Protocol):
 class UvicornServer:
     """HTTP/1.1: Connect, gRPC-Web, plain JSON. The fastest for Connect over h1 here."""
 
-    def __init__(self, app: ASGIApp, address: str, grace_seconds: float) -> None:
+    def __init__(self, app: ASGIApp, address: str, grace_seconds: float, tls: Tls | None = None) -> None:
         import uvicorn
 
         host, port = split_address(address)
@@ -40,6 +42,10 @@ class UvicornServer:
             log_level="warning",
             access_log=False,
             timeout_graceful_shutdown=max(1, int(grace_seconds)),
+            ssl_certfile=str(tls.cert) if tls else None,
+            ssl_keyfile=str(tls.key) if tls else None,
+            ssl_ca_certs=str(tls.client_ca) if tls and tls.client_ca else None,
+            ssl_cert_reqs=ssl.CERT_REQUIRED if tls and tls.client_ca else ssl.CERT_NONE,
         )
 
         class _Server(uvicorn.Server):
@@ -69,11 +75,17 @@ class UvicornServer:
 class HypercornServer:
     """HTTP/1.1 and h2c: Connect, gRPC-Web, plain JSON, and gRPC over h2c too."""
 
-    def __init__(self, app: ASGIApp, address: str, grace_seconds: float) -> None:
+    def __init__(self, app: ASGIApp, address: str, grace_seconds: float, tls: Tls | None = None) -> None:
         from hypercorn.config import Config
 
         host, port = split_address(address)
         self._config = Config()
+        if tls is not None:
+            self._config.certfile = str(tls.cert)
+            self._config.keyfile = str(tls.key)
+            if tls.client_ca is not None:
+                self._config.ca_certs = str(tls.client_ca)
+                self._config.verify_mode = ssl.CERT_REQUIRED
         self._config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
         self._config.graceful_timeout = grace_seconds
         # Its default (1000) sends GOAWAY after 1000 requests on a connection.

@@ -15,6 +15,10 @@ class ErrorReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ERROR_REASON_COMMAND_ID_REUSED: _ClassVar[ErrorReason]
     ERROR_REASON_REVISION_MISMATCH: _ClassVar[ErrorReason]
     ERROR_REASON_UNAVAILABLE: _ClassVar[ErrorReason]
+    ERROR_REASON_UNAUTHENTICATED: _ClassVar[ErrorReason]
+    ERROR_REASON_PERMISSION_DENIED: _ClassVar[ErrorReason]
+    ERROR_REASON_QUOTA_EXCEEDED: _ClassVar[ErrorReason]
+    ERROR_REASON_RATE_LIMITED: _ClassVar[ErrorReason]
 ERROR_REASON_UNSPECIFIED: ErrorReason
 ERROR_REASON_CONFLICT: ErrorReason
 ERROR_REASON_NOT_FOUND: ErrorReason
@@ -23,6 +27,10 @@ ERROR_REASON_RESERVED_COMMAND_ID: ErrorReason
 ERROR_REASON_COMMAND_ID_REUSED: ErrorReason
 ERROR_REASON_REVISION_MISMATCH: ErrorReason
 ERROR_REASON_UNAVAILABLE: ErrorReason
+ERROR_REASON_UNAUTHENTICATED: ErrorReason
+ERROR_REASON_PERMISSION_DENIED: ErrorReason
+ERROR_REASON_QUOTA_EXCEEDED: ErrorReason
+ERROR_REASON_RATE_LIMITED: ErrorReason
 
 class ErrorDetail(_message.Message):
     __slots__ = ("reason", "field", "workspace_state", "hint")

@@ -1,0 +1,133 @@
+"""Who may do what: bearer tokens that belong to a tenant and carry a role.
+
+Only token hashes are stored; a token is shown once, when it is made. Transports call
+`Authenticator.authenticate` with the Authorization header and pass the resulting Caller
+to the API, which checks the role before it looks anything up (permission before
+existence, AIP-193) and scopes every lookup to the caller's tenant."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from enum import StrEnum
+
+from .errors import InvalidArgument, PermissionDenied, RateLimited, Unauthenticated
+
+TOKEN_PREFIX = "kibo_"
+TENANT = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
+DEFAULT_TENANT = "default"
+# How long a token lookup is trusted: a revoked token stops working within this time.
+CACHE_SECONDS = 2.0
+
+
+class Role(StrEnum):
+    ADMIN = "admin"
+    READER = "reader"
+
+
+@dataclass(frozen=True)
+class Caller:
+    tenant: str
+    role: Role
+
+    def require_admin(self, what: str) -> None:
+        if self.role is not Role.ADMIN:
+            raise PermissionDenied(f"{what} needs an admin token; this token is read-only")
+
+
+# The caller when authentication is switched off (--insecure-no-auth).
+LOCAL_ADMIN = Caller(DEFAULT_TENANT, Role.ADMIN)
+
+
+def new_token() -> str:
+    return TOKEN_PREFIX + secrets.token_urlsafe(32)
+
+
+def token_hash(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def tenant_name(value: str) -> str:
+    if not TENANT.fullmatch(value):
+        raise InvalidArgument("a tenant is 1 to 63 lowercase letters, digits and '-'", field="tenant")
+    return value
+
+
+@dataclass(frozen=True)
+class TokenRecord:
+    id: str
+    tenant: str
+    role: Role
+    create_time: float
+    revoked: bool = False
+
+
+Lookup = Callable[[str], Awaitable[TokenRecord | None]]
+
+
+class Authenticator:
+    """Turns an Authorization header into a Caller; applies the per-tenant rate limit."""
+
+    def __init__(self, lookup: Lookup | None, rate_per_second: float = 0.0, burst: float = 0.0) -> None:
+        # lookup None: authentication is off and every caller is the local admin.
+        self._lookup = lookup
+        self._cache: dict[str, tuple[float, TokenRecord | None]] = {}
+        self._limiter = RateLimiter(rate_per_second, burst or 2 * rate_per_second)
+
+    @property
+    def enabled(self) -> bool:
+        return self._lookup is not None
+
+    async def authenticate(self, authorization: str | None) -> Caller:
+        caller = await self._caller(authorization)
+        self._limiter.take(caller.tenant)
+        return caller
+
+    async def _caller(self, authorization: str | None) -> Caller:
+        if self._lookup is None:
+            return LOCAL_ADMIN
+        if not authorization:
+            raise Unauthenticated("this server needs a token: send 'Authorization: Bearer TOKEN'")
+        scheme, _, token = authorization.strip().partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise Unauthenticated("the Authorization header must be 'Bearer TOKEN'")
+        digest = token_hash(token.strip())
+        now = time.monotonic()
+        cached = self._cache.get(digest)
+        if cached is not None and now - cached[0] < CACHE_SECONDS:
+            record = cached[1]
+        else:
+            record = await self._lookup(digest)
+            if len(self._cache) > 10_000:
+                self._cache.clear()
+            self._cache[digest] = (now, record)
+        if record is None or record.revoked:
+            raise Unauthenticated("the token is not valid (unknown or revoked)")
+        return Caller(record.tenant, record.role)
+
+
+class RateLimiter:
+    """A token bucket per tenant. rate 0 means no limit."""
+
+    def __init__(self, rate_per_second: float, burst: float) -> None:
+        self.rate = rate_per_second
+        self.burst = burst
+        self._buckets: dict[str, tuple[float, float]] = {}
+
+    def take(self, tenant: str) -> None:
+        if self.rate <= 0:
+            return
+        now = time.monotonic()
+        tokens, last = self._buckets.get(tenant, (self.burst, now))
+        tokens = min(self.burst, tokens + (now - last) * self.rate)
+        if tokens < 1:
+            self._buckets[tenant] = (tokens, now)
+            raise RateLimited(
+                f"tenant {tenant} is over its request rate ({self.rate:g}/s)",
+                retry_after=(1 - tokens) / self.rate,
+            )
+        self._buckets[tenant] = (tokens - 1, now)

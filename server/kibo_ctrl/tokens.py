@@ -1,0 +1,39 @@
+"""Making, listing and revoking tokens in the store (for `kibo-ctrl token` and first start)."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+from .auth import Role, TokenRecord, new_token, tenant_name, token_hash
+from .store import Store, Tx
+
+ADMIN_TOKEN_FILE = "admin.token"
+
+
+async def create(store: Store, tenant: str, role: Role) -> tuple[TokenRecord, str]:
+    """A new token; the plain token is returned once and never stored."""
+    tenant_name(tenant)
+    token = new_token()
+
+    def add(tx: Tx) -> TokenRecord:
+        record = TokenRecord(id=f"tok-{uuid.uuid4().hex[:12]}", tenant=tenant, role=role, create_time=tx.now)
+        tx.add_token(record, token_hash(token))
+        return record
+
+    return await store.transact(add), token
+
+
+async def revoke(store: Store, token_id: str) -> bool:
+    return await store.transact(lambda tx: tx.revoke_token(token_id))
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write a secret readable by its owner only (0600), replacing any old file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_suffix(".tmp")
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w") as handle:
+        handle.write(text + "\n")
+    os.replace(temporary, path)
