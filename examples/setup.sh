@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Installs what the real-client tests (tests/test_real_clients.py) need:
+# Installs what the tests need beyond pip:
+#   - bubblewrap, the sandbox of the process runtime (tests/test_process_runtime.py);
+# and what the real-client tests (tests/test_real_clients.py) need:
 #   - Go, grpc-go and protoc from Debian's packages (the Go example builds offline, GOPATH
 #     mode), and curl;
 #   - the Node example's packages from npm (examples/node/package-lock.json).
@@ -9,6 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 
 PACKAGES=(
+  bubblewrap
   curl
   golang-go
   golang-google-grpc-dev

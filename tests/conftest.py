@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -48,15 +49,36 @@ def kibovm(server_factory: Callable[..., ServerProcess]) -> ServerProcess:
     return server_factory("--sim-backend", "kibovm")
 
 
-@pytest.fixture
-async def client(firecracker: ServerProcess) -> AsyncIterator[Client]:
-    async with Client.connect(firecracker.address) as connected:
+TRANSPORTS = ("grpc", "connect")
+
+
+@contextlib.asynccontextmanager
+async def _client(server: ServerProcess, transport: str) -> AsyncIterator[Client]:
+    if transport == "grpc":
+        async with Client.connect(server.address) as connected:
+            yield connected
+    else:
+        async with Client.connect_http(server.http_address) as connected:
+            yield connected
+
+
+# The behaviour suite runs through both transports: gRPC and Connect (same domain code).
+@pytest.fixture(params=TRANSPORTS)
+async def client(firecracker: ServerProcess, request: pytest.FixtureRequest) -> AsyncIterator[Client]:
+    async with _client(firecracker, request.param) as connected:
+        yield connected
+
+
+@pytest.fixture(params=TRANSPORTS)
+async def kibovm_client(kibovm: ServerProcess, request: pytest.FixtureRequest) -> AsyncIterator[Client]:
+    async with _client(kibovm, request.param) as connected:
         yield connected
 
 
 @pytest.fixture
-async def kibovm_client(kibovm: ServerProcess) -> AsyncIterator[Client]:
-    async with Client.connect(kibovm.address) as connected:
+async def grpc_client(firecracker: ServerProcess) -> AsyncIterator[Client]:
+    """For tests about the gRPC transport itself (raw bytes, metadata)."""
+    async with Client.connect(firecracker.address) as connected:
         yield connected
 
 

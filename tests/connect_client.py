@@ -6,11 +6,13 @@ tests' assertions read them the same way."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
+from connectrpc.code import Code
 from connectrpc.errors import ConnectError
 from google.protobuf import any_pb2
 from google.rpc import status_pb2
@@ -37,15 +39,44 @@ def as_grpc_error(error: ConnectError) -> grpc.aio.AioRpcError:
 
 
 class _Stream:
+    """Looks like a grpc.aio UnaryStreamCall: async iteration, read(), cancel(), code()."""
+
     def __init__(self, responses: AsyncIterator[Any]) -> None:
-        self._responses = responses
+        self._responses = responses.__aiter__()
+        self._code: grpc.StatusCode | None = None
 
     async def __aiter__(self) -> AsyncIterator[Any]:
+        while True:
+            response = await self.read()
+            if response is grpc.aio.EOF:
+                return
+            yield response
+
+    async def read(self) -> Any:
         try:
-            async for response in self._responses:
-                yield response
+            return await anext(self._responses)
+        except StopAsyncIteration:
+            self._code = grpc.StatusCode.OK
+            return grpc.aio.EOF
         except ConnectError as error:
-            raise as_grpc_error(error) from None
+            if error.code is Code.CANCELED:
+                # The read itself was cancelled (e.g. a wait_for timed out), as grpc.aio would say.
+                raise asyncio.CancelledError from None
+            converted = as_grpc_error(error)
+            self._code = converted.code()
+            raise converted from None
+
+    def cancel(self) -> bool:
+        if self._code is not None:
+            return False
+        self._code = grpc.StatusCode.CANCELLED
+        closing = getattr(self._responses, "aclose", None)
+        if closing is not None:
+            asyncio.get_running_loop().create_task(closing())
+        return True
+
+    async def code(self) -> grpc.StatusCode | None:
+        return self._code
 
 
 class ConnectStub:
@@ -54,8 +85,15 @@ class ConnectStub:
     def __init__(self, client: Any, headers: dict[str, str] | None = None) -> None:
         self._client = client
         self._headers = headers or {}
+        self._methods: dict[str, Any] = {}
 
     def __getattr__(self, rpc: str) -> Any:
+        # The same object each time, like a grpc stub's attributes (tests compare them).
+        if rpc not in self._methods:
+            self._methods[rpc] = self._method(rpc)
+        return self._methods[rpc]
+
+    def _method(self, rpc: str) -> Any:
         method = getattr(self._client, _snake(rpc))
         if rpc in STREAMING:
             return lambda request, **_: _Stream(method(request, headers=self._headers))

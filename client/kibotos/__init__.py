@@ -1,1 +1,84 @@
-"""kibotos: the Python SDK for kibo."""
+"""kibotos: the Python SDK for kibo (sync and asyncio), a thin layer over the generated stubs.
+
+    import kibotos
+
+    with kibotos.Client() as client:                       # $KIBO_SERVER or 127.0.0.1:50051
+        created = client.create_workspace()                 # settled: the create is terminal
+        stopped = client.stop_workspace(created.workspace.workspace_id)
+
+Go's `kibotos.Settle` / `kibotos.NewCommandID` / `client.WaitWorkspace` are
+`kibotos.settle` / `kibotos.new_command_id` / `client.wait_workspace` here.
+"""
+
+from .aio import AsyncClient
+from .client import Client
+from .command_id import RESERVED_PREFIXES, check_command_id, new_command_id
+from .connection import DEFAULT_ADDRESS, Connection, resolve_address
+from .errors import (
+    AbortedError,
+    CommandFailedError,
+    CommandIdReusedError,
+    ConflictError,
+    DeadlineExceededError,
+    InvalidArgumentError,
+    KiboError,
+    KiboTimeoutError,
+    NotFoundError,
+    PermissionDeniedError,
+    QuotaExceededError,
+    RateLimitedError,
+    ReservedCommandIdError,
+    ResourceExhaustedError,
+    SettleTimeoutError,
+    UnauthenticatedError,
+    UnavailableError,
+    WaitTimeoutError,
+    from_rpc_error,
+)
+from .settle import Backoff, CommandResponse, SettleOptions, settle, settle_async
+from .states import STEADY_STATES, command_state_name, is_steady, is_terminal, state_name
+from .wait import WaitOptions, WaitResult, wait, wait_async
+
+__all__ = [
+    "DEFAULT_ADDRESS",
+    "RESERVED_PREFIXES",
+    "STEADY_STATES",
+    "AbortedError",
+    "AsyncClient",
+    "Backoff",
+    "Client",
+    "CommandFailedError",
+    "CommandIdReusedError",
+    "CommandResponse",
+    "ConflictError",
+    "Connection",
+    "DeadlineExceededError",
+    "InvalidArgumentError",
+    "KiboError",
+    "KiboTimeoutError",
+    "NotFoundError",
+    "PermissionDeniedError",
+    "QuotaExceededError",
+    "RateLimitedError",
+    "ReservedCommandIdError",
+    "ResourceExhaustedError",
+    "SettleOptions",
+    "SettleTimeoutError",
+    "UnauthenticatedError",
+    "UnavailableError",
+    "WaitOptions",
+    "WaitResult",
+    "WaitTimeoutError",
+    "check_command_id",
+    "command_state_name",
+    "from_rpc_error",
+    "is_steady",
+    "is_terminal",
+    "new_command_id",
+    "resolve_address",
+    "settle",
+    "settle_async",
+    "state_name",
+    "wait",
+    "wait_async",
+]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
@@ -15,17 +15,21 @@ from grpc_reflection.v1alpha import reflection
 from kibo.ctrl.v1 import observation_service_pb2, volume_service_pb2, workspace_service_pb2
 from kibo.sim.v1 import simulator_pb2
 
-from . import controller
+from . import controller, data_plane, tokens
 from .api import Api, SimulatorApi
+from .auth import DEFAULT_TENANT, Authenticator, Role, TokenRecord
 from .expiry import ExpiryLoop
 from .hub import Hub
 from .model import Backend, Node
 from .node_agent import Liveness, NodeAgent
 from .reports import StorageReleased
+from .runtime.base import Runtime
+from .runtime.process import ProcessOptions, ProcessRuntime
 from .runtime.sim import SimBoard, SimNode
 from .scheduler import Scheduler
-from .service import Service, Settings
+from .service import Quotas, Service, Settings
 from .store import SqliteStore
+from .tls import Tls
 from .transport.connect import application
 from .transport.grpc import service_handler
 from .transport.http import SERVERS, HttpServer
@@ -51,6 +55,18 @@ class Config:
     settle_ms: float = 1000.0
     node_timeout_ms: float = 3000.0
     shutdown_grace_s: float = 5.0
+    # Who may do what: bearer tokens (off only with --insecure-no-auth).
+    auth: bool = True
+    rate_limit_rps: float = 0.0
+    quotas: Quotas = field(default_factory=Quotas)
+    tls: Tls | None = None
+    # The process runtime (--runtime process): personality, isolation, limits, guest.
+    backend: Backend = Backend.FIRECRACKER
+    sandbox: str = "auto"
+    limits: str = "auto"
+    base_image: Path | None = None
+    guest_command: tuple[str, ...] = ()
+    stop_grace_ms: float = 10_000.0
 
 
 class App:
@@ -69,13 +85,14 @@ class App:
 
     async def _start(self) -> None:
         config = self.config
-        if config.runtime != "sim":
-            raise ValueError(f"unknown runtime {config.runtime!r}; this build has: sim")
+        if config.runtime not in ("sim", "process"):
+            raise ValueError(f"unknown runtime {config.runtime!r}; this build has: sim, process")
         self.store = await SqliteStore.open(config.data_dir / "kibo.db")
         self.hub = Hub()
         self.store.subscribe(self.hub.publish)
         storage_pool = "local"
-        self.service = Service(Settings(storage_pool=storage_pool))
+        self.service = Service(Settings(storage_pool=storage_pool, quotas=config.quotas))
+        self.authenticator = await self._authenticator()
         nodes = [
             Node(
                 id=f"node-{i + 1}",
@@ -83,10 +100,23 @@ class App:
                 memory_mib=config.node_memory_mib,
                 storage_pool=storage_pool,
             )
-            for i in range(config.sim_nodes)
+            for i in range(config.sim_nodes if config.runtime == "sim" else 1)
         ]
         self.board = SimBoard()
-        self.runtimes = {n.id: SimNode(n.id, config.sim_backend, config.sim_step_ms / 1000, self.board) for n in nodes}
+        self.sim_nodes = {n.id: SimNode(n.id, config.sim_backend, config.sim_step_ms / 1000, self.board) for n in nodes}
+        self.runtimes: dict[str, Runtime] = dict(self.sim_nodes)
+        if config.runtime == "process":
+            self.sim_nodes = {}
+            options = ProcessOptions(
+                data_dir=config.data_dir,
+                backend=config.backend,
+                sandbox=config.sandbox,
+                limits=config.limits,
+                base_image=config.base_image,
+                guest_command=config.guest_command,
+                grace_s=config.stop_grace_ms / 1000,
+            )
+            self.runtimes = {nodes[0].id: await asyncio.to_thread(ProcessRuntime, nodes[0].id, options)}
         liveness = Liveness(self.store, [n.id for n in nodes], config.node_timeout_ms / 1000)
         # The pool's files are deleted by its first node.
         agents = [
@@ -107,10 +137,31 @@ class App:
         self._agents = agents
         capabilities = next(iter(self.runtimes.values())).capabilities()
         self.api = Api(self.store, self.hub, self.service, capabilities, config.settle_ms / 1000)
-        self.sim_api = SimulatorApi(self.store, self.board, self.runtimes, self._pool_lost)
+        self.sim_api = SimulatorApi(self.store, self.board, self.sim_nodes, self._pool_lost)
+        self.data_plane = data_plane.DataPlane(self.store, self.runtimes, config.data_dir)
         for coroutine in (scheduler.run(), expiry.run(), liveness.run(), *(a.run() for a in agents)):
             self._tasks.append(asyncio.create_task(self._supervise(coroutine)))
         await self._serve()
+
+    async def _authenticator(self) -> Authenticator:
+        rate = self.config.rate_limit_rps
+        if not self.config.auth:
+            log.warning(
+                "AUTHENTICATION IS OFF (--insecure-no-auth): anyone who reaches this server is its admin. "
+                "For local experiments only."
+            )
+            return Authenticator(None, rate)
+        existing = await self.store.read(lambda r: r.list_tokens())
+        if not existing:
+            record, token = await tokens.create(self.store, DEFAULT_TENANT, Role.ADMIN)
+            path = self.config.data_dir / tokens.ADMIN_TOKEN_FILE
+            tokens.write_private(path, token)
+            log.warning("first start: created admin token %s (tenant %s) in %s", record.id, DEFAULT_TENANT, path)
+
+        async def lookup(digest: str) -> TokenRecord | None:
+            return await self.store.read(lambda r: r.find_token(digest))
+
+        return Authenticator(lookup, rate)
 
     async def _pool_lost(self, pool: str) -> None:
         pending = await self.store.read(lambda r: r.storage_pending())
@@ -140,19 +191,27 @@ class App:
             (volume_service_pb2.DESCRIPTOR.services_by_name["VolumeService"], self.api),
             (simulator_pb2.DESCRIPTOR.services_by_name["SimulatorService"], self.sim_api),
         ]
-        self.server.add_generic_rpc_handlers([service_handler(d, impl) for d, impl in descriptors])
+        handlers = [service_handler(d, impl, self.authenticator) for d, impl in descriptors]
+        self.server.add_generic_rpc_handlers(handlers)
+        self.server.add_generic_rpc_handlers([data_plane.grpc_handler(self.data_plane, self.authenticator)])
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         names = [d.full_name for d, _ in descriptors] + [health.SERVICE_NAME, reflection.SERVICE_NAME]
+        names.append(data_plane.SERVICE.full_name)
         reflection.enable_server_reflection(names, self.server)
-        self.port = self.server.add_insecure_port(self.config.listen)
+        tls = self.config.tls
+        if tls is None:
+            self.port = self.server.add_insecure_port(self.config.listen)
+        else:
+            self.port = self.server.add_secure_port(self.config.listen, tls.grpc_credentials())
         if self.port == 0:
             raise OSError(f"cannot listen on {self.config.listen}")
         await self.server.start()
         self.http: HttpServer | None = None
         if self.config.http_listen:
-            asgi = application(self.api, self.sim_api, MAX_MESSAGE_BYTES)
-            self.http = SERVERS[self.config.http_server](asgi, self.config.http_listen, self.config.shutdown_grace_s)
+            asgi = application(self.api, self.sim_api, MAX_MESSAGE_BYTES, self.authenticator)
+            http_server = SERVERS[self.config.http_server]
+            self.http = http_server(asgi, self.config.http_listen, self.config.shutdown_grace_s, self.config.tls)
             try:
                 await self.http.start()
             except OSError:
@@ -165,6 +224,7 @@ class App:
     async def stop(self) -> None:
         """Finish in-flight calls, stop the loops, close the store."""
         await self.health.enter_graceful_shutdown()
+        self.hub.close()
         stopping = [self.server.stop(self.config.shutdown_grace_s)]
         if self.http is not None:
             stopping.append(self.http.stop())
@@ -176,4 +236,7 @@ class App:
         for task in self._tasks:
             with contextlib.suppress(BaseException):
                 await task
+        for runtime in self.runtimes.values():
+            if isinstance(runtime, ProcessRuntime):
+                await runtime.close()
         await self.store.close()

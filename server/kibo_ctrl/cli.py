@@ -5,14 +5,25 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shlex
 import signal
+import ssl
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 import typer
 
+from . import tokens
 from .app import App, Config
+from .auth import Role, tenant_name
+from .errors import KiboError
 from .model import Backend
+from .service import Quotas
+from .store import SqliteStore
+from .tls import Tls
+
+T = TypeVar("T")
 
 cli = typer.Typer(help="kibo control plane.", no_args_is_help=True, add_completion=False)
 
@@ -37,7 +48,28 @@ def serve(
         str, typer.Option(help="uvicorn (HTTP/1.1, fastest here) or hypercorn (adds h2c and gRPC over h2c).")
     ] = "uvicorn",
     data_dir: Annotated[Path | None, typer.Option(help="Where the embedded store keeps its files.")] = None,
-    runtime: Annotated[str, typer.Option(help="What runs workspaces: sim (simulated).")] = "sim",
+    runtime: Annotated[
+        str, typer.Option(help="What runs workspaces: sim (simulated) or process (sandboxes on this machine).")
+    ] = "sim",
+    backend: Annotated[
+        Backend, typer.Option(help="Backend personality of the process runtime (guest reboot/power-off handling).")
+    ] = Backend.FIRECRACKER,
+    sandbox: Annotated[
+        str, typer.Option(help="Process runtime isolation: auto, bwrap, unshare or none (no isolation).")
+    ] = "auto",
+    limits: Annotated[
+        str, typer.Option(help="Process runtime CPU/memory limits: auto, cgroup-v2, cgroup-v1, rlimit or none.")
+    ] = "auto",
+    base_image: Annotated[
+        Path | None,
+        typer.Option(help="Process runtime base image (a directory tree, overlaid); default: the host's /usr."),
+    ] = None,
+    guest_command: Annotated[
+        str, typer.Option(help="Process runtime entry command (shell words); it must create /run/kibo/ready.")
+    ] = "",
+    stop_grace_ms: Annotated[
+        float, typer.Option(min=0, help="Process runtime: how long a graceful stop waits after SIGTERM.")
+    ] = 10_000.0,
     sim_backend: Annotated[Backend, typer.Option(help="Backend personality of the simulator.")] = Backend.FIRECRACKER,
     sim_step_ms: Annotated[float, typer.Option(min=0, help="Simulated time each lifecycle step takes.")] = 20.0,
     sim_nodes: Annotated[int, typer.Option(min=1, max=64, help="How many simulated nodes.")] = 1,
@@ -47,9 +79,24 @@ def serve(
         float, typer.Option(min=0, help="How long a command call waits for its command to finish.")
     ] = 1000.0,
     node_timeout_ms: Annotated[float, typer.Option(min=50, help="Silence after which a node is UNKNOWN.")] = 3000.0,
+    insecure_no_auth: Annotated[
+        bool, typer.Option(help="No tokens: anyone who reaches the server is admin. Local experiments only.")
+    ] = False,
+    rate_limit_rps: Annotated[float, typer.Option(min=0, help="Requests per second per tenant; 0: no limit.")] = 0.0,
+    quota_workspaces: Annotated[int, typer.Option(min=0, help="Workspaces per tenant; 0: no limit.")] = 0,
+    quota_vcpus: Annotated[int, typer.Option(min=0, help="vCPUs per tenant; 0: no limit.")] = 0,
+    quota_memory_mib: Annotated[int, typer.Option(min=0, help="Memory MiB per tenant; 0: no limit.")] = 0,
+    tls_cert: Annotated[Path | None, typer.Option(help="PEM certificate: serve both listeners over TLS.")] = None,
+    tls_key: Annotated[Path | None, typer.Option(help="PEM private key for --tls-cert.")] = None,
+    tls_client_ca: Annotated[
+        Path | None, typer.Option(help="PEM CA: require client certificates it signed (mutual TLS).")
+    ] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
 ) -> None:
-    """Run the control plane until SIGTERM or SIGINT."""
+    """Run the control plane until SIGTERM or SIGINT.
+
+    On first start it creates an admin token for tenant `default` in DATA_DIR/admin.token
+    (mode 0600); `kibo` finds it there. Make more with `kibo-ctrl token create`."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = Config(
         data_dir=data_dir or default_data_dir(),
@@ -64,14 +111,91 @@ def serve(
         node_memory_mib=node_memory_mib,
         settle_ms=settle_ms,
         node_timeout_ms=node_timeout_ms,
+        backend=backend,
+        sandbox=sandbox,
+        limits=limits,
+        base_image=base_image,
+        guest_command=tuple(shlex.split(guest_command)),
+        stop_grace_ms=stop_grace_ms,
+        auth=not insecure_no_auth,
+        rate_limit_rps=rate_limit_rps,
+        quotas=Quotas(workspaces=quota_workspaces, vcpus=quota_vcpus, memory_mib=quota_memory_mib),
+        tls=_tls(tls_cert, tls_key, tls_client_ca),
     )
     if http_server not in ("uvicorn", "hypercorn"):
         raise typer.BadParameter("choose uvicorn or hypercorn", param_hint="--http-server")
     try:
         asyncio.run(_serve(config))
-    except OSError as error:
+    except (OSError, RuntimeError, ValueError) as error:
         typer.echo(f"kibo-ctrl: {error}", err=True)
         raise typer.Exit(2) from None
+
+
+def _tls(cert: Path | None, key: Path | None, client_ca: Path | None) -> Tls | None:
+    if cert is None and key is None:
+        if client_ca is not None:
+            raise typer.BadParameter("needs --tls-cert and --tls-key", param_hint="--tls-client-ca")
+        return None
+    if cert is None or key is None:
+        raise typer.BadParameter("give both --tls-cert and --tls-key", param_hint="--tls-cert/--tls-key")
+    tls = Tls(cert=cert, key=key, client_ca=client_ca)
+    try:
+        tls.check()
+    except (OSError, ssl.SSLError) as error:
+        raise typer.BadParameter(str(error), param_hint="--tls-cert/--tls-key") from None
+    return tls
+
+
+token_cli = typer.Typer(help="Make, list and revoke API tokens (works while the server runs).", no_args_is_help=True)
+cli.add_typer(token_cli, name="token")
+DataDir = Annotated[Path | None, typer.Option(help="The server's data dir (default: the per-user one).")]
+
+
+def _with_store(data_dir: Path | None, work: Callable[[SqliteStore], Awaitable[T]]) -> T:
+    async def run() -> T:
+        store = await SqliteStore.open((data_dir or default_data_dir()) / "kibo.db")
+        try:
+            return await work(store)
+        finally:
+            await store.close()
+
+    return asyncio.run(run())
+
+
+@token_cli.command("create")
+def token_create(
+    tenant: Annotated[str, typer.Option(help="The tenant (project) the token acts for.")],
+    role: Annotated[Role, typer.Option(help="admin: everything; reader: read-only.")] = Role.ADMIN,
+    data_dir: DataDir = None,
+) -> None:
+    """Print a new token. It is shown once: only its hash is stored."""
+    try:
+        tenant_name(tenant)
+    except KiboError as error:
+        raise typer.BadParameter(error.message, param_hint="--tenant") from None
+    record, token = _with_store(data_dir, lambda store: tokens.create(store, tenant, role))
+    typer.echo(token)
+    typer.echo(f"created {record.id} for tenant {record.tenant} ({record.role.value})", err=True)
+
+
+@token_cli.command("list")
+def token_list(data_dir: DataDir = None) -> None:
+    """List tokens (IDs, tenants, roles; never the tokens)."""
+    records = _with_store(data_dir, lambda store: store.read(lambda r: r.list_tokens()))
+    for record in records:
+        state = "revoked" if record.revoked else "active"
+        typer.echo(f"{record.id}\t{record.tenant}\t{record.role.value}\t{state}")
+
+
+@token_cli.command("revoke")
+def token_revoke(
+    token_id: Annotated[str, typer.Argument(help="The token's ID (tok-...).")], data_dir: DataDir = None
+) -> None:
+    """Revoke a token; the server refuses it within a few seconds."""
+    if not _with_store(data_dir, lambda store: tokens.revoke(store, token_id)):
+        typer.echo(f"kibo-ctrl: no active token {token_id}", err=True)
+        raise typer.Exit(1)
+    typer.echo(f"revoked {token_id}")
 
 
 async def _serve(config: Config) -> None:
@@ -84,7 +208,7 @@ async def _serve(config: Config) -> None:
         config.http_listen or "-",
         config.data_dir,
         config.runtime,
-        config.sim_backend.value,
+        (config.sim_backend if config.runtime == "sim" else config.backend).value,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

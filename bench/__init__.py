@@ -1,0 +1,1 @@
+"""kibo's benchmark: `bench/run [--quick] [--json FILE]` (see bench/README.md)."""

@@ -1,0 +1,315 @@
+"""`bench/run [--quick] [--json FILE]`: measure kibo against its ceiling (see bench/README.md).
+
+The server (`kibo-ctrl serve --sim-step-ms 0`), the ceiling server and the load generators
+are separate processes on loopback. Comparisons are ratios measured in the same run,
+alternating the two sides; figures are medians over repetitions."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from kibo.ctrl.v1 import workspace_service_pb2 as ws
+
+from . import figures, report
+from .figures import GET
+from .seed import Template, seed
+from .server import Ceiling, Server
+
+
+@dataclass(frozen=True)
+class Plan:
+    quick: bool
+    sizes: tuple[int, ...]  # stored workspaces for the growth runs; the first is the baseline
+    get_reps: int  # figure 1 repetitions at the baseline size
+    growth_reps: int  # figure 1 and 3 repetitions at the other sizes
+    seconds: float  # per repetition of a throughput run
+    h2load_reps: int
+    list_reps: int
+    lifecycle_count: int  # figure 2 at the baseline size
+    growth_lifecycle_count: int
+    create_reps: int
+    watchers: int
+    watch_processes: int
+    watch_cycles: int
+
+    @classmethod
+    def full(cls) -> Plan:
+        return cls(
+            quick=False,
+            sizes=(1_000, 10_000, 100_000),
+            get_reps=5,
+            growth_reps=3,
+            seconds=3.0,
+            h2load_reps=3,
+            list_reps=3,
+            lifecycle_count=1000,
+            growth_lifecycle_count=300,
+            create_reps=3,
+            watchers=5000,
+            watch_processes=4,
+            watch_cycles=4,
+        )
+
+    @classmethod
+    def quick_plan(cls) -> Plan:
+        return cls(
+            quick=True,
+            sizes=(1_000, 10_000),
+            get_reps=3,
+            growth_reps=2,
+            seconds=1.5,
+            h2load_reps=2,
+            list_reps=2,
+            lifecycle_count=300,
+            growth_lifecycle_count=100,
+            create_reps=2,
+            watchers=5000,
+            watch_processes=4,
+            watch_cycles=1,
+        )
+
+
+def log(message: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+class Bench:
+    def __init__(self, plan: Plan, work: Path) -> None:
+        self.plan = plan
+        self.work = work
+        self.base = work / "base"  # the seeded store, grown size by size
+        self.sizes: dict[int, dict[str, Any]] = {}
+        self.figure1: dict[str, Any] = {}
+        self.h2load: dict[str, Any] = {}
+        self.figure2: dict[str, Any] = {}
+        self.watch: dict[str, Any] = {}
+        self.templates: list[Template] = []
+
+    def server(self, data_dir: Path, settle_ms: float | None = None) -> Server:
+        return Server(data_dir, self.work / "server.log", settle_ms=settle_ms)
+
+    def run(self) -> None:
+        log(f"work directory {self.work}")
+        first = self.server(self.base)
+        first.start()
+        try:
+            running = figures.make_workspace(first, f"bench-seed/{uuid.uuid4()}")
+            stopped = figures.make_workspace(first, f"bench-seed/{uuid.uuid4()}", stop=True)
+            self.templates = [Template(*running), Template(*stopped)]
+            payload = self.work / "ceiling-payload.bin"
+            payload.write_bytes(figures.raw_get(first, running[0]))
+        finally:
+            first.stop()
+        ceiling = Ceiling(payload, self.work / "ceiling.log")
+        ceiling.start()
+        try:
+            for n, size in enumerate(self.plan.sizes):
+                self.size_phase(size, baseline=n == 0, ceiling=ceiling)
+            self.watch_phase()
+        finally:
+            ceiling.stop()
+
+    def size_phase(self, size: int, baseline: bool, ceiling: Ceiling) -> None:
+        plan = self.plan
+        stored, seed_s = seed(self.base, self.templates, max(0, size - _count(self.base, self.templates)))
+        log(f"{stored:,} workspaces stored (seeding took {seed_s:.1f}s)")
+        work = self.work / f"store-{size}"
+        shutil.copytree(self.base, work)
+        out: dict[str, Any] = {"stored": stored, "seed_s": seed_s}
+        try:
+            server = self.server(work)
+            out["restart_to_serving_s"] = server.start()
+            out["server_rss_mib_start"] = server.rss_mib()
+            try:
+                sample = figures.walk(server, ids=1000, pages=200)
+                out["list_all_s"] = sample.seconds
+                kibo, top = figures.kibo_target(server), figures.ceiling_target(ceiling)
+                gets = [ws.GetWorkspaceRequest(workspace_id=i).SerializeToString() for i in sample.ids]
+                reps = plan.get_reps if baseline else plan.growth_reps
+                log(f"{size:,}: GetWorkspace vs ceiling, {reps} x {plan.seconds}s each")
+                out["get"] = figures.ceiling_ratio(kibo, top, gets, reps, plan.seconds)
+                if baseline:
+                    log(f"{size:,}: h2load second opinion")
+                    self.h2load = figures.h2load_ratio(kibo, top, gets[0], plan.h2load_reps, plan.seconds, self.work)
+                log(f"{size:,}: ListWorkspaces(page_size=100), tokens from every depth")
+                out["list"] = figures.summarize(
+                    [
+                        figures.unary_load(kibo, LIST, sample.list_requests, plan.seconds, 8)
+                        for _ in range(plan.list_reps)
+                    ]
+                )
+                out["server_rss_mib_after_reads"] = server.rss_mib()
+                count = plan.lifecycle_count if baseline else plan.growth_lifecycle_count
+                log(f"{size:,}: lifecycle, {count} creates then {count} stops, one at a time")
+                out["lifecycle"] = figures.lifecycle(server, count, f"bench-life/{uuid.uuid4().hex[:8]}")
+                log(f"{size:,}: creates answered when AVAILABLE, 64 clients")
+                out["creates_settled"] = figures.settled_creates(
+                    server, plan.create_reps if baseline else plan.growth_reps, plan.seconds
+                )
+            finally:
+                server.stop()
+            server = self.server(work, settle_ms=0)
+            out["restart_to_serving_s_2"] = server.start()
+            try:
+                log(f"{size:,}: durable creates answered at commit, 64 clients")
+                out["creates_durable"] = figures.durable_creates(
+                    server, plan.create_reps if baseline else plan.growth_reps, plan.seconds
+                )
+                out["server_rss_mib_end"] = server.rss_mib()
+            finally:
+                server.stop()
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        self.sizes[size] = out
+
+    def watch_phase(self) -> None:
+        plan = self.plan
+        server = self.server(self.work / "watch")
+        server.start()
+        try:
+            log(f"watchers: {plan.watchers} WatchWorkspace streams on one workspace")
+            self.watch = figures.watchers(
+                server,
+                plan.watchers,
+                processes=plan.watch_processes,
+                # grpc-core lets 100 streams share a connection; keep under that.
+                channels_per_process=math.ceil(plan.watchers / plan.watch_processes / 90),
+                cycles=plan.watch_cycles,
+                pause=0.2,
+            )
+        finally:
+            server.stop()
+
+
+LIST = "/kibo.ctrl.v1.WorkspaceService/ListWorkspaces"
+assert GET.endswith("GetWorkspace")
+
+
+def _count(data_dir: Path, templates: list[Template]) -> int:
+    total, _ = seed(data_dir, templates, 0)
+    return total
+
+
+def figures_json(bench: Bench, elapsed: float, command: str) -> dict[str, Any]:
+    plan = bench.plan
+    sizes = bench.sizes
+    small, large = plan.sizes[0], plan.sizes[-1]
+    base = sizes[small]
+    big = sizes[large]
+
+    def scale(key: str, stat: str) -> float:
+        return float(big[key][stat] / base[key][stat])
+
+    durable = base["creates_durable"]
+    out: dict[str, Any] = {
+        "rpc_ceiling_ratio": base["get"]["ratio"],
+        "get_qps": base["get"]["kibo"]["qps"],
+        "get_p50_ms": base["get"]["kibo"]["p50_ms"],
+        "get_p99_ms": base["get"]["kibo"]["p99_ms"],
+        "ceiling_qps": base["get"]["ceiling"]["qps"],
+        "ceiling_p50_ms": base["get"]["ceiling"]["p50_ms"],
+        "ceiling_p99_ms": base["get"]["ceiling"]["p99_ms"],
+        "rpc_ceiling_ratio_h2load": bench.h2load.get("ratio"),
+        "create_to_available_p50_ms": base["lifecycle"]["create_to_available_p50_ms"],
+        "create_to_available_p99_ms": base["lifecycle"]["create_to_available_p99_ms"],
+        "stop_to_stopped_p50_ms": base["lifecycle"]["stop_to_stopped_p50_ms"],
+        "stop_to_stopped_p99_ms": base["lifecycle"]["stop_to_stopped_p99_ms"],
+        "durable_creates_per_s": durable["per_s"],
+        "durable_creates_to_available_per_s": durable["to_available_per_s"],
+        "settled_creates_per_s": base["creates_settled"]["per_s"],
+        "scale_size": large,
+        "scale_get_ratio_100k_vs_1k": scale("get", "p50_ms"),
+        "scale_get_p99_ratio_100k_vs_1k": scale("get", "p99_ms"),
+        "scale_list_ratio_100k_vs_1k": scale("list", "p50_ms"),
+        "scale_list_p99_ratio_100k_vs_1k": scale("list", "p99_ms"),
+        "list_p50_ms_1k": base["list"]["p50_ms"],
+        "list_p50_ms_100k": big["list"]["p50_ms"],
+        "server_rss_mib_100k": big["server_rss_mib_after_reads"],
+        "restart_to_serving_s_100k": big["restart_to_serving_s"],
+        "watch_fanout_p99_ms": bench.watch["fanout_p99_ms"],
+        "watch_delivery_p99_ms": bench.watch["delivery_p99_ms"],
+        "watch_streams": bench.watch["streams"],
+        "watch_server_rss_mib": bench.watch["server_rss_mib_after_changes"],
+        "connect_vs_grpc_ratio": None,
+        "notes": {
+            "connect_vs_grpc_ratio": "null: this build serves no Connect endpoint yet (--http-listen is not served)",
+            "scale": (
+                f"--quick: the scale figures compare {large:,} stored workspaces with {small:,} "
+                "(keys keep the _100k_vs_1k names)"
+                if plan.quick and large != 100_000
+                else f"{large:,} stored workspaces against {small:,}"
+            ),
+            "scale_ratios": "p50 latency at N stored / p50 at 1k; Get at 64 in flight, List(page_size=100) at 8",
+            "durable_creates_per_s": "answered at commit (--settle-ms 0): durably recorded, PENDING",
+            "watch_fanout_p99_ms": "per stored change: its update_time to the last of all streams receiving it",
+        },
+        "goals": report.goals(),
+        "quick": plan.quick,
+        "plan": asdict(plan),
+        "sizes": {str(k): v for k, v in sizes.items()},
+        "h2load": bench.h2load,
+        "watch": bench.watch,
+        "machine": {
+            "cpus": os.cpu_count(),
+            "loadavg_end": list(os.getloadavg()),
+            "python": sys.version.split()[0],
+        },
+        "elapsed_s": elapsed,
+        "command": command,
+    }
+    cleaned: dict[str, Any] = _clean(out)
+    return cleaned
+
+
+def _clean(value: Any) -> Any:
+    """NaN is not JSON: make it null."""
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(v) for v in value]
+    return value
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bench/run", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="smaller counts; finishes in under two minutes")
+    parser.add_argument("--json", type=Path, help="write every figure to this JSON file")
+    parser.add_argument("--keep", action="store_true", help="keep the work directory (stores, logs)")
+    args = parser.parse_args(argv)
+    plan = Plan.quick_plan() if args.quick else Plan.full()
+    began = time.monotonic()
+    work = Path(tempfile.mkdtemp(prefix="kibo-bench-"))
+    bench = Bench(plan, work)
+    ok = False
+    try:
+        bench.run()
+        ok = True
+    finally:
+        if not ok or args.keep:
+            log(f"logs and stores kept in {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+    command = "bench/run" + (" --quick" if args.quick else "") + (f" --json {args.json}" if args.json else "")
+    result = figures_json(bench, time.monotonic() - began, command)
+    print(report.table(result))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+        log(f"figures written to {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

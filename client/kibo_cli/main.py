@@ -1,0 +1,69 @@
+"""Entry point of the `kibo` command: drive workspaces from a terminal."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import kibotos
+import typer
+
+from . import exit_codes, other, workspace
+from .common import Settings, local_admin_token, use
+
+HELP = (
+    "kibo: drive workspaces from a terminal.\n\n"
+    "Talks gRPC to a kibo server: --server HOST:PORT, else $KIBO_SERVER, else 127.0.0.1:50051. "
+    "Commands that change something wait until the workspace is steady, showing the state as it goes; "
+    "giving up the wait (--timeout) never cancels the command. Every read has -o json."
+)
+
+app = typer.Typer(
+    help=HELP,
+    epilog="Exit codes:\n" + exit_codes.table(),
+    no_args_is_help=True,
+    add_completion=False,
+    rich_markup_mode="rich",
+)
+app.add_typer(workspace.app, name="workspace")
+app.add_typer(other.command_app, name="command")
+app.add_typer(other.volume_app, name="volume")
+app.command("capabilities")(other.capabilities)
+
+
+@app.callback()
+def _global(
+    server: Annotated[
+        str,
+        typer.Option(envvar="KIBO_SERVER", help="The server's gRPC address, HOST:PORT."),
+    ] = kibotos.DEFAULT_ADDRESS,
+    tls: Annotated[bool, typer.Option("--tls", help="Use TLS (system roots unless --ca-cert).")] = False,
+    ca_cert: Annotated[
+        Path | None, typer.Option("--ca-cert", exists=True, dir_okay=False, help="PEM roots to trust (implies --tls).")
+    ] = None,
+    cert: Annotated[
+        Path | None,
+        typer.Option("--cert", exists=True, dir_okay=False, help="PEM client certificate (mutual TLS)."),
+    ] = None,
+    key: Annotated[
+        Path | None, typer.Option("--key", exists=True, dir_okay=False, help="PEM private key of --cert.")
+    ] = None,
+    token: Annotated[
+        str | None,
+        typer.Option(
+            envvar="KIBO_TOKEN",
+            help="Bearer token sent with every call. Default for a loopback server: the admin token a local "
+            "kibo-ctrl serve wrote to $XDG_DATA_HOME/kibo/admin.token (~/.local/share/kibo/admin.token).",
+            show_default=False,
+        ),
+    ] = None,
+) -> None:
+    if (cert is None) != (key is None):
+        raise typer.BadParameter("give both --cert and --key")
+    secure = tls or ca_cert is not None or cert is not None
+    token = token or local_admin_token(server)
+    use(Settings(server=server, tls=secure, ca_cert=ca_cert, cert=cert, key=key, token=token))
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,386 @@
+"""The asyncio client: the methods of kibotos.Client, awaitable, over grpc.aio.
+
+    async with kibotos.AsyncClient("127.0.0.1:50051") as client:
+        created = await client.create_workspace()
+        workspace = await client.wait_workspace(created.workspace, created.command.command_id)
+
+Create it inside a running event loop (a grpc.aio channel belongs to one loop).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
+from types import TracebackType
+from typing import Any, TypeVar, cast
+
+import grpc
+from google.protobuf.message import Message
+from kibo.ctrl.v1 import command_pb2, workspace_pb2
+from kibo.ctrl.v1 import observation_service_pb2 as obs_pb2
+from kibo.ctrl.v1 import observation_service_pb2_grpc as obs_grpc
+from kibo.ctrl.v1 import volume_service_pb2 as vol_pb2
+from kibo.ctrl.v1 import volume_service_pb2_grpc as vol_grpc
+from kibo.ctrl.v1 import workspace_service_pb2 as ws_pb2
+from kibo.ctrl.v1 import workspace_service_pb2_grpc as ws_grpc
+from kibo.sim.v1 import simulator_pb2_grpc as sim_grpc
+
+from . import build
+from .client import OnAnswer, OnUpdate, SettleArg, raise_if_failed, settle_options, wait_options
+from .connection import Connection
+from .errors import from_rpc_error
+from .settle import CommandResponse, SettleOptions, settle_async
+from .wait import WaitOptions, WaitResult, wait_async
+
+__all__ = ["AsyncClient"]
+
+R = TypeVar("R", bound=CommandResponse)
+
+
+class AsyncClient:
+    """An asyncio kibo client. `address` defaults to $KIBO_SERVER, else 127.0.0.1:50051."""
+
+    def __init__(
+        self,
+        address: str | None = None,
+        *,
+        tls: bool = False,
+        root_certificates: bytes | None = None,
+        certificate_chain: bytes | None = None,
+        private_key: bytes | None = None,
+        token: str | None = None,
+        timeout: float | None = 30.0,
+        settle_options: SettleOptions | None = None,
+        connection: Connection | None = None,
+    ) -> None:
+        self.connection = connection or Connection.of(
+            address,
+            tls=tls,
+            root_certificates=root_certificates,
+            certificate_chain=certificate_chain,
+            private_key=private_key,
+            token=token,
+            timeout=timeout,
+        )
+        self.settle_options = settle_options or SettleOptions()
+        credentials = self.connection.credentials()
+        options = self.connection.options()
+        self.channel: grpc.aio.Channel = (
+            grpc.aio.secure_channel(self.connection.address, credentials, options)
+            if credentials is not None
+            else grpc.aio.insecure_channel(self.connection.address, options)
+        )
+        self.workspaces = ws_grpc.WorkspaceServiceStub(self.channel)  # type: ignore[no-untyped-call]
+        self.observation = obs_grpc.WorkspaceObservationServiceStub(self.channel)  # type: ignore[no-untyped-call]
+        self.volumes = vol_grpc.VolumeServiceStub(self.channel)  # type: ignore[no-untyped-call]
+        self.simulator = sim_grpc.SimulatorServiceStub(self.channel)  # type: ignore[no-untyped-call]
+
+    @property
+    def address(self) -> str:
+        return self.connection.address
+
+    async def close(self) -> None:
+        await self.channel.close()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, value: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    # -- plumbing ----------------------------------------------------------------------
+
+    async def _call(self, method: Any, request: Message) -> Any:
+        try:
+            return await method(request, timeout=self.connection.timeout, metadata=self.connection.metadata())
+        except grpc.RpcError as error:
+            raise from_rpc_error(error) from None
+
+    async def _command(
+        self, method: Any, request: Message, kind: type[R], settle_arg: SettleArg, on_answer: OnAnswer | None
+    ) -> R:
+        async def once() -> R:
+            return cast(R, await self._call(method, request))
+
+        options = settle_options(settle_arg, self.settle_options)
+        if options is None:
+            response = await once()
+            if on_answer is not None:
+                on_answer(response)
+            return raise_if_failed(response)
+        return await settle_async(once, options, on_answer=on_answer)
+
+    async def settle(
+        self,
+        call: Callable[[], Awaitable[R]],
+        options: SettleOptions | None = None,
+        *,
+        on_answer: OnAnswer | None = None,
+    ) -> R:
+        """kibotos.settle_async with this client's default options."""
+        return await settle_async(call, options or self.settle_options, on_answer=on_answer)
+
+    # -- reads -------------------------------------------------------------------------
+
+    async def get_capabilities(self) -> list[str]:
+        response: ws_pb2.GetCapabilitiesResponse = await self._call(
+            self.workspaces.GetCapabilities, ws_pb2.GetCapabilitiesRequest()
+        )
+        return list(response.capabilities)
+
+    async def get_workspace(self, workspace_id: str) -> workspace_pb2.Workspace:
+        response: ws_pb2.GetWorkspaceResponse = await self._call(
+            self.workspaces.GetWorkspace, ws_pb2.GetWorkspaceRequest(workspace_id=workspace_id)
+        )
+        return response.workspace
+
+    async def list_workspaces(
+        self, *, include_deleted: bool = False, filter: str = "", page_size: int = 0
+    ) -> AsyncIterator[workspace_pb2.Workspace]:
+        token = ""
+        while True:
+            request = ws_pb2.ListWorkspacesRequest(
+                page_size=page_size, page_token=token, include_deleted=include_deleted, filter=filter
+            )
+            response: ws_pb2.ListWorkspacesResponse = await self._call(self.workspaces.ListWorkspaces, request)
+            for workspace in response.workspaces:
+                yield workspace
+            token = response.next_page_token
+            if not token:
+                return
+
+    async def get_command(self, command_id: str) -> command_pb2.WorkspaceCommand:
+        response: ws_pb2.GetWorkspaceCommandResponse = await self._call(
+            self.workspaces.GetWorkspaceCommand, ws_pb2.GetWorkspaceCommandRequest(command_id=command_id)
+        )
+        return response.command
+
+    async def watch_workspace(
+        self,
+        workspace_id: str,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 - one gRPC call's deadline
+    ) -> AsyncGenerator[workspace_pb2.Workspace, None]:
+        """The current snapshot, then one per stored change; ends after DELETED."""
+        call = self.workspaces.WatchWorkspace(
+            ws_pb2.WatchWorkspaceRequest(workspace_id=workspace_id),
+            timeout=timeout,
+            metadata=self.connection.metadata(),
+        )
+        try:
+            async for response in call:
+                yield response.workspace
+        except grpc.RpcError as error:
+            raise from_rpc_error(error) from None
+        finally:
+            call.cancel()
+
+    async def get_workspace_cleanup(self, workspace_id: str) -> obs_pb2.WorkspaceCleanup:
+        response: obs_pb2.GetWorkspaceCleanupResponse = await self._call(
+            self.observation.GetWorkspaceCleanup, obs_pb2.GetWorkspaceCleanupRequest(workspace_id=workspace_id)
+        )
+        return response.cleanup
+
+    async def list_workspace_events(
+        self, workspace_id: str, *, page_size: int = 0
+    ) -> AsyncIterator[obs_pb2.WorkspaceEvent]:
+        token = ""
+        while True:
+            request = obs_pb2.ListWorkspaceEventsRequest(
+                workspace_id=workspace_id, page_size=page_size, page_token=token
+            )
+            response: obs_pb2.ListWorkspaceEventsResponse = await self._call(
+                self.observation.ListWorkspaceEvents, request
+            )
+            for event in response.events:
+                yield event
+            token = response.next_page_token
+            if not token:
+                return
+
+    async def get_volume(self, volume_id: str) -> vol_pb2.Volume:
+        response: vol_pb2.GetVolumeResponse = await self._call(
+            self.volumes.GetVolume, vol_pb2.GetVolumeRequest(volume_id=volume_id)
+        )
+        return response.volume
+
+    # -- commands (settled by default, like kibotos.Client) --------------------------------
+
+    async def create_workspace(
+        self,
+        spec: workspace_pb2.WorkspaceSpec | None = None,
+        *,
+        command_id: str | None = None,
+        expire_time: build.ExpireTime | None = None,
+        expiration_action: int = 0,
+        settle: SettleArg = True,
+        on_answer: OnAnswer | None = None,
+    ) -> ws_pb2.CreateWorkspaceResponse:
+        request = build.create(spec, command_id, expire_time, expiration_action)
+        return await self._command(
+            self.workspaces.CreateWorkspace, request, ws_pb2.CreateWorkspaceResponse, settle, on_answer
+        )
+
+    async def stop_workspace(
+        self,
+        workspace_id: str,
+        *,
+        force: bool = False,
+        command_id: str | None = None,
+        expected_expiration_revision: int = 0,
+        settle: SettleArg = True,
+        on_answer: OnAnswer | None = None,
+    ) -> ws_pb2.StopWorkspaceResponse:
+        request = build.stop(workspace_id, force, command_id, expected_expiration_revision)
+        return await self._command(
+            self.workspaces.StopWorkspace, request, ws_pb2.StopWorkspaceResponse, settle, on_answer
+        )
+
+    async def start_workspace(
+        self,
+        workspace_id: str,
+        *,
+        command_id: str | None = None,
+        expected_expiration_revision: int = 0,
+        settle: SettleArg = True,
+        on_answer: OnAnswer | None = None,
+    ) -> ws_pb2.StartWorkspaceResponse:
+        request = build.start(workspace_id, command_id, expected_expiration_revision)
+        return await self._command(
+            self.workspaces.StartWorkspace, request, ws_pb2.StartWorkspaceResponse, settle, on_answer
+        )
+
+    async def delete_workspace(
+        self,
+        workspace_id: str,
+        *,
+        command_id: str | None = None,
+        expected_expiration_revision: int = 0,
+        settle: SettleArg = True,
+        on_answer: OnAnswer | None = None,
+    ) -> ws_pb2.DeleteWorkspaceResponse:
+        request = build.delete(workspace_id, command_id, expected_expiration_revision)
+        return await self._command(
+            self.workspaces.DeleteWorkspace, request, ws_pb2.DeleteWorkspaceResponse, settle, on_answer
+        )
+
+    async def set_workspace_labels(
+        self,
+        workspace_id: str,
+        labels: Mapping[str, str],
+        annotations: Mapping[str, str],
+        *,
+        command_id: str | None = None,
+        settle: SettleArg = True,
+    ) -> ws_pb2.SetWorkspaceLabelsResponse:
+        request = build.labels(workspace_id, labels, annotations, command_id)
+        return await self._command(
+            self.workspaces.SetWorkspaceLabels, request, ws_pb2.SetWorkspaceLabelsResponse, settle, None
+        )
+
+    async def resize_workspace(
+        self,
+        workspace_id: str,
+        *,
+        vcpus: int = 0,
+        memory_mib: int = 0,
+        writable_layer_gib: int = 0,
+        command_id: str | None = None,
+        settle: SettleArg = True,
+    ) -> ws_pb2.ResizeWorkspaceResponse:
+        request = build.resize(workspace_id, vcpus, memory_mib, writable_layer_gib, command_id)
+        return await self._command(
+            self.workspaces.ResizeWorkspace, request, ws_pb2.ResizeWorkspaceResponse, settle, None
+        )
+
+    async def set_workspace_expiration(
+        self,
+        workspace_id: str,
+        expire_time: build.ExpireTime,
+        action: int = workspace_pb2.EXPIRATION_ACTION_STOP,
+        *,
+        expected_expiration_revision: int = 0,
+        command_id: str | None = None,
+        settle: SettleArg = True,
+    ) -> ws_pb2.SetWorkspaceExpirationResponse:
+        request = build.set_expiration(workspace_id, expire_time, action, expected_expiration_revision, command_id)
+        return await self._command(
+            self.workspaces.SetWorkspaceExpiration, request, ws_pb2.SetWorkspaceExpirationResponse, settle, None
+        )
+
+    async def clear_workspace_expiration(
+        self,
+        workspace_id: str,
+        *,
+        expected_expiration_revision: int = 0,
+        command_id: str | None = None,
+        settle: SettleArg = True,
+    ) -> ws_pb2.ClearWorkspaceExpirationResponse:
+        request = build.clear_expiration(workspace_id, expected_expiration_revision, command_id)
+        return await self._command(
+            self.workspaces.ClearWorkspaceExpiration, request, ws_pb2.ClearWorkspaceExpirationResponse, settle, None
+        )
+
+    async def create_volume(self, capacity_gib: int = 0, *, command_id: str | None = None) -> vol_pb2.Volume:
+        response: vol_pb2.CreateVolumeResponse = await self._call(
+            self.volumes.CreateVolume, build.create_volume(capacity_gib, command_id)
+        )
+        return response.volume
+
+    async def delete_volume(self, volume_id: str, *, command_id: str | None = None) -> vol_pb2.Volume:
+        response: vol_pb2.DeleteVolumeResponse = await self._call(
+            self.volumes.DeleteVolume, build.delete_volume(volume_id, command_id)
+        )
+        return response.volume
+
+    async def inject_fault(self, workspace_id: str, fault: int) -> None:
+        await self._call(self.simulator.InjectFault, build.fault(workspace_id, fault))
+
+    # -- waits -------------------------------------------------------------------------
+
+    async def wait(
+        self,
+        workspace_id: str,
+        command_id: str | None = None,
+        *,
+        deleted: bool = False,
+        timeout: float | None = None,  # noqa: ASYNC109 - the same API as kibotos.Client
+        options: WaitOptions | None = None,
+        on_update: OnUpdate | None = None,
+    ) -> WaitResult:
+        return await wait_async(
+            self,
+            workspace_id,
+            command_id,
+            deleted=deleted,
+            options=wait_options(options, timeout),
+            on_update=on_update,
+        )
+
+    async def wait_workspace(
+        self,
+        workspace: workspace_pb2.Workspace | str,
+        command_id: str | None = None,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 - the same API as kibotos.Client
+        options: WaitOptions | None = None,
+        on_update: OnUpdate | None = None,
+    ) -> workspace_pb2.Workspace:
+        workspace_id = workspace if isinstance(workspace, str) else workspace.workspace_id
+        result = await self.wait(workspace_id, command_id, timeout=timeout, options=options, on_update=on_update)
+        return result.workspace
+
+    async def wait_workspace_deleted(
+        self,
+        workspace_id: str,
+        command_id: str,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 - the same API as kibotos.Client
+        options: WaitOptions | None = None,
+        on_update: OnUpdate | None = None,
+    ) -> workspace_pb2.Workspace:
+        result = await self.wait(
+            workspace_id, command_id, deleted=True, timeout=timeout, options=options, on_update=on_update
+        )
+        return result.workspace

@@ -1,0 +1,122 @@
+"""Request builders shared by the sync and asyncio clients: plain values -> wire requests.
+
+Each command request is built once, so settling resends the identical bytes."""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Mapping
+
+from google.protobuf.timestamp_pb2 import Timestamp
+from kibo.ctrl.v1 import volume_service_pb2 as vol_pb2
+from kibo.ctrl.v1 import workspace_pb2 as wp
+from kibo.ctrl.v1 import workspace_service_pb2 as ws_pb2
+from kibo.sim.v1 import simulator_pb2 as sim_pb2
+
+from .command_id import check_command_id, new_command_id
+
+__all__ = ["ExpireTime", "metadata", "timestamp"]
+
+# An expiration time: an aware datetime, a Timestamp, or seconds since the epoch.
+ExpireTime = datetime.datetime | Timestamp | float | int
+
+
+def metadata(command_id: str | None, prefix: str = "kibotos") -> wp.CommandMetadata:
+    return wp.CommandMetadata(command_id=check_command_id(command_id) if command_id else new_command_id(prefix))
+
+
+def timestamp(value: ExpireTime) -> Timestamp:
+    if isinstance(value, Timestamp):
+        return value
+    stamp = Timestamp()
+    if isinstance(value, datetime.datetime):
+        if value.tzinfo is None:
+            raise ValueError("use an aware datetime (with tzinfo) for times")
+        stamp.FromDatetime(value.astimezone(datetime.UTC))
+    else:
+        stamp.FromNanoseconds(int(value * 1_000_000_000))
+    return stamp
+
+
+def create(
+    spec: wp.WorkspaceSpec | None,
+    command_id: str | None,
+    expire_time: ExpireTime | None,
+    expiration_action: int,
+) -> ws_pb2.CreateWorkspaceRequest:
+    request = ws_pb2.CreateWorkspaceRequest(metadata=metadata(command_id), spec=spec or wp.WorkspaceSpec())
+    if expire_time is not None:
+        request.expire_time.CopyFrom(timestamp(expire_time))
+        request.expiration_action = expiration_action or wp.EXPIRATION_ACTION_STOP  # type: ignore[assignment]
+    return request
+
+
+def stop(workspace_id: str, force: bool, command_id: str | None, revision: int) -> ws_pb2.StopWorkspaceRequest:
+    return ws_pb2.StopWorkspaceRequest(
+        metadata=metadata(command_id),
+        workspace_id=workspace_id,
+        expected_expiration_revision=revision,
+        mode=ws_pb2.STOP_MODE_FORCE if force else ws_pb2.STOP_MODE_GRACEFUL,
+    )
+
+
+def start(workspace_id: str, command_id: str | None, revision: int) -> ws_pb2.StartWorkspaceRequest:
+    return ws_pb2.StartWorkspaceRequest(
+        metadata=metadata(command_id), workspace_id=workspace_id, expected_expiration_revision=revision
+    )
+
+
+def delete(workspace_id: str, command_id: str | None, revision: int) -> ws_pb2.DeleteWorkspaceRequest:
+    return ws_pb2.DeleteWorkspaceRequest(
+        metadata=metadata(command_id), workspace_id=workspace_id, expected_expiration_revision=revision
+    )
+
+
+def labels(
+    workspace_id: str, labels: Mapping[str, str], annotations: Mapping[str, str], command_id: str | None
+) -> ws_pb2.SetWorkspaceLabelsRequest:
+    return ws_pb2.SetWorkspaceLabelsRequest(
+        metadata=metadata(command_id), workspace_id=workspace_id, labels=dict(labels), annotations=dict(annotations)
+    )
+
+
+def resize(
+    workspace_id: str, vcpus: int, memory_mib: int, writable_layer_gib: int, command_id: str | None
+) -> ws_pb2.ResizeWorkspaceRequest:
+    return ws_pb2.ResizeWorkspaceRequest(
+        metadata=metadata(command_id),
+        workspace_id=workspace_id,
+        resources=wp.Resources(vcpus=vcpus, memory_mib=memory_mib, writable_layer_gib=writable_layer_gib),
+    )
+
+
+def set_expiration(
+    workspace_id: str, expire_time: ExpireTime, action: int, revision: int, command_id: str | None
+) -> ws_pb2.SetWorkspaceExpirationRequest:
+    return ws_pb2.SetWorkspaceExpirationRequest(
+        metadata=metadata(command_id),
+        workspace_id=workspace_id,
+        expected_expiration_revision=revision,
+        expire_time=timestamp(expire_time),
+        action=action,  # type: ignore[arg-type]
+    )
+
+
+def clear_expiration(
+    workspace_id: str, revision: int, command_id: str | None
+) -> ws_pb2.ClearWorkspaceExpirationRequest:
+    return ws_pb2.ClearWorkspaceExpirationRequest(
+        metadata=metadata(command_id), workspace_id=workspace_id, expected_expiration_revision=revision
+    )
+
+
+def create_volume(capacity_gib: int, command_id: str | None) -> vol_pb2.CreateVolumeRequest:
+    return vol_pb2.CreateVolumeRequest(metadata=metadata(command_id), capacity_gib=capacity_gib)
+
+
+def delete_volume(volume_id: str, command_id: str | None) -> vol_pb2.DeleteVolumeRequest:
+    return vol_pb2.DeleteVolumeRequest(metadata=metadata(command_id), volume_id=volume_id)
+
+
+def fault(workspace_id: str, fault: int) -> sim_pb2.InjectFaultRequest:
+    return sim_pb2.InjectFaultRequest(workspace_id=workspace_id, fault=fault)  # type: ignore[arg-type]

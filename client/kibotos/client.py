@@ -1,0 +1,407 @@
+"""The synchronous client: the generated stubs plus typed methods that settle and wait.
+
+    with kibotos.Client("127.0.0.1:50051") as client:
+        created = client.create_workspace()            # settled: the create is terminal
+        workspace = client.wait_workspace(created.workspace, created.command.command_id)
+
+The raw generated stubs are `client.workspaces`, `client.observation`, `client.volumes`
+and `client.simulator` (grpc errors from them are `grpc.RpcError`; `kibotos.from_rpc_error`
+translates). The typed methods raise KiboError subclasses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator, Iterator, Mapping
+from types import TracebackType
+from typing import Any, TypeVar, cast
+
+import grpc
+from google.protobuf.message import Message
+from kibo.ctrl.v1 import command_pb2, workspace_pb2
+from kibo.ctrl.v1 import observation_service_pb2 as obs_pb2
+from kibo.ctrl.v1 import observation_service_pb2_grpc as obs_grpc
+from kibo.ctrl.v1 import volume_service_pb2 as vol_pb2
+from kibo.ctrl.v1 import volume_service_pb2_grpc as vol_grpc
+from kibo.ctrl.v1 import workspace_service_pb2 as ws_pb2
+from kibo.ctrl.v1 import workspace_service_pb2_grpc as ws_grpc
+from kibo.sim.v1 import simulator_pb2_grpc as sim_grpc
+
+from . import build
+from .connection import Connection
+from .errors import CommandFailedError, from_rpc_error
+from .settle import CommandResponse, SettleOptions
+from .settle import settle as _settle
+from .wait import WaitOptions, WaitResult
+from .wait import wait as _wait
+
+__all__ = ["Client", "SettleArg"]
+
+R = TypeVar("R", bound=CommandResponse)
+# True: settle with the client's options; False: send once; or the options to settle with.
+SettleArg = bool | SettleOptions
+OnAnswer = Callable[[CommandResponse], object]
+OnUpdate = Callable[[workspace_pb2.Workspace], object]
+
+
+def settle_options(arg: SettleArg, default: SettleOptions) -> SettleOptions | None:
+    if isinstance(arg, SettleOptions):
+        return arg
+    return default if arg else None
+
+
+def raise_if_failed(response: R) -> R:
+    if response.command.state == command_pb2.COMMAND_STATE_FAILED:
+        raise CommandFailedError(response.command, response.workspace)
+    return response
+
+
+def wait_options(options: WaitOptions | None, timeout: float | None) -> WaitOptions:
+    options = options or WaitOptions()
+    if timeout is not None:
+        options = WaitOptions(
+            timeout=timeout,
+            watch=options.watch,
+            poll_interval=options.poll_interval,
+            max_poll_interval=options.max_poll_interval,
+            stream_timeout=options.stream_timeout,
+        )
+    return options
+
+
+class Client:
+    """A synchronous kibo client. `address` defaults to $KIBO_SERVER, else 127.0.0.1:50051."""
+
+    def __init__(
+        self,
+        address: str | None = None,
+        *,
+        tls: bool = False,
+        root_certificates: bytes | None = None,
+        certificate_chain: bytes | None = None,
+        private_key: bytes | None = None,
+        token: str | None = None,
+        timeout: float | None = 30.0,
+        settle_options: SettleOptions | None = None,
+        connection: Connection | None = None,
+    ) -> None:
+        self.connection = connection or Connection.of(
+            address,
+            tls=tls,
+            root_certificates=root_certificates,
+            certificate_chain=certificate_chain,
+            private_key=private_key,
+            token=token,
+            timeout=timeout,
+        )
+        self.settle_options = settle_options or SettleOptions()
+        credentials = self.connection.credentials()
+        options = self.connection.options()
+        self.channel: grpc.Channel = (
+            grpc.secure_channel(self.connection.address, credentials, options)
+            if credentials is not None
+            else grpc.insecure_channel(self.connection.address, options)
+        )
+        self.workspaces = ws_grpc.WorkspaceServiceStub(self.channel)  # type: ignore[no-untyped-call]
+        self.observation = obs_grpc.WorkspaceObservationServiceStub(self.channel)  # type: ignore[no-untyped-call]
+        self.volumes = vol_grpc.VolumeServiceStub(self.channel)  # type: ignore[no-untyped-call]
+        self.simulator = sim_grpc.SimulatorServiceStub(self.channel)  # type: ignore[no-untyped-call]
+
+    @property
+    def address(self) -> str:
+        return self.connection.address
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, value: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        self.close()
+
+    # -- plumbing ----------------------------------------------------------------------
+
+    def _call(self, method: Any, request: Message) -> Any:
+        try:
+            return method(request, timeout=self.connection.timeout, metadata=self.connection.metadata())
+        except grpc.RpcError as error:
+            raise from_rpc_error(error) from None
+
+    def _command(
+        self, method: Any, request: Message, kind: type[R], settle_arg: SettleArg, on_answer: OnAnswer | None
+    ) -> R:
+        def once() -> R:
+            return cast(R, self._call(method, request))
+
+        options = settle_options(settle_arg, self.settle_options)
+        if options is None:
+            response = once()
+            if on_answer is not None:
+                on_answer(response)
+            return raise_if_failed(response)
+        return _settle(once, options, on_answer=on_answer)
+
+    def settle(
+        self, call: Callable[[], R], options: SettleOptions | None = None, *, on_answer: OnAnswer | None = None
+    ) -> R:
+        """kibotos.settle with this client's default options."""
+        return _settle(call, options or self.settle_options, on_answer=on_answer)
+
+    # -- reads -------------------------------------------------------------------------
+
+    def get_capabilities(self) -> list[str]:
+        response: ws_pb2.GetCapabilitiesResponse = self._call(
+            self.workspaces.GetCapabilities, ws_pb2.GetCapabilitiesRequest()
+        )
+        return list(response.capabilities)
+
+    def get_workspace(self, workspace_id: str) -> workspace_pb2.Workspace:
+        response: ws_pb2.GetWorkspaceResponse = self._call(
+            self.workspaces.GetWorkspace, ws_pb2.GetWorkspaceRequest(workspace_id=workspace_id)
+        )
+        return response.workspace
+
+    def list_workspaces(
+        self, *, include_deleted: bool = False, filter: str = "", page_size: int = 0
+    ) -> Iterator[workspace_pb2.Workspace]:
+        """Every matching workspace, page after page. `filter`: `state = AVAILABLE AND labels.team = "a"`."""
+        token = ""
+        while True:
+            request = ws_pb2.ListWorkspacesRequest(
+                page_size=page_size, page_token=token, include_deleted=include_deleted, filter=filter
+            )
+            response: ws_pb2.ListWorkspacesResponse = self._call(self.workspaces.ListWorkspaces, request)
+            yield from response.workspaces
+            token = response.next_page_token
+            if not token:
+                return
+
+    def get_command(self, command_id: str) -> command_pb2.WorkspaceCommand:
+        response: ws_pb2.GetWorkspaceCommandResponse = self._call(
+            self.workspaces.GetWorkspaceCommand, ws_pb2.GetWorkspaceCommandRequest(command_id=command_id)
+        )
+        return response.command
+
+    def watch_workspace(
+        self, workspace_id: str, *, timeout: float | None = None
+    ) -> Generator[workspace_pb2.Workspace, None, None]:
+        """The current snapshot, then one per stored change; ends after DELETED."""
+        call = self.workspaces.WatchWorkspace(
+            ws_pb2.WatchWorkspaceRequest(workspace_id=workspace_id),
+            timeout=timeout,
+            metadata=self.connection.metadata(),
+        )
+        try:
+            for response in call:
+                yield response.workspace
+        except grpc.RpcError as error:
+            raise from_rpc_error(error) from None
+        finally:
+            call.cancel()
+
+    def get_workspace_cleanup(self, workspace_id: str) -> obs_pb2.WorkspaceCleanup:
+        response: obs_pb2.GetWorkspaceCleanupResponse = self._call(
+            self.observation.GetWorkspaceCleanup, obs_pb2.GetWorkspaceCleanupRequest(workspace_id=workspace_id)
+        )
+        return response.cleanup
+
+    def list_workspace_events(self, workspace_id: str, *, page_size: int = 0) -> Iterator[obs_pb2.WorkspaceEvent]:
+        token = ""
+        while True:
+            request = obs_pb2.ListWorkspaceEventsRequest(
+                workspace_id=workspace_id, page_size=page_size, page_token=token
+            )
+            response: obs_pb2.ListWorkspaceEventsResponse = self._call(self.observation.ListWorkspaceEvents, request)
+            yield from response.events
+            token = response.next_page_token
+            if not token:
+                return
+
+    def get_volume(self, volume_id: str) -> vol_pb2.Volume:
+        response: vol_pb2.GetVolumeResponse = self._call(
+            self.volumes.GetVolume, vol_pb2.GetVolumeRequest(volume_id=volume_id)
+        )
+        return response.volume
+
+    # -- commands ----------------------------------------------------------------------
+    # Each builds its request once (a new command ID unless given) and, by default, settles
+    # it: resends the identical request until the command is terminal.
+
+    def create_workspace(
+        self,
+        spec: workspace_pb2.WorkspaceSpec | None = None,
+        *,
+        command_id: str | None = None,
+        expire_time: build.ExpireTime | None = None,
+        expiration_action: int = 0,
+        settle: SettleArg = True,
+        on_answer: OnAnswer | None = None,
+    ) -> ws_pb2.CreateWorkspaceResponse:
+        request = build.create(spec, command_id, expire_time, expiration_action)
+        return self._command(
+            self.workspaces.CreateWorkspace, request, ws_pb2.CreateWorkspaceResponse, settle, on_answer
+        )
+
+    def stop_workspace(
+        self,
+        workspace_id: str,
+        *,
+        force: bool = False,
+        command_id: str | None = None,
+        expected_expiration_revision: int = 0,
+        settle: SettleArg = True,
+        on_answer: OnAnswer | None = None,
+    ) -> ws_pb2.StopWorkspaceResponse:
+        request = build.stop(workspace_id, force, command_id, expected_expiration_revision)
+        return self._command(self.workspaces.StopWorkspace, request, ws_pb2.StopWorkspaceResponse, settle, on_answer)
+
+    def start_workspace(
+        self,
+        workspace_id: str,
+        *,
+        command_id: str | None = None,
+        expected_expiration_revision: int = 0,
+        settle: SettleArg = True,
+        on_answer: OnAnswer | None = None,
+    ) -> ws_pb2.StartWorkspaceResponse:
+        request = build.start(workspace_id, command_id, expected_expiration_revision)
+        return self._command(self.workspaces.StartWorkspace, request, ws_pb2.StartWorkspaceResponse, settle, on_answer)
+
+    def delete_workspace(
+        self,
+        workspace_id: str,
+        *,
+        command_id: str | None = None,
+        expected_expiration_revision: int = 0,
+        settle: SettleArg = True,
+        on_answer: OnAnswer | None = None,
+    ) -> ws_pb2.DeleteWorkspaceResponse:
+        request = build.delete(workspace_id, command_id, expected_expiration_revision)
+        return self._command(
+            self.workspaces.DeleteWorkspace, request, ws_pb2.DeleteWorkspaceResponse, settle, on_answer
+        )
+
+    def set_workspace_labels(
+        self,
+        workspace_id: str,
+        labels: Mapping[str, str],
+        annotations: Mapping[str, str],
+        *,
+        command_id: str | None = None,
+        settle: SettleArg = True,
+    ) -> ws_pb2.SetWorkspaceLabelsResponse:
+        """Replaces both maps."""
+        request = build.labels(workspace_id, labels, annotations, command_id)
+        return self._command(
+            self.workspaces.SetWorkspaceLabels, request, ws_pb2.SetWorkspaceLabelsResponse, settle, None
+        )
+
+    def resize_workspace(
+        self,
+        workspace_id: str,
+        *,
+        vcpus: int = 0,
+        memory_mib: int = 0,
+        writable_layer_gib: int = 0,
+        command_id: str | None = None,
+        settle: SettleArg = True,
+    ) -> ws_pb2.ResizeWorkspaceResponse:
+        """Requires STOPPED. Values left 0 keep their current value."""
+        request = build.resize(workspace_id, vcpus, memory_mib, writable_layer_gib, command_id)
+        return self._command(self.workspaces.ResizeWorkspace, request, ws_pb2.ResizeWorkspaceResponse, settle, None)
+
+    def set_workspace_expiration(
+        self,
+        workspace_id: str,
+        expire_time: build.ExpireTime,
+        action: int = workspace_pb2.EXPIRATION_ACTION_STOP,
+        *,
+        expected_expiration_revision: int = 0,
+        command_id: str | None = None,
+        settle: SettleArg = True,
+    ) -> ws_pb2.SetWorkspaceExpirationResponse:
+        request = build.set_expiration(workspace_id, expire_time, action, expected_expiration_revision, command_id)
+        return self._command(
+            self.workspaces.SetWorkspaceExpiration, request, ws_pb2.SetWorkspaceExpirationResponse, settle, None
+        )
+
+    def clear_workspace_expiration(
+        self,
+        workspace_id: str,
+        *,
+        expected_expiration_revision: int = 0,
+        command_id: str | None = None,
+        settle: SettleArg = True,
+    ) -> ws_pb2.ClearWorkspaceExpirationResponse:
+        request = build.clear_expiration(workspace_id, expected_expiration_revision, command_id)
+        return self._command(
+            self.workspaces.ClearWorkspaceExpiration, request, ws_pb2.ClearWorkspaceExpirationResponse, settle, None
+        )
+
+    def create_volume(self, capacity_gib: int = 0, *, command_id: str | None = None) -> vol_pb2.Volume:
+        response: vol_pb2.CreateVolumeResponse = self._call(
+            self.volumes.CreateVolume, build.create_volume(capacity_gib, command_id)
+        )
+        return response.volume
+
+    def delete_volume(self, volume_id: str, *, command_id: str | None = None) -> vol_pb2.Volume:
+        """Only an unbound volume can be deleted."""
+        response: vol_pb2.DeleteVolumeResponse = self._call(
+            self.volumes.DeleteVolume, build.delete_volume(volume_id, command_id)
+        )
+        return response.volume
+
+    def inject_fault(self, workspace_id: str, fault: int) -> None:
+        """kibo.sim.v1.SimulatorService/InjectFault (servers running the simulated runtime)."""
+        self._call(self.simulator.InjectFault, build.fault(workspace_id, fault))
+
+    # -- waits -------------------------------------------------------------------------
+
+    def wait(
+        self,
+        workspace_id: str,
+        command_id: str | None = None,
+        *,
+        deleted: bool = False,
+        timeout: float | None = None,
+        options: WaitOptions | None = None,
+        on_update: OnUpdate | None = None,
+    ) -> WaitResult:
+        return _wait(
+            self,
+            workspace_id,
+            command_id,
+            deleted=deleted,
+            options=wait_options(options, timeout),
+            on_update=on_update,
+        )
+
+    def wait_workspace(
+        self,
+        workspace: workspace_pb2.Workspace | str,
+        command_id: str | None = None,
+        *,
+        timeout: float | None = None,
+        options: WaitOptions | None = None,
+        on_update: OnUpdate | None = None,
+    ) -> workspace_pb2.Workspace:
+        """Follow the workspace until `command_id` is terminal and the workspace steady;
+        return it, or raise CommandFailedError (or WaitTimeoutError; nothing is cancelled)."""
+        workspace_id = workspace if isinstance(workspace, str) else workspace.workspace_id
+        return self.wait(workspace_id, command_id, timeout=timeout, options=options, on_update=on_update).workspace
+
+    def wait_workspace_deleted(
+        self,
+        workspace_id: str,
+        command_id: str,
+        *,
+        timeout: float | None = None,
+        options: WaitOptions | None = None,
+        on_update: OnUpdate | None = None,
+    ) -> workspace_pb2.Workspace:
+        """Wait until the delete `command_id` is terminal and the workspace DELETED."""
+        return self.wait(
+            workspace_id, command_id, deleted=True, timeout=timeout, options=options, on_update=on_update
+        ).workspace

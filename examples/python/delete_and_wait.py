@@ -1,0 +1,40 @@
+"""Delete a workspace and wait until it is DELETED (the seed's Go `WaitWorkspaceDeleted` snippet).
+
+    python examples/python/delete_and_wait.py --server 127.0.0.1:50051 [--workspace ws-...]
+
+Without --workspace, a new workspace is created first.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import kibotos
+from kibo.ctrl.v1 import workspace_pb2 as wp
+from kibo.ctrl.v1 import workspace_service_pb2 as ws
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--server", default=None, help="HOST:PORT (default: $KIBO_SERVER, else 127.0.0.1:50051)")
+    parser.add_argument("--workspace", default=None, help="the workspace to delete (default: create one)")
+    args = parser.parse_args()
+    settle_options = kibotos.SettleOptions(timeout=3600)
+
+    with kibotos.Client(args.server) as client:
+        workspace_id = args.workspace or client.create_workspace().workspace.workspace_id
+        workspace = client.get_workspace(workspace_id)
+
+        command_id = kibotos.new_command_id("example")
+        request = ws.DeleteWorkspaceRequest(
+            metadata=wp.CommandMetadata(command_id=command_id),
+            workspace_id=workspace_id,
+            expected_expiration_revision=workspace.expiration.revision,
+        )
+        kibotos.settle(lambda: client.workspaces.DeleteWorkspace(request), settle_options)
+        deleted = client.wait_workspace_deleted(workspace_id, command_id, timeout=3600)
+        print(f"{workspace_id} {kibotos.state_name(deleted.state)}")
+
+
+if __name__ == "__main__":
+    main()

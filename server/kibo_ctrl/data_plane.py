@@ -1,0 +1,309 @@
+"""kibo.ctrl.v1.DataPlaneService: credentials, commands and files in running workspaces.
+
+A credential is an HMAC-signed token naming the workspace, its execution generation and
+its data_plane.credential_revision, signed with a key kept in the data directory (so it
+survives a control-plane restart). Every request re-reads the workspace: a stop, force
+stop, revoke or delete bumps the revision and a start makes a new generation, so an old
+credential is refused (UNAUTHENTICATED); a firecracker guest reboot changes neither, so
+the credential stays valid and requests meanwhile get UNAVAILABLE (retryable).
+
+Issuing a credential is a control-plane call: it needs an admin token of the workspace's
+tenant (when authentication is on). The other calls are authorized by the credential
+alone, so it can be handed to whoever should use the workspace. Served over gRPC (the
+Connect listener does not carry it yet). Errors go through transport/errors.py like
+everywhere, except INTERNAL and UNIMPLEMENTED, which carry a plain status."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import json
+import os
+import secrets
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+from google.protobuf.message import DecodeError, Message
+from google.protobuf.message_factory import GetMessageClass
+from google.protobuf.timestamp_pb2 import Timestamp
+from kibo.ctrl.v1 import data_plane_service_pb2 as dp
+
+from .auth import Authenticator, Caller
+from .errors import Conflict, InvalidArgument, KiboError, NotFound, Unauthenticated, Unavailable
+from .model import Phase, WorkspaceState
+from .runtime.base import Runtime
+from .runtime.process import Exit, GuestRefused, ProcessRuntime
+from .store import Reader, Store
+from .transport.errors import to_status
+
+SERVICE = dp.DESCRIPTOR.services_by_name["DataPlaneService"]
+TOKEN_PREFIX = "kdp1"
+# A file read or written in one message stays well under the 4 MiB message limit.
+MAX_FILE_BYTES = 3 << 20
+
+
+class DataPlaneError(Exception):
+    """A failure with no domain error: INTERNAL, UNIMPLEMENTED."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def _key(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        key = secrets.token_bytes(32)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(key)
+        return key
+
+
+class DataPlane:
+    def __init__(self, store: Store, runtimes: dict[str, Runtime], data_dir: Path) -> None:
+        self._store = store
+        self._runtimes = runtimes
+        data_dir.mkdir(parents=True, exist_ok=True)
+        self._key = _key(data_dir / "data-plane.key")
+
+    # -- credentials ----------------------------------------------------------------------
+
+    def _sign(self, payload: str) -> str:
+        return _b64(hmac.new(self._key, payload.encode(), hashlib.sha256).digest())
+
+    def _credential(self, workspace_id: str, generation: int, revision: int) -> str:
+        payload = _b64(json.dumps({"w": workspace_id, "g": generation, "r": revision}).encode())
+        return f"{TOKEN_PREFIX}.{payload}.{self._sign(payload)}"
+
+    def _claims(self, credential: str) -> tuple[str, int, int]:
+        refused = Unauthenticated("the data-plane credential is not valid", field="credential")
+        prefix, _, rest = credential.partition(".")
+        payload, _, signature = rest.partition(".")
+        if prefix != TOKEN_PREFIX or not hmac.compare_digest(signature, self._sign(payload)):
+            raise refused
+        try:
+            claims = json.loads(_unb64(payload))
+            return str(claims["w"]), int(claims["g"]), int(claims["r"])
+        except (ValueError, KeyError, TypeError, binascii.Error):
+            raise refused from None
+
+    async def issue_data_plane_credential(
+        self, request: dp.IssueDataPlaneCredentialRequest, caller: Caller
+    ) -> dp.IssueDataPlaneCredentialResponse:
+        caller.require_admin("issuing a data-plane credential")
+        workspace = await self._store.read(lambda r: r.get_workspace(request.workspace_id))
+        # Another tenant's workspace does not exist for this caller.
+        if workspace is None or workspace.deleted or workspace.tenant != caller.tenant:
+            raise NotFound(f"workspace {request.workspace_id} not found", field="workspace_id")
+        if workspace.state is not WorkspaceState.AVAILABLE or workspace.deletion_started:
+            raise Conflict(
+                f"workspace {workspace.id} is {workspace.state.name}: credentials are issued while AVAILABLE",
+                state=workspace.state.name,
+            )
+        issued = Timestamp()
+        issued.FromNanoseconds(time.time_ns())
+        return dp.IssueDataPlaneCredentialResponse(
+            credential=self._credential(workspace.id, workspace.generation, workspace.data_plane_revision),
+            execution_generation=workspace.generation,
+            credential_revision=workspace.data_plane_revision,
+            issue_time=issued,
+        )
+
+    async def _authorize(self, credential: str) -> tuple[ProcessRuntime, str, list[str]]:
+        """The runtime and instance a credential gives access to, and the volume mounts."""
+        workspace_id, generation, revision = self._claims(credential)
+
+        def load(reader: Reader) -> tuple[Any, Any]:
+            workspace = reader.get_workspace(workspace_id)
+            instance = reader.get_instance(workspace.instance_id) if workspace and workspace.instance_id else None
+            return workspace, instance
+
+        workspace, instance = await self._store.read(load)
+        if workspace is None or workspace.deleted or workspace.deletion_started:
+            raise Unauthenticated("the credential was revoked: the workspace is deleted", field="credential")
+        if workspace.generation != generation or workspace.data_plane_revision != revision:
+            raise Unauthenticated(
+                "the credential was revoked (stop, force stop, revoke or a new start): request a new one",
+                field="credential",
+            )
+        runtime = self._runtimes.get(workspace.node_id or "")
+        if not isinstance(runtime, ProcessRuntime):
+            raise DataPlaneError(grpc.StatusCode.UNIMPLEMENTED, "this workspace's runtime has no data plane")
+        restarting = instance is None or instance.phase is not Phase.RUNNING or not workspace.guest.responding
+        if workspace.state is not WorkspaceState.AVAILABLE or restarting or not runtime.guest_ready(instance.id):
+            raise Unavailable("the guest is not answering (restarting?): retry", state=workspace.state.name)
+        return runtime, instance.id, [b.mount_path for b in workspace.bindings]
+
+    # -- commands and files ---------------------------------------------------------------------
+
+    async def exec_workspace_command(
+        self, request: dp.ExecWorkspaceCommandRequest
+    ) -> AsyncIterator[dp.ExecWorkspaceCommandResponse]:
+        if not request.argv:
+            raise InvalidArgument("argv: give the command to run", field="argv")
+        if request.timeout_seconds < 0:
+            raise InvalidArgument("timeout_seconds must not be negative", field="timeout_seconds")
+        runtime, instance_id, _ = await self._authorize(request.credential)
+        job = {"mode": "exec", "argv": list(request.argv), "env": dict(request.env), "cwd": request.working_dir or "/"}
+        try:
+            async for item in runtime.guest_job(instance_id, job, request.stdin, float(request.timeout_seconds)):
+                if isinstance(item, Exit):
+                    yield dp.ExecWorkspaceCommandResponse(exit_code=item.code)
+                elif item.stream == "stdout":
+                    yield dp.ExecWorkspaceCommandResponse(stdout=item.data)
+                else:
+                    yield dp.ExecWorkspaceCommandResponse(stderr=item.data)
+        except GuestRefused as refused:
+            raise _refused(refused) from None
+
+    async def read_workspace_file(self, request: dp.ReadWorkspaceFileRequest) -> dp.ReadWorkspaceFileResponse:
+        runtime, instance_id, mounts = await self._authorize(request.credential)
+        _check_path(request.path, mounts)
+        content = bytearray()
+        try:
+            async for item in runtime.guest_job(instance_id, {"mode": "read", "path": request.path}):
+                if isinstance(item, Exit):
+                    if item.code != 0:
+                        raise DataPlaneError(grpc.StatusCode.INTERNAL, f"reading {request.path} failed")
+                elif item.stream == "stdout":
+                    content += item.data
+                    if len(content) > MAX_FILE_BYTES:
+                        raise Conflict(
+                            f"{request.path} is larger than {MAX_FILE_BYTES >> 20} MiB: read it in parts with exec"
+                        )
+        except GuestRefused as refused:
+            raise _refused(refused) from None
+        return dp.ReadWorkspaceFileResponse(content=bytes(content))
+
+    async def write_workspace_file(self, request: dp.WriteWorkspaceFileRequest) -> dp.WriteWorkspaceFileResponse:
+        if len(request.content) > MAX_FILE_BYTES:
+            raise InvalidArgument(f"content is larger than {MAX_FILE_BYTES >> 20} MiB", field="content")
+        if request.mode > 0o7777:
+            raise InvalidArgument("mode: permission bits only (at most 0o7777)", field="mode")
+        runtime, instance_id, mounts = await self._authorize(request.credential)
+        _check_path(request.path, mounts)
+        job = {"mode": "write", "path": request.path, "file_mode": request.mode or 0o644}
+        try:
+            async for item in runtime.guest_job(instance_id, job, request.content):
+                if isinstance(item, Exit) and item.code != 0:
+                    raise DataPlaneError(grpc.StatusCode.INTERNAL, f"writing {request.path} failed")
+        except GuestRefused as refused:
+            raise _refused(refused) from None
+        return dp.WriteWorkspaceFileResponse(size=len(request.content))
+
+
+def _check_path(path: str, mounts: list[str]) -> None:
+    inside = any(path.startswith(m.rstrip("/") + "/") for m in mounts)
+    if not path.startswith("/") or not inside or "\0" in path:
+        raise InvalidArgument(f"path {path!r} is not under a volume mount ({', '.join(mounts)})", field="path")
+
+
+def _refused(refused: GuestRefused) -> Exception:
+    if refused.status == "unavailable":
+        return Unavailable(str(refused))
+    if refused.status == "invalid":
+        return InvalidArgument(str(refused), field="path")
+    if refused.status == "not-found":
+        return NotFound(str(refused), field="path")
+    return DataPlaneError(grpc.StatusCode.INTERNAL, str(refused))
+
+
+# -- gRPC binding (like transport/grpc.py, plus the data plane's own status codes) ------------
+
+
+async def _abort(context: grpc.aio.ServicerContext[Any, Any], error: Exception) -> None:
+    if isinstance(error, KiboError):
+        code, status = to_status(error)
+        await context.abort(
+            code, error.message, trailing_metadata=(("grpc-status-details-bin", status.SerializeToString()),)
+        )
+    assert isinstance(error, DataPlaneError)
+    await context.abort(error.code, error.message)
+
+
+def _decode(request_class: type[Message], raw: bytes) -> Message:
+    try:
+        return request_class.FromString(raw)
+    except (DecodeError, RuntimeError, ValueError) as error:
+        raise InvalidArgument(f"the request body cannot be decoded: {error}") from None
+
+
+def _authorization(context: grpc.aio.ServicerContext[Any, Any]) -> str | None:
+    for key, value in context.invocation_metadata() or ():
+        if key == "authorization":
+            return value if isinstance(value, str) else value.decode(errors="replace")
+    return None
+
+
+def grpc_handler(implementation: DataPlane, auth: Authenticator) -> grpc.GenericRpcHandler:
+    """Bind the service; IssueDataPlaneCredential authenticates the caller's token first."""
+    handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
+    for method in SERVICE.methods:
+        name = "".join(f"_{c.lower()}" if c.isupper() else c for c in method.name).lstrip("_")
+        fn = getattr(implementation, name)
+        request_class = GetMessageClass(method.input_type)
+        if method.name == "IssueDataPlaneCredential":
+            handlers[method.name] = grpc.unary_unary_rpc_method_handler(_issuing(request_class, fn, auth))
+        elif method.server_streaming:
+            handlers[method.name] = grpc.unary_stream_rpc_method_handler(_streaming(request_class, fn))
+        else:
+            handlers[method.name] = grpc.unary_unary_rpc_method_handler(_unary(request_class, fn))
+    return grpc.method_handlers_generic_handler(SERVICE.full_name, handlers)
+
+
+def _issuing(
+    request_class: type[Message], fn: Callable[[Any, Caller], Awaitable[Message]], auth: Authenticator
+) -> Callable[[bytes, grpc.aio.ServicerContext[Any, Any]], Awaitable[bytes]]:
+    async def handle(raw: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
+        try:
+            caller = await auth.authenticate(_authorization(context))
+            response = await fn(_decode(request_class, raw), caller)
+        except (KiboError, DataPlaneError) as error:
+            await _abort(context, error)
+            raise
+        return response.SerializeToString()
+
+    return handle
+
+
+def _unary(
+    request_class: type[Message], fn: Callable[[Any], Awaitable[Message]]
+) -> Callable[[bytes, grpc.aio.ServicerContext[Any, Any]], Awaitable[bytes]]:
+    async def handle(raw: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
+        try:
+            response = await fn(_decode(request_class, raw))
+        except (KiboError, DataPlaneError) as error:
+            await _abort(context, error)
+            raise
+        return response.SerializeToString()
+
+    return handle
+
+
+def _streaming(
+    request_class: type[Message], fn: Callable[[Any], AsyncIterator[Message]]
+) -> Callable[[bytes, grpc.aio.ServicerContext[Any, Any]], AsyncIterator[bytes]]:
+    async def handle(raw: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[bytes]:
+        try:
+            async for response in fn(_decode(request_class, raw)):
+                yield response.SerializeToString()
+        except (KiboError, DataPlaneError) as error:
+            await _abort(context, error)
+
+    return handle

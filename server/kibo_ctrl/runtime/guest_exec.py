@@ -1,0 +1,178 @@
+"""Run something inside a running guest: the data plane's hands (standard library only).
+
+    python -I -S guest_exec.py INSTANCE_DIR JOB_JSON
+
+JOB_JSON = {"mode": "exec", "argv": [...], "env": {...}, "cwd": "/"}
+         | {"mode": "read", "path": "/data/x"} | {"mode": "write", "path": "/data/x", "file_mode": 420}
+
+It joins the guest's cgroup (its limits apply, and a stop kills it), opens the guest's
+namespaces (IPC, UTS, network, PID, mount) through /proc/<guest>/ns, enters its root,
+forks (so the child is in the guest's PID namespace), drops every capability (the guest
+has none either) and then runs the command, or reads the file to stdout, or writes stdin
+to the file (atomically). File paths are resolved inside the guest's root, so a symlink
+cannot lead outside it, and must lie under one of the guest's volume mounts.
+
+Standard streams are the command's. How it ended goes to the job's `status_fd` as one JSON line:
+{"status": "ok"|"unavailable"|"invalid"|"not-found"|"error", "code": N, "error": "..."}.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import posixpath
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+PR_SET_PDEATHSIG = 1
+PR_CAPBSET_DROP = 24
+PR_SET_NO_NEW_PRIVS = 38
+CAP_VERSION_3 = 0x20080522
+NAMESPACES = ("ipc", "uts", "net", "pid", "mnt")
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+class Refused(Exception):
+    def __init__(self, status: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+STATUS_FD = [-1]
+
+
+def report(status: str, code: int = 0, error: str = "") -> None:
+    with contextlib.suppress(OSError):
+        os.write(STATUS_FD[0], json.dumps({"status": status, "code": code, "error": error}).encode() + b"\n")
+
+
+def _open_guest(pid: int, start: int) -> int:
+    """A handle on /proc/PID that cannot come to mean another process: -1 unless `pid`
+    runs and is the one that started at `start` (not a reused PID)."""
+    try:
+        proc = os.open(f"/proc/{pid}", os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return -1
+    try:
+        stat_fd = os.open("stat", os.O_RDONLY, dir_fd=proc)
+        try:
+            stat = os.read(stat_fd, 4096).decode()
+        finally:
+            os.close(stat_fd)
+    except OSError:
+        os.close(proc)
+        return -1
+    fields = stat[stat.rindex(")") + 2 :].split()
+    if fields[0] == "Z" or int(fields[19]) != start:
+        os.close(proc)
+        return -1
+    return proc
+
+
+def drop_capabilities(last_cap: int) -> None:
+    for cap in range(last_cap + 1):
+        _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)
+    header = (ctypes.c_uint32 * 2)(CAP_VERSION_3, 0)
+    data = (ctypes.c_uint32 * 6)()
+    if _libc.capset(header, data) != 0:
+        raise OSError(ctypes.get_errno(), "capset")
+    _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+
+
+def guest_file(path: str, mounts: list[str]) -> str:
+    clean = posixpath.normpath(path)
+    if not path.startswith("/") or not any(clean.startswith(m.rstrip("/") + "/") for m in mounts):
+        raise Refused("invalid", f"{path!r} is not under a volume mount ({', '.join(mounts)})")
+    return clean
+
+
+def main() -> None:
+    directory = Path(sys.argv[1])
+    job: dict[str, Any] = json.loads(sys.argv[2])
+    STATUS_FD[0] = int(job.get("status_fd", -1))
+    if STATUS_FD[0] >= 0:
+        os.set_inheritable(STATUS_FD[0], False)  # not for the guest's command
+    spec = json.loads((directory / "spec.json").read_text())
+    state = json.loads((directory / "state.json").read_text())
+    guest = int(state.get("guest_pid") or 0)
+    proc = _open_guest(guest, int(state.get("guest_start") or 0)) if state.get("state") == "ready" else -1
+    if proc < 0:
+        raise Refused("unavailable", "the guest is not running (it may be restarting): retry")
+    mounts = [guest_path for _, guest_path in spec["mounts"]]
+    path = guest_file(str(job.get("path") or ""), mounts) if job["mode"] in ("read", "write") else ""
+    for procs in spec["cgroup_procs"]:
+        with open(procs, "w") as f:
+            f.write(str(os.getpid()))
+    last_cap = int(Path("/proc/sys/kernel/cap_last_cap").read_text())
+    env = {**spec["guest_env"], **job.get("env", {})}
+    cwd = str(job.get("cwd") or "/")
+    if spec["isolation"] == "none":
+        # No namespaces: guest paths are host paths under its mounts.
+        host = {guest_path: host_path for host_path, guest_path in spec["mounts"]}
+        for guest_path, host_path in host.items():
+            if path.startswith(guest_path.rstrip("/") + "/"):
+                path = host_path + path[len(guest_path.rstrip("/")) :]
+        cwd = spec["cwd"] if cwd == "/" else cwd
+    else:
+        fds = [os.open(f"ns/{name}", os.O_RDONLY, dir_fd=proc) for name in NAMESPACES]
+        root = os.open("root", os.O_RDONLY | os.O_DIRECTORY, dir_fd=proc)
+        for fd in fds:
+            if _libc.setns(fd, 0) != 0:
+                raise OSError(ctypes.get_errno(), "setns")
+            os.close(fd)
+        os.fchdir(root)
+        os.chroot(".")
+        os.close(root)
+    child = os.fork()
+    if child == 0:
+        try:
+            _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            drop_capabilities(last_cap)
+            os.chdir(cwd)
+            if job["mode"] == "exec":
+                try:
+                    os.execvpe(job["argv"][0], job["argv"], env)
+                except OSError as error:
+                    os.write(2, f"{job['argv'][0]}: {error.strerror}\n".encode())
+                    os._exit(127 if isinstance(error, FileNotFoundError) else 126)
+            elif job["mode"] == "read":
+                with open(path, "rb") as f:
+                    while chunk := f.read(1 << 16):
+                        os.write(1, chunk)
+            else:
+                tmp = f"{path}.kibo-{os.getpid()}.tmp"
+                with open(tmp, "wb") as f:
+                    while chunk := os.read(0, 1 << 16):
+                        f.write(chunk)
+                    os.fchmod(f.fileno(), int(job.get("file_mode") or 0o644))
+                os.replace(tmp, path)
+            os._exit(0)
+        except FileNotFoundError as error:
+            report("not-found", error=f"{error.filename or path}: not found")
+            os._exit(127)
+        except (IsADirectoryError, NotADirectoryError, PermissionError) as error:
+            report("invalid", error=f"{path or job.get('argv')}: {error.strerror}")
+            os._exit(126)
+        except OSError as error:
+            report("error", error=str(error))
+            os._exit(126)
+    _, status = os.waitpid(child, 0)
+    code = os.waitstatus_to_exitcode(status)
+    report("ok", code if code >= 0 else 128 - code)
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    try:
+        main()
+    except Refused as refused:
+        report(refused.status, error=str(refused))
+        sys.exit(1)
+    except (OSError, ValueError, KeyError) as error:
+        report("error", error=f"cannot enter the guest: {error}")
+        sys.exit(1)

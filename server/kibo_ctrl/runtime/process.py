@@ -1,0 +1,831 @@
+"""The process runtime: workspaces as isolated process trees on this machine.
+
+An instance is one supervisor process (`supervisor.py`, the "VMM") that runs the guest's
+process tree in its own PID, mount, UTS, IPC and network namespaces (bubblewrap, else
+unshare, else, said loudly, no isolation: see `sandbox.py`), in a cgroup with the
+workspace's CPU and memory limits (`cgroups.py`). The supervisor is started in its own
+session, so a kill -9 of the control plane leaves it running, and `adopt` re-attaches.
+
+Files, under the data directory:
+    layers/<workspace>/upper/     the retained writable layer: the guest's root (kept across
+                                  stop, deleted with the workspace); work/ for the overlay
+    volumes/<volume>/             a volume: bound at its mount path (/data)
+    instances/<instance>/         spec.json (what the supervisor runs), state.json (the
+                                  supervisor's and guest's PIDs), exit.json (why it exited),
+                                  supervisor.log, lock (held by the live supervisor), run/
+                                  (the guest's /run/kibo: the ready file)
+    runtime/bin/                  the guest agent and its reboot/poweroff helpers
+
+Readiness: `launch` returns once the guest answers: the guest agent (the default entry)
+writes /run/kibo/ready when it runs; a custom `--guest-command` must do the same.
+
+Stop: graceful = SIGTERM to the guest's entry process, wait the grace period (then
+SIGKILL), syncfs the layer and every volume; CONFIRMED only if every sync succeeded, else
+SyncError and the supervisor stays (idle) holding the instance. Force = one short sync
+(bounded), SIGKILL, release; UNCONFIRMED. A supervisor that does not answer a force stop
+is killed from here.
+
+How guest exits map to reports (per personality):
+
+- the guest exits with 100 (a reboot request; `/run/kibo/bin/reboot` in the guest):
+  firecracker: GuestReset, then `restart` starts a new supervisor for the same instance
+  (same layer, volumes, generation); kibovm: VmmExited(GUEST_RESET) (FAILED, holding).
+- the guest exits with 101 (a power-off request; `/run/kibo/bin/poweroff`): firecracker:
+  GuestResponding(False), the supervisor stays running and idle (force stop, then start);
+  kibovm: VmmExited(GUEST_POWEROFF) (the server's force stop follows).
+- the OOM killer kills in the guest's cgroup: the supervisor kills the whole guest and
+  exits: VmmExited(HOST_OOM) on both (FAILED, then the server's force stop).
+- the guest's init exits in any other way (a guest "kernel panic"): VmmExited(CRASH).
+- the supervisor is killed from outside (no exit.json): VmmExited(CRASH); its guest dies
+  with it (PR_SET_PDEATHSIG / --die-with-parent), the instance keeps its parts.
+
+Restart safety: `adopt` takes the instances the store says this node has. A live
+supervisor (its flock held) is re-attached and keeps running (same generation); a dead
+one whose instance was running is reported as above (from its exit.json, or CRASH); an
+instance whose step is still in flight is left to the node agent, whose re-driven
+launch/restart attaches to a live supervisor instead of starting a second one; a live
+supervisor of an instance the store no longer has active is an orphan and is killed.
+(Run the control plane so that stopping it does not kill its process group or cgroup,
+e.g. systemd KillMode=process, or the supervisors go with it and are reported CRASH.)
+
+The data plane's hands: `guest_job` runs guest_exec.py, which joins the guest's cgroup
+and namespaces and runs a command or reads/writes a file as the guest sees it.
+
+Not (yet) done here: the guest has loopback networking only, whatever the network
+policy; writable_layer_gib and volume capacities are not enforced (plain directories);
+the guest runs as uid 0 without capabilities; the cgroup v2 path is written but was not
+exercised on the (cgroup v1) machine this was built on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..model import Backend, Component, Instance, Phase, StopDurability, VolumeState
+from ..reports import ExitReason, GuestReset, GuestResponding, Report, VmmExited
+from . import sandbox
+from .base import DestroyError, LaunchError, LaunchSpec, SyncError
+from .cgroups import Cgroups
+
+log = logging.getLogger(__name__)
+
+SUPERVISOR = Path(__file__).with_name("supervisor.py")
+GUEST_EXEC = Path(__file__).with_name("guest_exec.py")
+_SAFE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+# A force stop that the supervisor does not finish in this time is done from here.
+FORCE_TIMEOUT_S = 5.0
+# How long a graceful stop waits for the sync after the grace period before its outcome is unknown.
+SYNC_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class ProcessOptions:
+    data_dir: Path
+    backend: Backend = Backend.FIRECRACKER
+    sandbox: str = "auto"  # auto, bwrap, unshare, none
+    limits: str = "auto"  # auto, cgroup-v2, cgroup-v1, rlimit, none
+    base_image: Path | None = None  # a directory tree; None: the host's /usr read-only
+    guest_command: tuple[str, ...] = ()  # empty: the guest agent
+    grace_s: float = 10.0
+    force_sync_s: float = 1.0
+    ready_timeout_s: float = 30.0
+
+
+@dataclass(frozen=True)
+class Output:
+    """A chunk of a guest job's output."""
+
+    stream: str  # "stdout" or "stderr"
+    data: bytes
+
+
+@dataclass(frozen=True)
+class Exit:
+    """How a guest job ended: the command's exit code (128 + N: killed by signal N; 124: timed out)."""
+
+    code: int
+
+
+class GuestRefused(Exception):
+    """A guest job could not run: `status` is unavailable, invalid, not-found or error."""
+
+    def __init__(self, status: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def exit_report(instance_id: str, backend: Backend, info: dict[str, Any] | None) -> Report | None:
+    """What a supervisor's exit means for the control plane (None: nothing to report)."""
+    reason = (info or {}).get("reason")
+    if reason in ("stopped", "not-ready", "spawn-failed"):
+        return None  # a stop or a launch in progress reports it
+    if reason == "oom":
+        return VmmExited(instance_id, reason=ExitReason.HOST_OOM)
+    if reason == "reboot":
+        if backend is Backend.FIRECRACKER:
+            return GuestReset(instance_id)
+        return VmmExited(instance_id, reason=ExitReason.GUEST_RESET)
+    if reason == "poweroff" and backend is Backend.KIBOVM:
+        return VmmExited(instance_id, reason=ExitReason.GUEST_POWEROFF)
+    return VmmExited(instance_id, reason=ExitReason.CRASH)
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _lock_held(directory: Path) -> bool:
+    """Whether a live supervisor holds this instance (its flock; immune to PID reuse)."""
+    try:
+        fd = os.open(directory / "lock", os.O_RDWR)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing drops a lock we may have taken
+    return False
+
+
+def _start_time(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat[stat.rindex(")") + 2 :].split()[19])
+
+
+def _kill_supervisor(directory: Path) -> None:
+    """SIGKILL the supervisor recorded in state.json, if it is still that process."""
+    state = _read_json(directory / "state.json") or {}
+    pid = int(state.get("supervisor_pid") or 0)
+    if pid > 0 and _start_time(pid) == state.get("supervisor_start"):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+class _Supervised:
+    """The control plane's side of one supervisor: its connection and what it said."""
+
+    def __init__(self, runtime: ProcessRuntime, instance_id: str, process: subprocess.Popen[bytes] | None) -> None:
+        self.runtime = runtime
+        self.instance_id = instance_id
+        self.dir = runtime.instance_dir(instance_id)
+        self.process = process
+        self.state = ""
+        self.why = ""
+        self.exit_info: dict[str, Any] | None = None
+        self.closed = False
+        self.replies: list[dict[str, Any]] = []
+        # > 0 while an operation (launch, stop, destroy) expects the supervisor to go.
+        self.quiet = 0
+        self.reported_idle = False
+        self._changed = asyncio.Condition()
+        self._writer: asyncio.StreamWriter | None = None
+        self.task = asyncio.get_running_loop().create_task(self._monitor(), name=f"supervisor {instance_id}")
+
+    async def _notify(self) -> None:
+        async with self._changed:
+            self._changed.notify_all()
+
+    async def wait(self, predicate: Callable[[], bool], seconds: float) -> bool:
+        async with self._changed:
+            try:
+                await asyncio.wait_for(self._changed.wait_for(predicate), seconds)
+            except TimeoutError:
+                return predicate()
+        return True
+
+    async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
+        name = "\0" + self.runtime.socket_name(self.instance_id)
+        while True:
+            try:
+                return await asyncio.open_unix_connection(name)
+            except (ConnectionRefusedError, FileNotFoundError):
+                pass
+            starting = self.process is not None and self.process.poll() is None
+            if not starting and not _lock_held(self.dir):
+                return None
+            await asyncio.sleep(0.005)
+
+    async def _monitor(self) -> None:
+        try:
+            while (connection := await self._connect()) is not None:
+                reader, self._writer = connection
+                try:
+                    while line := await reader.readline():
+                        try:
+                            message = json.loads(line)
+                        except ValueError:
+                            continue
+                        await self._receive(message)
+                except (OSError, ValueError) as error:
+                    log.warning("supervisor of %s: connection failed: %s", self.instance_id, error)
+                finally:
+                    self._writer.close()
+                    self._writer = None
+                if await self._gone():
+                    break
+                log.warning("the supervisor of %s dropped its connection but runs: reconnecting", self.instance_id)
+        except asyncio.CancelledError:
+            # The control plane shuts down: the supervisor runs on.
+            if self._writer is not None:
+                self._writer.close()
+            raise
+        await self._gone()
+        await self._closed()
+
+    async def _gone(self) -> bool:
+        """After EOF: wait (briefly) until the supervisor has exited; reaps our own child."""
+        process = self.process
+        for _ in range(500):
+            if process is not None:
+                if process.poll() is not None:
+                    return True
+            elif not _lock_held(self.dir):
+                return True
+            await asyncio.sleep(0.01)
+        return False
+
+    async def _receive(self, message: dict[str, Any]) -> None:
+        if "state" in message:
+            self.state, self.why = str(message["state"]), str(message.get("why") or "")
+            if self.state == "idle" and self.why == "poweroff" and not self.quiet and not self.reported_idle:
+                # firecracker: the guest halted, the VMM runs on.
+                self.reported_idle = True
+                self.runtime.events.put_nowait(GuestResponding(self.instance_id, responding=False))
+        elif "reply" in message:
+            self.replies.append(message)
+        elif "exit" in message:
+            self.exit_info = message["exit"]
+        await self._notify()
+
+    async def _closed(self) -> None:
+        if self.exit_info is None:
+            self.exit_info = _read_json(self.dir / "exit.json")
+        self.closed = True
+        await self._notify()
+        if not self.quiet:
+            report = exit_report(self.instance_id, self.runtime.backend, self.exit_info)
+            if report is not None:
+                log.warning("instance %s: the supervisor exited: %s", self.instance_id, self.exit_info or "killed")
+                self.runtime.events.put_nowait(report)
+
+    async def stop(self, force: bool, seconds: float) -> dict[str, Any] | None:
+        """Ask for a stop; the supervisor's reply, or None if it went without one / timed out."""
+        if self._writer is None:
+            await self.wait(lambda: self._writer is not None or self.closed, 5.0)
+        if self.closed or self._writer is None:
+            return None
+        seen = len(self.replies)
+        try:
+            self._writer.write(json.dumps({"op": "stop", "force": force}).encode() + b"\n")
+            await self._writer.drain()
+        except OSError:
+            pass
+        await self.wait(lambda: len(self.replies) > seen or self.closed, seconds)
+        return self.replies[seen] if len(self.replies) > seen else None
+
+
+@dataclass
+class _Layout:
+    layer: Path
+    upper: Path
+    work: Path
+    volumes: list[tuple[Path, str]] = field(default_factory=list)
+
+
+class ProcessRuntime:
+    """The Runtime of the local node: see the module docstring."""
+
+    def __init__(self, node_id: str, options: ProcessOptions) -> None:
+        self.node_id = node_id
+        self.options = options
+        self.backend = options.backend
+        self.events: asyncio.Queue[Report] = asyncio.Queue()
+        self.reachable = asyncio.Event()
+        self.reachable.set()
+        self.data_dir = options.data_dir.resolve()
+        self.isolation = sandbox.detect(options.sandbox)
+        if self.isolation == "none":
+            why = "--sandbox none" if options.sandbox == "none" else "neither bubblewrap nor unshare works here"
+            log.warning(
+                "!!! NO ISOLATION (%s): guests run as plain host processes with the control plane's "
+                "privileges and see the host's files. Install bubblewrap (apt-get install bubblewrap).",
+                why,
+            )
+        tag = hashlib.sha256(str(self.data_dir).encode()).hexdigest()[:10]
+        self.cgroups = Cgroups(tag, options.limits)
+        if self.cgroups.mode in ("rlimit", "none"):
+            log.warning("no writable cgroup: memory is limited by rlimits only, CPU is not limited")
+        if options.base_image is not None and not options.base_image.is_dir():
+            raise ValueError(f"base image {options.base_image} is not a directory")
+        self.bin_dir = self.data_dir / "runtime" / "bin"
+        self.bin_dir.mkdir(parents=True, exist_ok=True)
+        for name, text in sandbox.GUEST_SCRIPTS.items():
+            path = self.bin_dir / name
+            path.write_text(text)
+            path.chmod(0o755)
+        for sub in ("instances", "layers", "volumes"):
+            (self.data_dir / sub).mkdir(exist_ok=True)
+        self._supervised: dict[str, _Supervised] = {}
+        log.info(
+            "process runtime: isolation %s, limits %s, base image %s, personality %s",
+            self.isolation,
+            self.cgroups.mode,
+            options.base_image or "host /usr (read-only)",
+            self.backend.value,
+        )
+
+    # -- paths ------------------------------------------------------------------------
+
+    @staticmethod
+    def _safe(identifier: str) -> str:
+        if not _SAFE_ID.fullmatch(identifier):
+            raise ValueError(f"{identifier!r} cannot name a directory")
+        return identifier
+
+    def instance_dir(self, instance_id: str) -> Path:
+        return self.data_dir / "instances" / self._safe(instance_id)
+
+    def layer_dir(self, workspace_id: str) -> Path:
+        return self.data_dir / "layers" / self._safe(workspace_id)
+
+    def volume_dir(self, volume_id: str) -> Path:
+        return self.data_dir / "volumes" / self._safe(volume_id)
+
+    def socket_name(self, instance_id: str) -> str:
+        digest = hashlib.sha256(str(self.instance_dir(instance_id)).encode()).hexdigest()[:32]
+        return f"kibo-supervisor/{digest}"
+
+    def capabilities(self) -> list[str]:
+        caps = [
+            "workspace.stop.force",
+            f"runtime.process.{self.backend.value}",
+            f"runtime.process.isolation.{self.isolation}",
+            f"runtime.process.limits.{self.cgroups.mode}",
+        ]
+        if self.isolation == "none":
+            caps.append("runtime.process.unisolated")
+        if self.backend is Backend.KIBOVM:
+            caps.append("workspace.stop.guest_shutdown")
+        return caps
+
+    # -- adoption ---------------------------------------------------------------------
+
+    def adopt(self, instances: list[Instance]) -> None:
+        active = {i.id: i for i in instances}
+        root = self.data_dir / "instances"
+        for directory in sorted(root.iterdir()):
+            if directory.name in active:
+                continue
+            # Nothing in the store needs this instance: an orphan, or leftovers of a released one.
+            if _lock_held(directory):
+                log.warning("killing orphan supervisor of %s (the store has no active instance)", directory.name)
+                _kill_supervisor(directory)
+            self._release_sync(directory)
+            shutil.rmtree(directory, ignore_errors=True)
+        for instance in instances:
+            directory = self.instance_dir(instance.id)
+            if _lock_held(directory):
+                log.info("re-attaching to the running supervisor of %s", instance.id)
+                self._supervised[instance.id] = _Supervised(self, instance.id, None)
+                continue
+            if instance.step != instance.done_step:
+                continue  # the node agent re-drives this step (launch/restart attach or start anew)
+            if instance.phase is Phase.RUNNING and Component.INSTANCE in instance.holds:
+                info = _read_json(directory / "exit.json")
+                report = exit_report(instance.id, self.backend, info)
+                log.warning("instance %s: its supervisor is gone (%s)", instance.id, info or "killed")
+                self.events.put_nowait(report or VmmExited(instance.id, reason=ExitReason.CRASH))
+
+    # -- launch -------------------------------------------------------------------------
+
+    async def launch(
+        self, spec: LaunchSpec, progress: Callable[[Phase, tuple[str, ...]], Awaitable[None]]
+    ) -> tuple[str, ...]:
+        instance = spec.instance
+        try:
+            layout, created = await asyncio.to_thread(self._provision, spec)
+        except (OSError, ValueError) as error:
+            raise LaunchError(f"provisioning the layer and volumes failed: {error}") from None
+        await progress(Phase.LAUNCHING, created)
+        current = self._attach(instance.id)
+        if current is not None:
+            # A launch re-driven after a control-plane restart: the supervisor runs already.
+            await self._await_ready(current, created)
+            return created
+        plan = sandbox.GuestPlan(
+            root=layout.upper if self.options.base_image is None else self.instance_dir(instance.id) / "root",
+            base=self.options.base_image,
+            binds=tuple(layout.volumes),
+            run_dir=self.instance_dir(instance.id) / "run",
+            bin_dir=self.bin_dir,
+            hostname=instance.workspace_id,
+            command=self.options.guest_command,
+            env={"KIBO_WORKSPACE_ID": instance.workspace_id, "KIBO_INSTANCE_ID": instance.id},
+        )
+        try:
+            await asyncio.to_thread(self._write_spec, instance, layout, plan)
+        except (OSError, ValueError) as error:
+            await asyncio.to_thread(self._release_sync, self.instance_dir(instance.id))
+            raise LaunchError(f"preparing the instance failed: {error}", volumes_created=created) from None
+        await self._await_ready(self._spawn(instance.id), created)
+        return created
+
+    def _provision(self, spec: LaunchSpec) -> tuple[_Layout, tuple[str, ...]]:
+        workspace_id = spec.instance.workspace_id
+        layer = self.layer_dir(workspace_id)
+        layout = _Layout(layer=layer, upper=layer / "upper", work=layer / "work")
+        layout.upper.mkdir(parents=True, exist_ok=True)
+        if self.options.base_image is not None:
+            layout.work.mkdir(exist_ok=True)
+        sandbox.seed_layer(layout.upper, host_usr=self.options.base_image is None)
+        created = []
+        mounts = {b.volume_id: b.mount_path for b in spec.bindings}
+        for volume in spec.volumes:
+            path = self.volume_dir(volume.id)
+            path.mkdir(parents=True, exist_ok=True)
+            if volume.state is VolumeState.PENDING:
+                created.append(volume.id)
+            if volume.id in mounts:
+                layout.volumes.append((path, mounts[volume.id]))
+        return layout, tuple(created)
+
+    def _write_spec(self, instance: Instance, layout: _Layout, plan: sandbox.GuestPlan) -> None:
+        directory = self.instance_dir(instance.id)
+        if _lock_held(directory):
+            raise ValueError(f"a supervisor already runs {instance.id}")
+        # Earlier generations of this workspace were reported stopped: their leftovers go.
+        for old in (self.data_dir / "instances").glob(f"{self._safe(instance.workspace_id)}-g*"):
+            if old.name != instance.id and not _lock_held(old):
+                self._release_sync(old)
+                shutil.rmtree(old, ignore_errors=True)
+        (directory / "run").mkdir(parents=True, exist_ok=True)
+        for stale in ("exit.json", "state.json"):
+            with contextlib.suppress(FileNotFoundError):
+                (directory / stale).unlink()
+        overlay = None
+        if plan.base is not None:
+            (directory / "root").mkdir(exist_ok=True)
+            overlay = {
+                "lower": str(plan.base),
+                "upper": str(layout.upper),
+                "work": str(layout.work),
+                "merged": str(directory / "root"),
+            }
+        limits = self.cgroups.create(self._safe(instance.id), instance.vcpus, instance.memory_mib)
+        command = sandbox.command(self.isolation, plan)
+        spec = {
+            "instance_id": instance.id,
+            "workspace_id": instance.workspace_id,
+            "personality": self.backend.value,
+            "socket": self.socket_name(instance.id),
+            "argv": command.argv,
+            "env": command.env,
+            "cwd": command.cwd,
+            "entry_depth": command.entry_depth,
+            "cgroup_dirs": list(limits.dirs),
+            "cgroup_procs": list(limits.procs),
+            "oom_file": limits.oom_file,
+            "rlimits": [list(r) for r in limits.rlimits],
+            "run_dir": str(plan.run_dir),
+            "isolation": self.isolation,
+            "mounts": [[str(path), target] for path, target in layout.volumes],
+            # The environment of data-plane commands: the guest's (unisolated: with the KIBO_* paths).
+            "guest_env": command.env
+            if self.isolation == "none"
+            else {"PATH": sandbox.GUEST_PATH, "HOME": "/root", "TERM": "dumb", **plan.env},
+            "overlay": overlay,
+            "sync_paths": [str(layout.upper)] + [str(path) for path, _ in layout.volumes],
+            "grace_s": self.options.grace_s,
+            "force_sync_s": self.options.force_sync_s,
+            "ready_timeout_s": self.options.ready_timeout_s,
+            "reboot_code": sandbox.EXIT_REBOOT,
+            "poweroff_code": sandbox.EXIT_POWEROFF,
+        }
+        tmp = directory / "spec.json.tmp"
+        tmp.write_text(json.dumps(spec, indent=1))
+        os.replace(tmp, directory / "spec.json")
+
+    def _spawn(self, instance_id: str) -> _Supervised:
+        directory = self.instance_dir(instance_id)
+        with open(directory / "supervisor.log", "ab") as output:
+            process = subprocess.Popen(
+                [sys.executable, "-I", "-S", str(SUPERVISOR), str(directory)],
+                stdin=subprocess.DEVNULL,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                cwd="/",
+                start_new_session=True,
+            )
+        supervised = _Supervised(self, instance_id, process)
+        self._supervised[instance_id] = supervised
+        return supervised
+
+    async def _await_ready(self, supervised: _Supervised, created: tuple[str, ...]) -> None:
+        supervised.quiet += 1
+        try:
+            timeout = self.options.ready_timeout_s + 10
+            ready = await supervised.wait(lambda: supervised.state == "ready" or supervised.closed, timeout)
+            if ready and not supervised.closed and supervised.state == "ready":
+                return
+            if not supervised.closed:
+                _kill_supervisor(supervised.dir)
+                await supervised.wait(lambda: supervised.closed, FORCE_TIMEOUT_S)
+            info = supervised.exit_info or {}
+            why = info.get("error") or f"the supervisor exited ({info.get('reason') or 'killed'})"
+            tail = await asyncio.to_thread(self._log_tail, supervised.dir)
+            await asyncio.to_thread(self._release_sync, supervised.dir)
+            raise LaunchError(f"the guest did not become ready: {why}{tail}", volumes_created=created)
+        finally:
+            supervised.quiet -= 1
+
+    @staticmethod
+    def _log_tail(directory: Path) -> str:
+        try:
+            lines = (directory / "supervisor.log").read_text(errors="replace").strip().splitlines()
+        except OSError:
+            return ""
+        interesting = [line for line in lines[-12:] if "supervisor" not in line[:30]]
+        return (": " + " | ".join(interesting[-4:])) if interesting else ""
+
+    async def restart(self, instance: Instance) -> None:
+        """firecracker guest reset: a new supervisor for the same instance, same files."""
+        current = self._attach(instance.id)
+        if current is not None:
+            # Re-driven after a control-plane restart: the new supervisor runs already.
+            await self._await_ready(current, ())
+            return
+        directory = self.instance_dir(instance.id)
+        spec = _read_json(directory / "spec.json")
+        if spec is None:
+            self.events.put_nowait(VmmExited(instance.id, reason=ExitReason.CRASH))
+            raise LaunchError(f"cannot restart {instance.id}: its spec is gone")
+        try:
+            await asyncio.to_thread(self._recreate_cgroup, instance, spec)
+            await self._await_ready(self._spawn(instance.id), ())
+        except (LaunchError, OSError) as error:
+            # The new VMM did not start: the instance is failed (it keeps its parts).
+            self.events.put_nowait(VmmExited(instance.id, reason=ExitReason.CRASH))
+            raise LaunchError(f"restarting {instance.id} failed: {error}") from None
+
+    def _recreate_cgroup(self, instance: Instance, spec: dict[str, Any]) -> None:
+        Cgroups.remove(tuple(spec.get("cgroup_dirs") or ()))
+        limits = self.cgroups.create(self._safe(instance.id), instance.vcpus, instance.memory_mib)
+        spec.update(cgroup_dirs=list(limits.dirs), cgroup_procs=list(limits.procs), oom_file=limits.oom_file)
+        directory = self.instance_dir(instance.id)
+        with contextlib.suppress(FileNotFoundError):
+            (directory / "exit.json").unlink()
+        tmp = directory / "spec.json.tmp"
+        tmp.write_text(json.dumps(spec, indent=1))
+        os.replace(tmp, directory / "spec.json")
+
+    # -- stop and release ---------------------------------------------------------------
+
+    def _attach(self, instance_id: str) -> _Supervised | None:
+        current = self._supervised.get(instance_id)
+        if current is not None and not current.closed:
+            return current
+        if _lock_held(self.instance_dir(instance_id)):
+            current = _Supervised(self, instance_id, None)
+            self._supervised[instance_id] = current
+            return current
+        return None
+
+    async def stop(self, instance: Instance, force: bool) -> StopDurability:
+        directory = self.instance_dir(instance.id)
+        supervised = self._attach(instance.id)
+        if supervised is not None:
+            supervised.quiet += 1
+            try:
+                timeout = FORCE_TIMEOUT_S if force else self.options.grace_s + SYNC_TIMEOUT_S
+                reply = await supervised.stop(force, timeout)
+                if reply is not None and not reply.get("ok"):
+                    raise SyncError(f"the filesystem sync failed: {reply.get('error')}; the instance was not stopped")
+                if reply is None and not supervised.closed:
+                    if not force:
+                        raise SyncError("the stop's outcome is unknown: the sync did not finish in time")
+                    log.warning("instance %s: the supervisor did not finish a force stop: killing it", instance.id)
+                    _kill_supervisor(directory)
+                await supervised.wait(lambda: supervised.closed, FORCE_TIMEOUT_S)
+            finally:
+                supervised.quiet -= 1
+            info = supervised.exit_info or {}
+        else:
+            info = _read_json(directory / "exit.json") or {}
+        if force:
+            spec = _read_json(directory / "spec.json") or {}
+            if info.get("reason") != "stopped":
+                await self._bounded_sync(list(spec.get("sync_paths") or ()), self.options.force_sync_s)
+            await asyncio.to_thread(self._release_sync, directory)
+            return StopDurability.UNCONFIRMED
+        if not (info.get("reason") == "stopped" and info.get("synced")):
+            # The VMM was already gone: what its guest handed the kernel can still be synced.
+            spec = _read_json(directory / "spec.json") or {}
+            error = await asyncio.to_thread(_sync_paths, list(spec.get("sync_paths") or ()))
+            if error:
+                raise SyncError(f"the filesystem sync failed: {error}; the instance was not stopped")
+        await asyncio.to_thread(self._release_sync, directory)
+        return StopDurability.CONFIRMED
+
+    async def _bounded_sync(self, paths: list[str], seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(asyncio.to_thread(_sync_paths, paths)), seconds)
+
+    def _release_sync(self, directory: Path) -> bool:
+        """Release what a stopped instance holds on the machine: its cgroup (killing whatever
+        still runs in it) and leftovers. Blocking. False if a cgroup could not be removed."""
+        spec = _read_json(directory / "spec.json") or {}
+        released = True
+        try:
+            Cgroups.remove(tuple(spec.get("cgroup_dirs") or ()))
+        except OSError as error:
+            log.warning("%s: removing its cgroup failed: %s", directory.name, error)
+            released = False
+        for name in ("ready", "agent.pid"):
+            with contextlib.suppress(OSError):
+                (directory / "run" / name).unlink()
+        return released
+
+    async def destroy(self, instance: Instance) -> None:
+        directory = self.instance_dir(instance.id)
+        supervised = self._attach(instance.id)
+        if supervised is not None:
+            supervised.quiet += 1
+            try:
+                await supervised.stop(True, FORCE_TIMEOUT_S)
+                if not supervised.closed:
+                    _kill_supervisor(directory)
+                    await supervised.wait(lambda: supervised.closed, FORCE_TIMEOUT_S)
+            finally:
+                supervised.quiet -= 1
+            if not supervised.closed:
+                raise DestroyError(f"the supervisor of {instance.id} does not exit")
+        if not await asyncio.to_thread(self._release_sync, directory):
+            raise DestroyError(f"releasing {instance.id} failed: its cgroup cannot be removed")
+        await asyncio.to_thread(shutil.rmtree, directory, True)
+        self._supervised.pop(instance.id, None)
+
+    async def delete_storage(self, workspace_id: str, volume_ids: tuple[str, ...]) -> None:
+        def remove() -> None:
+            for old in (self.data_dir / "instances").glob(f"{self._safe(workspace_id)}-g*"):
+                if not _lock_held(old):
+                    self._release_sync(old)
+                    shutil.rmtree(old, ignore_errors=True)
+            shutil.rmtree(self.layer_dir(workspace_id), ignore_errors=True)
+            for volume_id in volume_ids:
+                shutil.rmtree(self.volume_dir(volume_id), ignore_errors=True)
+
+        await asyncio.to_thread(remove)
+
+    # -- the data plane's hands ---------------------------------------------------------
+
+    def guest_ready(self, instance_id: str) -> bool:
+        """Whether the instance's guest runs and has answered (not restarting, not halted)."""
+        supervised = self._supervised.get(instance_id)
+        return supervised is not None and not supervised.closed and supervised.state == "ready"
+
+    async def guest_job(
+        self, instance_id: str, job: dict[str, Any], stdin: bytes = b"", seconds: float = 0.0
+    ) -> AsyncIterator[Output | Exit]:
+        """Run a job in the guest (see guest_exec.py): its output, then how it ended."""
+        if not self.guest_ready(instance_id):
+            raise GuestRefused("unavailable", "the guest is not running or is restarting: retry")
+        loop = asyncio.get_running_loop()
+        status_read, status_write = os.pipe()
+        try:
+            process = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-I",
+                "-S",
+                str(GUEST_EXEC),
+                str(self.instance_dir(instance_id)),
+                json.dumps({**job, "status_fd": status_write}),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                pass_fds=(status_write,),
+                start_new_session=True,
+            )
+        finally:
+            os.close(status_write)
+        queue: asyncio.Queue[Output | None] = asyncio.Queue()
+
+        async def pump(name: str, stream: asyncio.StreamReader | None) -> None:
+            assert stream is not None
+            while chunk := await stream.read(1 << 16):
+                await queue.put(Output(name, chunk))
+            await queue.put(None)
+
+        async def feed() -> None:
+            assert process.stdin is not None
+            with contextlib.suppress(OSError):
+                if stdin:
+                    process.stdin.write(stdin)
+                    await process.stdin.drain()
+                process.stdin.close()
+
+        tasks = [
+            loop.create_task(pump("stdout", process.stdout)),
+            loop.create_task(pump("stderr", process.stderr)),
+            loop.create_task(feed()),
+        ]
+        deadline = loop.time() + seconds if seconds > 0 else None
+        timed_out = False
+        try:
+            open_streams = 2
+            while open_streams:
+                remaining = None if deadline is None else deadline - loop.time()
+                if remaining is not None and remaining <= 0:
+                    timed_out = True
+                    break
+                try:
+                    item = await asyncio.wait_for(queue.get(), remaining)
+                except TimeoutError:
+                    continue
+                if item is None:
+                    open_streams -= 1
+                else:
+                    yield item
+        finally:
+            if process.returncode is None and (timed_out or open_streams):
+                with contextlib.suppress(ProcessLookupError):
+                    process.kill()
+            await process.wait()
+            for task in tasks:
+                task.cancel()
+            os.set_blocking(status_read, False)
+            try:
+                status_line = os.read(status_read, 65536).split(b"\n", 1)[0]
+            except BlockingIOError:
+                status_line = b""
+            os.close(status_read)
+        try:
+            status = json.loads(status_line)
+        except ValueError:
+            status = {"status": "error", "error": f"the guest job ended without a status (exit {process.returncode})"}
+        if timed_out:
+            yield Exit(124)
+        elif status.get("status") == "ok":
+            yield Exit(int(status.get("code", 0)))
+        else:
+            raise GuestRefused(str(status.get("status")), str(status.get("error")))
+
+    async def close(self) -> None:
+        """At control-plane shutdown: drop the connections; the supervisors run on."""
+        for supervised in self._supervised.values():
+            supervised.quiet += 1
+            supervised.task.cancel()
+        for supervised in self._supervised.values():
+            with contextlib.suppress(BaseException):
+                await supervised.task
+        self.cgroups.close()
+
+
+def _sync_paths(paths: list[str]) -> str:
+    errors = []
+    for path in paths:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError as error:
+            errors.append(f"{path}: {error.strerror}")
+            continue
+        try:
+            os.fsync(fd)
+            _syncfs(fd)
+        except OSError as error:
+            errors.append(f"{path}: {error.strerror}")
+        finally:
+            os.close(fd)
+    return "; ".join(errors)
+
+
+def _syncfs(fd: int) -> None:
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.syncfs(fd) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))

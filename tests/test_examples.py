@@ -1,0 +1,116 @@
+"""The examples under examples/python/, run as a user would: `python X.py --server HOST:PORT`."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import kibotos
+import pytest
+from kibo.ctrl.v1 import workspace_pb2 as wp
+from kibo.sim.v1 import simulator_pb2 as sim
+
+from tests.server import ServerProcess
+
+S = wp.WorkspaceState
+EXAMPLES = Path(__file__).parent.parent / "examples" / "python"
+
+
+@pytest.fixture
+def sdk(firecracker: ServerProcess) -> Iterator[kibotos.Client]:
+    with kibotos.Client(firecracker.address) as client:
+        yield client
+
+
+def run(server: ServerProcess, name: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(EXAMPLES / name), "--server", server.address, *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_every_example_is_tested() -> None:
+    tested = {
+        "stop_with_settle.py",
+        "start_and_wait.py",
+        "delete_and_wait.py",
+        "recover_from_failed.py",
+        "async_stop_start.py",
+    }
+    assert {p.name for p in EXAMPLES.glob("*.py")} == tested
+
+
+def test_stop_with_settle(firecracker: ServerProcess, sdk: kibotos.Client) -> None:
+    workspace_id = sdk.create_workspace().workspace.workspace_id
+    done = run(firecracker, "stop_with_settle.py", "--workspace", workspace_id)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [workspace_id, "STOPPED", "STOP_DURABILITY_CONFIRMED"]
+    stop_id = sdk.get_workspace(workspace_id).last_stop.command_id
+    assert stop_id.startswith("example/")
+
+
+def test_start_and_wait(firecracker: ServerProcess, sdk: kibotos.Client) -> None:
+    workspace_id = sdk.create_workspace().workspace.workspace_id
+    sdk.stop_workspace(workspace_id)
+    done = run(firecracker, "start_and_wait.py", "--workspace", workspace_id)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [workspace_id, "AVAILABLE", "2"]
+
+
+def test_examples_run_without_a_workspace_given(firecracker: ServerProcess, sdk: kibotos.Client) -> None:
+    for name, state in [("start_and_wait.py", "AVAILABLE"), ("async_stop_start.py", "AVAILABLE")]:
+        done = run(firecracker, name)
+        assert done.returncode == 0, done.stderr
+        workspace_id = done.stdout.split()[0]
+        assert kibotos.state_name(sdk.get_workspace(workspace_id).state) == state
+
+
+def test_delete_and_wait(firecracker: ServerProcess, sdk: kibotos.Client) -> None:
+    workspace_id = sdk.create_workspace().workspace.workspace_id
+    done = run(firecracker, "delete_and_wait.py", "--workspace", workspace_id)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [workspace_id, "DELETED"]
+    assert sdk.get_workspace(workspace_id).state == S.WORKSPACE_STATE_DELETED
+
+
+def test_recover_from_failed_holding_execution(firecracker: ServerProcess, sdk: kibotos.Client) -> None:
+    workspace_id = sdk.create_workspace().workspace.workspace_id
+    sdk.inject_fault(workspace_id, sim.FAULT_VMM_CRASH)
+    deadline = time.monotonic() + 10
+    while sdk.get_workspace(workspace_id).state != S.WORKSPACE_STATE_FAILED:
+        assert time.monotonic() < deadline, "the workspace did not become FAILED"
+        time.sleep(0.01)
+    done = run(firecracker, "recover_from_failed.py", "--workspace", workspace_id)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["force stop: STOPPED", "start: AVAILABLE"]
+
+
+def test_recover_from_failed_not_holding_execution(firecracker: ServerProcess, sdk: kibotos.Client) -> None:
+    sdk.inject_fault("", sim.FAULT_CREATE_FAIL)
+    with pytest.raises(kibotos.CommandFailedError) as caught:
+        sdk.create_workspace()
+    assert caught.value.workspace is not None
+    workspace_id = caught.value.workspace.workspace_id
+    done = run(firecracker, "recover_from_failed.py", "--workspace", workspace_id)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("force stop rejected: ") and "start it directly" in lines[0]
+    assert lines[1] == "start: AVAILABLE"
+
+
+def test_recover_from_failed_when_both_are_rejected(firecracker: ServerProcess, sdk: kibotos.Client) -> None:
+    workspace_id = sdk.create_workspace().workspace.workspace_id
+    sdk.stop_workspace(workspace_id)
+    sdk.inject_fault(workspace_id, sim.FAULT_STALL)
+    sdk.start_workspace(workspace_id, settle=False)  # STARTING, stalled: neither is accepted
+    try:
+        done = run(firecracker, "recover_from_failed.py", "--workspace", workspace_id)
+    finally:
+        sdk.inject_fault(workspace_id, sim.FAULT_UNSTALL)
+    assert done.returncode == 1, done.stderr
+    assert done.stdout.splitlines()[-1] == "both rejected; the workspace is STARTING: act on that state"
