@@ -79,7 +79,7 @@ from typing import Any
 from ..model import Backend, Component, Instance, Phase, StopDurability, VolumeState
 from ..reports import ExitReason, GuestReset, GuestResponding, Report, VmmExited
 from . import sandbox
-from .base import DestroyError, LaunchError, LaunchSpec, SyncError
+from .base import DestroyError, LaunchError, LaunchSpec, RestartError, SyncError
 from .cgroups import Cgroups
 
 log = logging.getLogger(__name__)
@@ -581,15 +581,13 @@ class ProcessRuntime:
         directory = self.instance_dir(instance.id)
         spec = _read_json(directory / "spec.json")
         if spec is None:
-            self.events.put_nowait(VmmExited(instance.id, reason=ExitReason.CRASH))
-            raise LaunchError(f"cannot restart {instance.id}: its spec is gone")
+            raise RestartError(f"cannot restart {instance.id}: its spec is gone")
         try:
             await asyncio.to_thread(self._recreate_cgroup, instance, spec)
             await self._await_ready(self._spawn(instance.id), ())
         except (LaunchError, OSError) as error:
-            # The new VMM did not start: the instance is failed (it keeps its parts).
-            self.events.put_nowait(VmmExited(instance.id, reason=ExitReason.CRASH))
-            raise LaunchError(f"restarting {instance.id} failed: {error}") from None
+            # The new VMM did not start: the node agent reports RestartFailed (FAILED, parts kept).
+            raise RestartError(f"the new VMM did not start: {error}") from None
 
     def _recreate_cgroup(self, instance: Instance, spec: dict[str, Any]) -> None:
         Cgroups.remove(tuple(spec.get("cgroup_dirs") or ()))
