@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
 from typing import Any
 
@@ -228,3 +228,17 @@ class Client:
     async def create_volume(self, capacity_gib: int = 1) -> vol.Volume:
         request = vol.CreateVolumeRequest(metadata=meta(), capacity_gib=capacity_gib)
         return (await self.vol.CreateVolume(request)).volume
+
+
+async def rejected(call: Awaitable[Any]) -> ErrorInfo:
+    """Await a call that must fail; its decoded error."""
+    try:
+        await call
+    except grpc.aio.AioRpcError as error:
+        return error_of(error)
+    raise AssertionError("the call was accepted")
+
+
+async def assert_conflict(call: Awaitable[Any]) -> None:
+    error = await rejected(call)
+    assert (error.code, error.reason) == (grpc.StatusCode.FAILED_PRECONDITION, "CONFLICT")

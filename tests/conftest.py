@@ -75,6 +75,15 @@ async def kibovm_client(kibovm: ServerProcess, request: pytest.FixtureRequest) -
         yield connected
 
 
+@pytest.fixture(params=[(p, t) for p in ("firecracker", "kibovm") for t in TRANSPORTS], ids=lambda v: "-".join(v))
+async def any_client(request: pytest.FixtureRequest) -> AsyncIterator[Client]:
+    """A client of the shared server of each personality, over each transport."""
+    personality, transport = request.param
+    server: ServerProcess = request.getfixturevalue(personality)
+    async with _client(server, transport) as connected:
+        yield connected
+
+
 @pytest.fixture
 async def grpc_client(firecracker: ServerProcess) -> AsyncIterator[Client]:
     """For tests about the gRPC transport itself (raw bytes, metadata)."""

@@ -32,13 +32,6 @@ PENDING = obs.COMPONENT_STATUS_PENDING
 UNKNOWN = obs.COMPONENT_STATUS_UNKNOWN
 
 
-@pytest.fixture(params=["firecracker", "kibovm"])
-async def any_client(request: pytest.FixtureRequest) -> AsyncIterator[Client]:
-    server: ServerProcess = request.getfixturevalue(request.param)
-    async with Client.connect(server.address) as connected:
-        yield connected
-
-
 @pytest.fixture(scope="module")
 def slow_server(server_factory: Callable[..., ServerProcess]) -> ServerProcess:
     """Our own server (we silence its node), with steps slow enough that the node can be made

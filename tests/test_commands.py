@@ -11,7 +11,6 @@ from collections.abc import Awaitable
 from typing import Any
 
 import grpc
-import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
 from kibo.ctrl.v1 import command_pb2
 from kibo.ctrl.v1 import observation_service_pb2 as obs
@@ -20,17 +19,11 @@ from kibo.ctrl.v1 import workspace_pb2 as wp
 from kibo.ctrl.v1 import workspace_service_pb2 as ws
 from kibo.sim.v1 import simulator_pb2 as sim
 
-from tests.client import TERMINAL, Client, ErrorInfo, S, error_of, meta, new_id
+from tests.client import TERMINAL, Client, ErrorInfo, S, error_of, meta, new_id, rejected
 
 C = command_pb2
 SUCCEEDED = command_pb2.COMMAND_STATE_SUCCEEDED
 RUNNING_STATES = (command_pb2.COMMAND_STATE_PENDING, command_pb2.COMMAND_STATE_RUNNING)
-
-
-async def rejected(call: Awaitable[Any]) -> ErrorInfo:
-    with pytest.raises(grpc.aio.AioRpcError) as excinfo:
-        await call
-    return error_of(excinfo.value)
 
 
 def expect(error: ErrorInfo, code: grpc.StatusCode, reason: str) -> None:

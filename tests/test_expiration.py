@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import Awaitable
 from typing import Any
 
 import grpc
@@ -19,30 +19,11 @@ from kibo.ctrl.v1 import workspace_pb2 as wp
 from kibo.ctrl.v1 import workspace_service_pb2 as ws
 from kibo.sim.v1 import simulator_pb2 as sim
 
-from tests.client import Client, ErrorInfo, S, error_of, meta
-from tests.server import ServerProcess
+from tests.client import Client, S, assert_conflict, meta, rejected
 
 SUCCEEDED = command_pb2.COMMAND_STATE_SUCCEEDED
 STOP = wp.EXPIRATION_ACTION_STOP
 DELETE = wp.EXPIRATION_ACTION_DELETE
-
-
-@pytest.fixture(params=["firecracker", "kibovm"])
-async def any_client(request: pytest.FixtureRequest) -> AsyncIterator[Client]:
-    server: ServerProcess = request.getfixturevalue(request.param)
-    async with Client.connect(server.address) as connected:
-        yield connected
-
-
-async def rejected(call: Awaitable[Any]) -> ErrorInfo:
-    with pytest.raises(grpc.aio.AioRpcError) as excinfo:
-        await call
-    return error_of(excinfo.value)
-
-
-async def assert_conflict(call: Awaitable[Any]) -> None:
-    error = await rejected(call)
-    assert (error.code, error.reason) == (grpc.StatusCode.FAILED_PRECONDITION, "CONFLICT")
 
 
 async def assert_mismatch(call: Awaitable[Any]) -> None:

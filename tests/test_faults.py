@@ -7,10 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Callable
 
-import grpc
 import pytest
 from kibo.ctrl.v1 import command_pb2
 from kibo.ctrl.v1 import observation_service_pb2 as obs
@@ -19,7 +17,7 @@ from kibo.ctrl.v1 import workspace_pb2 as wp
 from kibo.ctrl.v1 import workspace_service_pb2 as ws
 from kibo.sim.v1 import simulator_pb2 as sim
 
-from tests.client import Client, ErrorInfo, S, error_of, meta
+from tests.client import Client, S, assert_conflict, meta
 from tests.server import ServerProcess
 
 SUCCEEDED = command_pb2.COMMAND_STATE_SUCCEEDED
@@ -32,14 +30,6 @@ VOLUME_READY = vol.VOLUME_STATE_READY
 # -- helpers -------------------------------------------------------------------------------
 
 
-@pytest.fixture(params=["firecracker", "kibovm"])
-async def any_client(request: pytest.FixtureRequest) -> AsyncIterator[Client]:
-    """A client of the shared server of each personality (behaviour both must share)."""
-    server: ServerProcess = request.getfixturevalue(request.param)
-    async with Client.connect(server.address) as connected:
-        yield connected
-
-
 @pytest.fixture(scope="module", params=["firecracker", "kibovm"])
 def own_server(request: pytest.FixtureRequest, server_factory: Callable[..., ServerProcess]) -> ServerProcess:
     """A server of our own: node silence affects every workspace of the node."""
@@ -50,17 +40,6 @@ def own_server(request: pytest.FixtureRequest, server_factory: Callable[..., Ser
 async def own_client(own_server: ServerProcess) -> AsyncIterator[Client]:
     async with Client.connect(own_server.address) as connected:
         yield connected
-
-
-async def rejected(call: Awaitable[Any]) -> ErrorInfo:
-    with pytest.raises(grpc.aio.AioRpcError) as excinfo:
-        await call
-    return error_of(excinfo.value)
-
-
-async def assert_conflict(call: Awaitable[Any]) -> None:
-    error = await rejected(call)
-    assert (error.code, error.reason) == (grpc.StatusCode.FAILED_PRECONDITION, "CONFLICT")
 
 
 def start_request(workspace_id: str) -> ws.StartWorkspaceRequest:

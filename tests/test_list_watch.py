@@ -4,21 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Awaitable
-from typing import Any
 
 import grpc
 import pytest
 from kibo.ctrl.v1 import workspace_pb2 as wp
 from kibo.ctrl.v1 import workspace_service_pb2 as ws
 
-from tests.client import Client, ErrorInfo, S, error_of, meta
-
-
-async def rejected(call: Awaitable[Any]) -> ErrorInfo:
-    with pytest.raises(grpc.aio.AioRpcError) as excinfo:
-        await call
-    return error_of(excinfo.value)
+from tests.client import Client, S, error_of, meta, rejected
 
 
 def run_label() -> str:

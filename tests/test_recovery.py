@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
 
 import grpc
 import pytest
@@ -17,31 +16,13 @@ from kibo.ctrl.v1 import workspace_pb2 as wp
 from kibo.ctrl.v1 import workspace_service_pb2 as ws
 from kibo.sim.v1 import simulator_pb2 as sim
 
-from tests.client import Client, ErrorInfo, S, error_of, meta
+from tests.client import Client, S, assert_conflict, error_of, meta
 from tests.server import ServerProcess
 
 SUCCEEDED = command_pb2.COMMAND_STATE_SUCCEEDED
 FAILED_CMD = command_pb2.COMMAND_STATE_FAILED
 IN_PROGRESS = (command_pb2.COMMAND_STATE_PENDING, command_pb2.COMMAND_STATE_RUNNING)
 CANCELLED = grpc.StatusCode.CANCELLED.value[0]
-
-
-@pytest.fixture(params=["firecracker", "kibovm"])
-async def any_client(request: pytest.FixtureRequest) -> AsyncIterator[Client]:
-    server: ServerProcess = request.getfixturevalue(request.param)
-    async with Client.connect(server.address) as connected:
-        yield connected
-
-
-async def rejected(call: Awaitable[Any]) -> ErrorInfo:
-    with pytest.raises(grpc.aio.AioRpcError) as excinfo:
-        await call
-    return error_of(excinfo.value)
-
-
-async def assert_conflict(call: Awaitable[Any]) -> None:
-    error = await rejected(call)
-    assert (error.code, error.reason) == (grpc.StatusCode.FAILED_PRECONDITION, "CONFLICT")
 
 
 def stop_request(workspace_id: str, force: bool = False) -> ws.StopWorkspaceRequest:
