@@ -22,6 +22,9 @@ from kibo.ctrl.v1 import (
     volume_service_pb2 as vol_pb2,
 )
 from kibo.ctrl.v1 import (
+    workspace_pb2 as wp_pb2,
+)
+from kibo.ctrl.v1 import (
     workspace_service_pb2 as ws_pb2,
 )
 from kibo.sim.v1 import simulator_pb2 as sim_pb2
@@ -38,6 +41,9 @@ from .transport import parse, render
 
 RequestT = TypeVar("RequestT")
 
+# How many rendered workspaces GetWorkspace, ListWorkspaces and WatchWorkspace remember.
+RENDERED_WORKSPACES = 4096
+
 
 class Api:
     def __init__(
@@ -48,6 +54,20 @@ class Api:
         self._service = service
         self._capabilities = sorted(set(capabilities))
         self._settle = settle_seconds
+        self._rendered: dict[str, tuple[int, wp_pb2.Workspace]] = {}
+
+    def _render(self, workspace: Workspace) -> wp_pb2.Workspace:
+        """render.workspace, remembered by (ID, version): a version is one stored state of the
+        workspace, so its rendering never changes. Gets, lists and every watcher of a change
+        share one rendering. Callers must not modify the message they get."""
+        cached = self._rendered.get(workspace.id)
+        if cached is not None and cached[0] == workspace.version:
+            return cached[1]
+        message = render.workspace(workspace)
+        if cached is None and len(self._rendered) >= RENDERED_WORKSPACES:
+            del self._rendered[next(iter(self._rendered))]  # the oldest entry
+        self._rendered[workspace.id] = (workspace.version, message)
+        return message
 
     # -- commands ----------------------------------------------------------------------
 
@@ -162,7 +182,7 @@ class Api:
 
     async def get_workspace(self, request: ws_pb2.GetWorkspaceRequest, caller: Caller) -> ws_pb2.GetWorkspaceResponse:
         workspace = await self._workspace(caller, parse.workspace_id(request.workspace_id))
-        return ws_pb2.GetWorkspaceResponse(workspace=render.workspace(workspace))
+        return ws_pb2.GetWorkspaceResponse(workspace=self._render(workspace))
 
     async def list_workspaces(
         self, request: ws_pb2.ListWorkspacesRequest, caller: Caller
@@ -181,9 +201,7 @@ class Api:
         )
         rows = await self._store.read(lambda r: r.list_workspaces(query))
         token = _encode_token(rows[size - 1].seq, scope) if len(rows) > size else ""
-        return ws_pb2.ListWorkspacesResponse(
-            workspaces=[render.workspace(w) for w in rows[:size]], next_page_token=token
-        )
+        return ws_pb2.ListWorkspacesResponse(workspaces=[self._render(w) for w in rows[:size]], next_page_token=token)
 
     async def get_workspace_command(
         self, request: ws_pb2.GetWorkspaceCommandRequest, caller: Caller
@@ -202,7 +220,7 @@ class Api:
         workspace_id = parse.workspace_id(request.workspace_id)
         with self._hub.watch(workspace_id) as changes:
             workspace = await self._workspace(caller, workspace_id)
-            yield ws_pb2.WatchWorkspaceResponse(workspace=render.workspace(workspace))
+            yield ws_pb2.WatchWorkspaceResponse(workspace=self._render(workspace))
             version = workspace.version
             while not workspace.deleted:
                 snapshot = await changes.get()
@@ -213,7 +231,7 @@ class Api:
                 if snapshot.version <= version:
                     continue
                 workspace, version = snapshot, snapshot.version
-                yield ws_pb2.WatchWorkspaceResponse(workspace=render.workspace(workspace))
+                yield ws_pb2.WatchWorkspaceResponse(workspace=self._render(workspace))
 
     async def get_capabilities(
         self, request: ws_pb2.GetCapabilitiesRequest, caller: Caller

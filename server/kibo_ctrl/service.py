@@ -404,18 +404,8 @@ class Service:
             tenant=tenant,
         )
         tx.put_volume(volume)
-        tx.put_command(
-            Command(
-                id=command_id,
-                workspace_id="",
-                volume_id=volume.id,
-                tenant=tenant,
-                kind=CommandKind.CREATE_VOLUME,
-                fingerprint=fingerprint,
-                state=CommandState.SUCCEEDED,
-                create_time=tx.now,
-                update_time=tx.now,
-            )
+        transitions.record_command(
+            tx, tenant, command_id, CommandKind.CREATE_VOLUME, fingerprint, CommandState.SUCCEEDED, volume_id=volume.id
         )
         return volume
 
@@ -437,18 +427,8 @@ class Service:
             raise Conflict(f"volume {volume_id} is already deleted")
         volume.state = VolumeState.DELETED
         tx.put_volume(volume)
-        tx.put_command(
-            Command(
-                id=command_id,
-                workspace_id="",
-                volume_id=volume.id,
-                tenant=tenant,
-                kind=CommandKind.DELETE_VOLUME,
-                fingerprint=fingerprint,
-                state=CommandState.SUCCEEDED,
-                create_time=tx.now,
-                update_time=tx.now,
-            )
+        transitions.record_command(
+            tx, tenant, command_id, CommandKind.DELETE_VOLUME, fingerprint, CommandState.SUCCEEDED, volume_id=volume.id
         )
         return volume
 

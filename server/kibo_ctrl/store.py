@@ -18,7 +18,6 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -378,7 +377,7 @@ class Store(Protocol):
 
 @dataclass
 class _Job:
-    fn: Callable[[Tx], Any]
+    fn: Callable[[Any], Any]  # given a Tx (writes) or a Reader (reads)
     future: asyncio.Future[Any]
 
 
@@ -395,8 +394,8 @@ class SqliteStore:
         self._loop = loop
         self._queue: queue.SimpleQueue[_Job | object] = queue.SimpleQueue()
         self._listeners: list[Callable[[Changes], None]] = []
-        self._local = threading.local()
-        self._readers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="kibo-store-read")
+        self._read_queue: queue.SimpleQueue[_Job | object] = queue.SimpleQueue()
+        self._reader = threading.Thread(target=self._read_loop, name="kibo-store-read", daemon=True)
         self._writer = threading.Thread(target=self._write_loop, name="kibo-store-write", daemon=True)
         self._closed = False
 
@@ -406,6 +405,7 @@ class SqliteStore:
         store = cls(path, asyncio.get_running_loop())
         await asyncio.to_thread(store._migrate)
         store._writer.start()
+        store._reader.start()
         return store
 
     def _connect(self) -> sqlite3.Connection:
@@ -440,14 +440,37 @@ class SqliteStore:
         return await future
 
     async def read(self, fn: Callable[[Reader], T]) -> T:
-        return await self._loop.run_in_executor(self._readers, self._read, fn)
+        if self._closed:
+            raise RuntimeError("store is closed")
+        future: asyncio.Future[T] = self._loop.create_future()
+        self._read_queue.put(_Job(fn, future))
+        return await future
 
-    def _read(self, fn: Callable[[Reader], T]) -> T:
-        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = self._local.conn = self._connect()
-        with _read_transaction(conn):
-            return fn(Reader(conn))
+    def _read_loop(self) -> None:
+        """Reads are batched like writes: every read waiting runs in one read transaction (a
+        snapshot taken after each of them was asked for), and one wake-up of the event loop
+        answers them all. (A thread pool cost a thread hop and a loop wake-up per read.)"""
+        conn = self._connect()
+        try:
+            while True:
+                batch, stop = _take(self._read_queue, self.MAX_BATCH)
+                outcomes: list[tuple[_Job, Any, BaseException | None]] = []
+                try:
+                    with _read_transaction(conn):
+                        reader = Reader(conn)
+                        for job in batch:
+                            try:
+                                outcomes.append((job, job.fn(reader), None))
+                            except BaseException as error:
+                                outcomes.append((job, None, error))
+                except sqlite3.Error as error:
+                    outcomes = [(job, None, error) for job in batch]
+                if outcomes:
+                    self._loop.call_soon_threadsafe(_settle_all, outcomes)
+                if stop:
+                    return
+        finally:
+            conn.close()
 
     async def close(self) -> None:
         if self._closed:
@@ -455,27 +478,16 @@ class SqliteStore:
         self._closed = True
         self._queue.put(_STOP)
         await asyncio.to_thread(self._writer.join)
-        self._readers.shutdown(wait=True)
+        self._read_queue.put(_STOP)
+        await asyncio.to_thread(self._reader.join)
 
     def _write_loop(self) -> None:
         conn = self._connect()
         try:
             while True:
-                first = self._queue.get()
-                if first is _STOP:
-                    return
-                batch: list[_Job] = [first]  # type: ignore[list-item]
-                stop = False
-                while len(batch) < self.MAX_BATCH:
-                    try:
-                        job = self._queue.get_nowait()
-                    except queue.Empty:
-                        break
-                    if job is _STOP:
-                        stop = True
-                        break
-                    batch.append(job)  # type: ignore[arg-type]
-                self._commit_batch(conn, batch)
+                batch, stop = _take(self._queue, self.MAX_BATCH)
+                if batch:
+                    self._commit_batch(conn, batch)
                 if stop:
                     return
         finally:
@@ -506,14 +518,42 @@ class SqliteStore:
                 conn.execute("ROLLBACK")
             outcomes = [(job, None, commit_error) for job in batch]
             changes = Changes()
-        if changes:
-            self._loop.call_soon_threadsafe(self._publish, changes)
-        for job, result, failure in outcomes:
-            self._loop.call_soon_threadsafe(_settle, job.future, result, failure)
+        # One wake-up of the event loop per batch: publish first, so whoever learns of the
+        # commit from an answer finds the hub (watchers, waiters, loops) already told.
+        self._loop.call_soon_threadsafe(self._publish_and_settle, changes, outcomes)
+
+    def _publish_and_settle(self, changes: Changes, outcomes: list[tuple[_Job, Any, BaseException | None]]) -> None:
+        try:
+            if changes:
+                self._publish(changes)
+        finally:
+            _settle_all(outcomes)
 
     def _publish(self, changes: Changes) -> None:
         for listener in self._listeners:
             listener(changes)
+
+
+def _take(jobs: queue.SimpleQueue[_Job | object], limit: int) -> tuple[list[_Job], bool]:
+    """Block for one job, then take every job waiting (up to `limit`); True once told to stop."""
+    first = jobs.get()
+    if first is _STOP:
+        return [], True
+    batch: list[_Job] = [first]  # type: ignore[list-item]
+    while len(batch) < limit:
+        try:
+            job = jobs.get_nowait()
+        except queue.Empty:
+            break
+        if job is _STOP:
+            return batch, True
+        batch.append(job)  # type: ignore[arg-type]
+    return batch, False
+
+
+def _settle_all(outcomes: list[tuple[_Job, Any, BaseException | None]]) -> None:
+    for job, result, error in outcomes:
+        _settle(job.future, result, error)
 
 
 def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:

@@ -101,6 +101,34 @@ def save(tx: Tx, workspace: Workspace, instance: Instance | None, *, command_id:
         tx.put_instance(instance)
 
 
+def record_command(
+    tx: Tx,
+    tenant: str,
+    command_id: str,
+    kind: CommandKind,
+    fingerprint: str,
+    state: CommandState,
+    *,
+    workspace_id: str = "",
+    volume_id: str = "",
+    cause: StopCause = StopCause.UNSPECIFIED,
+) -> Command:
+    command = Command(
+        id=command_id,
+        workspace_id=workspace_id,
+        volume_id=volume_id,
+        tenant=tenant,
+        kind=kind,
+        fingerprint=fingerprint,
+        state=state,
+        create_time=tx.now,
+        update_time=tx.now,
+        stop_cause=cause,
+    )
+    tx.put_command(command)
+    return command
+
+
 def new_command(
     tx: Tx,
     workspace: Workspace,
@@ -111,18 +139,16 @@ def new_command(
     cause: StopCause = StopCause.UNSPECIFIED,
 ) -> Command:
     """Record a lifecycle command as the workspace's active one."""
-    command = Command(
-        id=command_id,
+    command = record_command(
+        tx,
+        workspace.tenant,
+        command_id,
+        kind,
+        fingerprint,
+        CommandState.PENDING,
         workspace_id=workspace.id,
-        tenant=workspace.tenant,
-        kind=kind,
-        fingerprint=fingerprint,
-        state=CommandState.PENDING,
-        create_time=tx.now,
-        update_time=tx.now,
-        stop_cause=cause,
+        cause=cause,
     )
-    tx.put_command(command)
     workspace.active_command = command_id
     workspace.active_kind = kind
     workspace.active_cause = cause if cause is not StopCause.UNSPECIFIED else None
@@ -134,17 +160,9 @@ def immediate_command(
     tx: Tx, workspace: Workspace, command_id: str, kind: CommandKind, fingerprint: str, message: str
 ) -> Command:
     """A command whose whole effect is this transaction: it is SUCCEEDED when recorded."""
-    command = Command(
-        id=command_id,
-        workspace_id=workspace.id,
-        tenant=workspace.tenant,
-        kind=kind,
-        fingerprint=fingerprint,
-        state=CommandState.SUCCEEDED,
-        create_time=tx.now,
-        update_time=tx.now,
+    command = record_command(
+        tx, workspace.tenant, command_id, kind, fingerprint, CommandState.SUCCEEDED, workspace_id=workspace.id
     )
-    tx.put_command(command)
     event(tx, workspace, EventType.COMMAND_SUCCEEDED, command_id=command_id, message=message)
     return command
 
