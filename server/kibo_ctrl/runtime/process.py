@@ -61,14 +61,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import hashlib
 import json
 import logging
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -77,10 +75,11 @@ from pathlib import Path
 from typing import Any
 
 from ..model import Backend, Component, Instance, Phase, StopDurability, VolumeState
-from ..reports import ExitReason, GuestReset, GuestResponding, Report, VmmExited
+from ..reports import ExitReason, Report, VmmExited
 from . import sandbox
 from .base import DestroyError, LaunchError, LaunchSpec, RestartError, SyncError
 from .cgroups import Cgroups
+from .supervised import Supervised, exit_report, kill_supervisor, lock_held, read_json
 
 log = logging.getLogger(__name__)
 
@@ -129,185 +128,6 @@ class GuestRefused(Exception):
         self.status = status
 
 
-def exit_report(instance_id: str, backend: Backend, info: dict[str, Any] | None) -> Report | None:
-    """What a supervisor's exit means for the control plane (None: nothing to report)."""
-    reason = (info or {}).get("reason")
-    if reason in ("stopped", "not-ready", "spawn-failed"):
-        return None  # a stop or a launch in progress reports it
-    if reason == "oom":
-        return VmmExited(instance_id, reason=ExitReason.HOST_OOM)
-    if reason == "reboot":
-        if backend is Backend.FIRECRACKER:
-            return GuestReset(instance_id)
-        return VmmExited(instance_id, reason=ExitReason.GUEST_RESET)
-    if reason == "poweroff" and backend is Backend.KIBOVM:
-        return VmmExited(instance_id, reason=ExitReason.GUEST_POWEROFF)
-    return VmmExited(instance_id, reason=ExitReason.CRASH)
-
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def _lock_held(directory: Path) -> bool:
-    """Whether a live supervisor holds this instance (its flock; immune to PID reuse)."""
-    try:
-        fd = os.open(directory / "lock", os.O_RDWR)
-    except FileNotFoundError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)  # closing drops a lock we may have taken
-    return False
-
-
-def _start_time(pid: int) -> int | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return int(stat[stat.rindex(")") + 2 :].split()[19])
-
-
-def _kill_supervisor(directory: Path) -> None:
-    """SIGKILL the supervisor recorded in state.json, if it is still that process."""
-    state = _read_json(directory / "state.json") or {}
-    pid = int(state.get("supervisor_pid") or 0)
-    if pid > 0 and _start_time(pid) == state.get("supervisor_start"):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-
-
-class _Supervised:
-    """The control plane's side of one supervisor: its connection and what it said."""
-
-    def __init__(self, runtime: ProcessRuntime, instance_id: str, process: subprocess.Popen[bytes] | None) -> None:
-        self.runtime = runtime
-        self.instance_id = instance_id
-        self.dir = runtime.instance_dir(instance_id)
-        self.process = process
-        self.state = ""
-        self.why = ""
-        self.exit_info: dict[str, Any] | None = None
-        self.closed = False
-        self.replies: list[dict[str, Any]] = []
-        # > 0 while an operation (launch, stop, destroy) expects the supervisor to go.
-        self.quiet = 0
-        self.reported_idle = False
-        self._changed = asyncio.Condition()
-        self._writer: asyncio.StreamWriter | None = None
-        self.task = asyncio.get_running_loop().create_task(self._monitor(), name=f"supervisor {instance_id}")
-
-    async def _notify(self) -> None:
-        async with self._changed:
-            self._changed.notify_all()
-
-    async def wait(self, predicate: Callable[[], bool], seconds: float) -> bool:
-        async with self._changed:
-            try:
-                await asyncio.wait_for(self._changed.wait_for(predicate), seconds)
-            except TimeoutError:
-                return predicate()
-        return True
-
-    async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
-        name = "\0" + self.runtime.socket_name(self.instance_id)
-        while True:
-            try:
-                return await asyncio.open_unix_connection(name)
-            except (ConnectionRefusedError, FileNotFoundError):
-                pass
-            starting = self.process is not None and self.process.poll() is None
-            if not starting and not _lock_held(self.dir):
-                return None
-            await asyncio.sleep(0.005)
-
-    async def _monitor(self) -> None:
-        try:
-            while (connection := await self._connect()) is not None:
-                reader, self._writer = connection
-                try:
-                    while line := await reader.readline():
-                        try:
-                            message = json.loads(line)
-                        except ValueError:
-                            continue
-                        await self._receive(message)
-                except (OSError, ValueError) as error:
-                    log.warning("supervisor of %s: connection failed: %s", self.instance_id, error)
-                finally:
-                    self._writer.close()
-                    self._writer = None
-                if await self._gone():
-                    break
-                log.warning("the supervisor of %s dropped its connection but runs: reconnecting", self.instance_id)
-        except asyncio.CancelledError:
-            # The control plane shuts down: the supervisor runs on.
-            if self._writer is not None:
-                self._writer.close()
-            raise
-        await self._gone()
-        await self._closed()
-
-    async def _gone(self) -> bool:
-        """After EOF: wait (briefly) until the supervisor has exited; reaps our own child."""
-        process = self.process
-        for _ in range(500):
-            if process is not None:
-                if process.poll() is not None:
-                    return True
-            elif not _lock_held(self.dir):
-                return True
-            await asyncio.sleep(0.01)
-        return False
-
-    async def _receive(self, message: dict[str, Any]) -> None:
-        if "state" in message:
-            self.state, self.why = str(message["state"]), str(message.get("why") or "")
-            if self.state == "idle" and self.why == "poweroff" and not self.quiet and not self.reported_idle:
-                # firecracker: the guest halted, the VMM runs on.
-                self.reported_idle = True
-                self.runtime.events.put_nowait(GuestResponding(self.instance_id, responding=False))
-        elif "reply" in message:
-            self.replies.append(message)
-        elif "exit" in message:
-            self.exit_info = message["exit"]
-        await self._notify()
-
-    async def _closed(self) -> None:
-        if self.exit_info is None:
-            self.exit_info = _read_json(self.dir / "exit.json")
-        self.closed = True
-        await self._notify()
-        if not self.quiet:
-            report = exit_report(self.instance_id, self.runtime.backend, self.exit_info)
-            if report is not None:
-                log.warning("instance %s: the supervisor exited: %s", self.instance_id, self.exit_info or "killed")
-                self.runtime.events.put_nowait(report)
-
-    async def stop(self, force: bool, seconds: float) -> dict[str, Any] | None:
-        """Ask for a stop; the supervisor's reply, or None if it went without one / timed out."""
-        if self._writer is None:
-            await self.wait(lambda: self._writer is not None or self.closed, 5.0)
-        if self.closed or self._writer is None:
-            return None
-        seen = len(self.replies)
-        try:
-            self._writer.write(json.dumps({"op": "stop", "force": force}).encode() + b"\n")
-            await self._writer.drain()
-        except OSError:
-            pass
-        await self.wait(lambda: len(self.replies) > seen or self.closed, seconds)
-        return self.replies[seen] if len(self.replies) > seen else None
-
-
 @dataclass
 class _Layout:
     layer: Path
@@ -349,7 +169,7 @@ class ProcessRuntime:
             path.chmod(0o755)
         for sub in ("instances", "layers", "volumes"):
             (self.data_dir / sub).mkdir(exist_ok=True)
-        self._supervised: dict[str, _Supervised] = {}
+        self._supervised: dict[str, Supervised] = {}
         log.info(
             "process runtime: isolation %s, limits %s, base image %s, personality %s",
             self.isolation,
@@ -401,21 +221,21 @@ class ProcessRuntime:
             if directory.name in active:
                 continue
             # Nothing in the store needs this instance: an orphan, or leftovers of a released one.
-            if _lock_held(directory):
+            if lock_held(directory):
                 log.warning("killing orphan supervisor of %s (the store has no active instance)", directory.name)
-                _kill_supervisor(directory)
+                kill_supervisor(directory)
             self._release_sync(directory)
             shutil.rmtree(directory, ignore_errors=True)
         for instance in instances:
             directory = self.instance_dir(instance.id)
-            if _lock_held(directory):
+            if lock_held(directory):
                 log.info("re-attaching to the running supervisor of %s", instance.id)
-                self._supervised[instance.id] = _Supervised(self, instance.id, None)
+                self._supervised[instance.id] = Supervised(self, instance.id, None)
                 continue
             if instance.step != instance.done_step:
                 continue  # the node agent re-drives this step (launch/restart attach or start anew)
             if instance.phase is Phase.RUNNING and Component.INSTANCE in instance.holds:
-                info = _read_json(directory / "exit.json")
+                info = read_json(directory / "exit.json")
                 report = exit_report(instance.id, self.backend, info)
                 log.warning("instance %s: its supervisor is gone (%s)", instance.id, info or "killed")
                 self.events.put_nowait(report or VmmExited(instance.id, reason=ExitReason.CRASH))
@@ -475,11 +295,11 @@ class ProcessRuntime:
 
     def _write_spec(self, instance: Instance, layout: _Layout, plan: sandbox.GuestPlan) -> None:
         directory = self.instance_dir(instance.id)
-        if _lock_held(directory):
+        if lock_held(directory):
             raise ValueError(f"a supervisor already runs {instance.id}")
         # Earlier generations of this workspace were reported stopped: their leftovers go.
         for old in (self.data_dir / "instances").glob(f"{self._safe(instance.workspace_id)}-g*"):
-            if old.name != instance.id and not _lock_held(old):
+            if old.name != instance.id and not lock_held(old):
                 self._release_sync(old)
                 shutil.rmtree(old, ignore_errors=True)
         (directory / "run").mkdir(parents=True, exist_ok=True)
@@ -529,7 +349,7 @@ class ProcessRuntime:
         tmp.write_text(json.dumps(spec, indent=1))
         os.replace(tmp, directory / "spec.json")
 
-    def _spawn(self, instance_id: str) -> _Supervised:
+    def _spawn(self, instance_id: str) -> Supervised:
         directory = self.instance_dir(instance_id)
         with open(directory / "supervisor.log", "ab") as output:
             process = subprocess.Popen(
@@ -540,11 +360,11 @@ class ProcessRuntime:
                 cwd="/",
                 start_new_session=True,
             )
-        supervised = _Supervised(self, instance_id, process)
+        supervised = Supervised(self, instance_id, process)
         self._supervised[instance_id] = supervised
         return supervised
 
-    async def _await_ready(self, supervised: _Supervised, created: tuple[str, ...]) -> None:
+    async def _await_ready(self, supervised: Supervised, created: tuple[str, ...]) -> None:
         supervised.quiet += 1
         try:
             timeout = self.options.ready_timeout_s + 10
@@ -552,7 +372,7 @@ class ProcessRuntime:
             if ready and not supervised.closed and supervised.state == "ready":
                 return
             if not supervised.closed:
-                _kill_supervisor(supervised.dir)
+                kill_supervisor(supervised.dir)
                 await supervised.wait(lambda: supervised.closed, FORCE_TIMEOUT_S)
             info = supervised.exit_info or {}
             why = info.get("error") or f"the supervisor exited ({info.get('reason') or 'killed'})"
@@ -579,7 +399,7 @@ class ProcessRuntime:
             await self._await_ready(current, ())
             return
         directory = self.instance_dir(instance.id)
-        spec = _read_json(directory / "spec.json")
+        spec = read_json(directory / "spec.json")
         if spec is None:
             raise RestartError(f"cannot restart {instance.id}: its spec is gone")
         try:
@@ -602,12 +422,12 @@ class ProcessRuntime:
 
     # -- stop and release ---------------------------------------------------------------
 
-    def _attach(self, instance_id: str) -> _Supervised | None:
+    def _attach(self, instance_id: str) -> Supervised | None:
         current = self._supervised.get(instance_id)
         if current is not None and not current.closed:
             return current
-        if _lock_held(self.instance_dir(instance_id)):
-            current = _Supervised(self, instance_id, None)
+        if lock_held(self.instance_dir(instance_id)):
+            current = Supervised(self, instance_id, None)
             self._supervised[instance_id] = current
             return current
         return None
@@ -626,22 +446,22 @@ class ProcessRuntime:
                     if not force:
                         raise SyncError("the stop's outcome is unknown: the sync did not finish in time")
                     log.warning("instance %s: the supervisor did not finish a force stop: killing it", instance.id)
-                    _kill_supervisor(directory)
+                    kill_supervisor(directory)
                 await supervised.wait(lambda: supervised.closed, FORCE_TIMEOUT_S)
             finally:
                 supervised.quiet -= 1
             info = supervised.exit_info or {}
         else:
-            info = _read_json(directory / "exit.json") or {}
+            info = read_json(directory / "exit.json") or {}
         if force:
-            spec = _read_json(directory / "spec.json") or {}
+            spec = read_json(directory / "spec.json") or {}
             if info.get("reason") != "stopped":
                 await self._bounded_sync(list(spec.get("sync_paths") or ()), self.options.force_sync_s)
             await asyncio.to_thread(self._release_sync, directory)
             return StopDurability.UNCONFIRMED
         if not (info.get("reason") == "stopped" and info.get("synced")):
             # The VMM was already gone: what its guest handed the kernel can still be synced.
-            spec = _read_json(directory / "spec.json") or {}
+            spec = read_json(directory / "spec.json") or {}
             error = await asyncio.to_thread(_sync_paths, list(spec.get("sync_paths") or ()))
             if error:
                 raise SyncError(f"the filesystem sync failed: {error}; the instance was not stopped")
@@ -655,7 +475,7 @@ class ProcessRuntime:
     def _release_sync(self, directory: Path) -> bool:
         """Release what a stopped instance holds on the machine: its cgroup (killing whatever
         still runs in it) and leftovers. Blocking. False if a cgroup could not be removed."""
-        spec = _read_json(directory / "spec.json") or {}
+        spec = read_json(directory / "spec.json") or {}
         released = True
         try:
             Cgroups.remove(tuple(spec.get("cgroup_dirs") or ()))
@@ -675,7 +495,7 @@ class ProcessRuntime:
             try:
                 await supervised.stop(True, FORCE_TIMEOUT_S)
                 if not supervised.closed:
-                    _kill_supervisor(directory)
+                    kill_supervisor(directory)
                     await supervised.wait(lambda: supervised.closed, FORCE_TIMEOUT_S)
             finally:
                 supervised.quiet -= 1
@@ -689,7 +509,7 @@ class ProcessRuntime:
     async def delete_storage(self, workspace_id: str, volume_ids: tuple[str, ...]) -> None:
         def remove() -> None:
             for old in (self.data_dir / "instances").glob(f"{self._safe(workspace_id)}-g*"):
-                if not _lock_held(old):
+                if not lock_held(old):
                     self._release_sync(old)
                     shutil.rmtree(old, ignore_errors=True)
             shutil.rmtree(self.layer_dir(workspace_id), ignore_errors=True)
