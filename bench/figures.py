@@ -7,6 +7,7 @@ import contextlib
 import os
 import random
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -30,7 +31,7 @@ def b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
 
 
-class _Details(grpc.ClientCallDetails):  # type: ignore[misc]
+class _Details(grpc.ClientCallDetails):
     def __init__(self, base: grpc.ClientCallDetails, metadata: tuple[tuple[str, str], ...]) -> None:
         self.method = base.method
         self.timeout = base.timeout
@@ -40,7 +41,7 @@ class _Details(grpc.ClientCallDetails):  # type: ignore[misc]
         self.compression = base.compression
 
 
-class _Auth(grpc.UnaryUnaryClientInterceptor):  # type: ignore[misc]
+class _Auth(grpc.UnaryUnaryClientInterceptor):
     """Adds the bearer token to every call of the orchestrator's own (synchronous) client."""
 
     def __init__(self, metadata: tuple[tuple[str, str], ...]) -> None:
@@ -52,7 +53,7 @@ class _Auth(grpc.UnaryUnaryClientInterceptor):  # type: ignore[misc]
 
 @contextlib.contextmanager
 def connect(server: Server) -> Iterator[grpc.Channel]:
-    with connect(server) as channel:
+    with grpc.insecure_channel(server.address) as channel:
         yield grpc.intercept_channel(channel, _Auth(server.metadata))
 
 
@@ -130,6 +131,14 @@ def ceiling_ratio(kibo: Target, ceiling: Target, requests: list[bytes], reps: in
         "ceiling": summarize([c for _, c in pairs]),
         "ratio": median([ratio(k["qps"], c["qps"]) for k, c in pairs]),
         "ratios": [round(ratio(k["qps"], c["qps"]), 3) for k, c in pairs],
+        # Server CPU per call, ceiling / kibo: the same comparison, blind to a client bottleneck.
+        "cpu_ratio": median(
+            [
+                ratio(c["server_cpu_us_per_call"], k["server_cpu_us_per_call"])
+                for k, c in pairs
+                if k["server_cpu_us_per_call"] and c["server_cpu_us_per_call"]
+            ]
+        ),
         "client": f"1 Python grpc.aio process, 1 connection, {IN_FLIGHT} calls in flight",
     }
 
@@ -142,9 +151,10 @@ def h2load_ratio(
         return {"skipped": "h2load not found: install Debian's nghttp2-client for this second opinion"}
     body = work / "get-request.grpc"
     body.write_bytes(h2load.frame(request))
+    headers = (*h2load.GRPC_HEADERS, *_auth_headers(kibo.token))
     pairs = []
     for _ in range(reps):
-        k = h2load.run(kibo.address, GET, body, seconds)
+        k = h2load.run(kibo.address, GET, body, seconds, headers=headers)
         c = h2load.run(ceiling.address, GET, body, seconds)
         pairs.append((k, c))
     return {
@@ -156,6 +166,62 @@ def h2load_ratio(
         "failed": sum(k.failed + c.failed for k, c in pairs),
         "reps": reps,
         "client": f"h2load, 1 connection, {IN_FLIGHT} streams, pre-framed request",
+    }
+
+
+def _auth_headers(token: str | None) -> tuple[str, ...]:
+    return (f"authorization: Bearer {token}",) if token else ()
+
+
+def connect_probe(server: Server, request: bytes) -> str | None:
+    """None if the server answers Connect (binary proto over HTTP/1.1), else why not."""
+    headers = {"content-type": "application/proto"}
+    if server.token:
+        headers["authorization"] = f"Bearer {server.token}"
+    url = f"http://{server.http_address}{GET}"
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, data=request, headers=headers), timeout=10) as reply:
+            if reply.status == 200 and ws.GetWorkspaceResponse.FromString(reply.read()).workspace.workspace_id:
+                return None
+            return f"{url} answered HTTP {reply.status}"
+    except (OSError, ValueError) as error:
+        return f"no Connect endpoint at {url}: {error}"
+
+
+def connect_ratio(server: Server, request: bytes, reps: int, seconds: float, work: Path) -> dict[str, Any]:
+    """Figure 6: GetWorkspace through Connect (binary proto, HTTP/1.1, 64 connections) against
+    gRPC (HTTP/2, 1 connection, 64 streams), both driven by h2load, alternating, same server."""
+    if h2load.available() is None:
+        return {"skipped": "h2load not found: install Debian's nghttp2-client"}
+    why = connect_probe(server, request)
+    if why is not None:
+        return {"skipped": why}
+    grpc_body, connect_body = work / "get-request.grpc", work / "get-request.proto"
+    grpc_body.write_bytes(h2load.frame(request))
+    connect_body.write_bytes(request)
+    token = _auth_headers(server.token)
+    pairs = []
+    for _ in range(reps):
+        g = h2load.run(server.address, GET, grpc_body, seconds, headers=(*h2load.GRPC_HEADERS, *token))
+        c = h2load.run(
+            server.http_address,
+            GET,
+            connect_body,
+            seconds,
+            connections=IN_FLIGHT,
+            headers=(*h2load.CONNECT_HEADERS, *token),
+            http1=True,
+        )
+        pairs.append((g, c))
+    return {
+        "grpc_qps": median([g.qps for g, _ in pairs]),
+        "connect_qps": median([c.qps for _, c in pairs]),
+        "grpc_mean_ms": median([g.mean_ms for g, _ in pairs]),
+        "connect_mean_ms": median([c.mean_ms for _, c in pairs]),
+        "ratio": median([ratio(c.qps, g.qps) for g, c in pairs]),
+        "failed": sum(g.failed + c.failed for g, c in pairs),
+        "reps": reps,
+        "client": "h2load: gRPC 1 connection x 64 streams; Connect (application/proto) HTTP/1.1 64 connections",
     }
 
 

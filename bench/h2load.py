@@ -34,14 +34,29 @@ _TIME = re.compile(r"time for request:\s+([\d.]+)(us|ms|s)\s+([\d.]+)(us|ms|s)\s
 _UNIT = {"us": 0.001, "ms": 1.0, "s": 1000.0}
 
 
-def run(address: str, path: str, body: Path, seconds: float, streams: int = 64, connections: int = 1) -> H2Result:
-    """`streams` requests in flight over `connections` HTTP/2 connections for `seconds`."""
+GRPC_HEADERS = ("content-type: application/grpc", "te: trailers")
+CONNECT_HEADERS = ("content-type: application/proto",)
+
+
+def run(
+    address: str,
+    path: str,
+    body: Path,
+    seconds: float,
+    streams: int = 64,
+    connections: int = 1,
+    headers: tuple[str, ...] = GRPC_HEADERS,
+    http1: bool = False,
+) -> H2Result:
+    """`streams` requests in flight over `connections` connections (HTTP/2, or HTTP/1.1 with
+    one request in flight per connection) for `seconds`."""
     command = [
         "h2load",
+        *(["--h1"] if http1 else []),
         "-c",
         str(connections),
         "-m",
-        str(streams // connections),
+        str(max(1, streams // connections)),
         "-t",
         "1",
         "-D",
@@ -50,10 +65,7 @@ def run(address: str, path: str, body: Path, seconds: float, streams: int = 64, 
         "500ms",
         "-d",
         str(body),
-        "-H",
-        "content-type: application/grpc",
-        "-H",
-        "te: trailers",
+        *(arg for header in headers for arg in ("-H", header)),
         f"http://{address}{path}",
     ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=seconds + 60, check=False)

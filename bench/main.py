@@ -92,6 +92,7 @@ class Bench:
         self.sizes: dict[int, dict[str, Any]] = {}
         self.figure1: dict[str, Any] = {}
         self.h2load: dict[str, Any] = {}
+        self.connect: dict[str, Any] = {}
         self.figure2: dict[str, Any] = {}
         self.watch: dict[str, Any] = {}
         self.templates: list[Template] = []
@@ -142,6 +143,8 @@ class Bench:
                 if baseline:
                     log(f"{size:,}: h2load second opinion")
                     self.h2load = figures.h2load_ratio(kibo, top, gets[0], plan.h2load_reps, plan.seconds, self.work)
+                    log(f"{size:,}: Connect vs gRPC (h2load)")
+                    self.connect = figures.connect_ratio(server, gets[0], plan.h2load_reps, plan.seconds, self.work)
                 log(f"{size:,}: ListWorkspaces(page_size=100), tokens from every depth")
                 out["list"] = figures.summarize(
                     [
@@ -209,7 +212,11 @@ def figures_json(bench: Bench, elapsed: float, command: str) -> dict[str, Any]:
     big = sizes[large]
 
     def scale(key: str, stat: str) -> float:
-        return float(big[key][stat] / base[key][stat])
+        def of(figures: dict[str, Any]) -> float:
+            figure = figures[key]["kibo"] if key == "get" else figures[key]
+            return float(figure[stat])
+
+        return of(big) / of(base)
 
     durable = base["creates_durable"]
     out: dict[str, Any] = {
@@ -221,6 +228,9 @@ def figures_json(bench: Bench, elapsed: float, command: str) -> dict[str, Any]:
         "ceiling_p50_ms": base["get"]["ceiling"]["p50_ms"],
         "ceiling_p99_ms": base["get"]["ceiling"]["p99_ms"],
         "rpc_ceiling_ratio_h2load": bench.h2load.get("ratio"),
+        "rpc_ceiling_cpu_ratio": base["get"]["cpu_ratio"],
+        "get_server_cpu_us_per_call": base["get"]["kibo"]["server_cpu_us_per_call"],
+        "ceiling_server_cpu_us_per_call": base["get"]["ceiling"]["server_cpu_us_per_call"],
         "create_to_available_p50_ms": base["lifecycle"]["create_to_available_p50_ms"],
         "create_to_available_p99_ms": base["lifecycle"]["create_to_available_p99_ms"],
         "stop_to_stopped_p50_ms": base["lifecycle"]["stop_to_stopped_p50_ms"],
@@ -241,9 +251,15 @@ def figures_json(bench: Bench, elapsed: float, command: str) -> dict[str, Any]:
         "watch_delivery_p99_ms": bench.watch["delivery_p99_ms"],
         "watch_streams": bench.watch["streams"],
         "watch_server_rss_mib": bench.watch["server_rss_mib_after_changes"],
-        "connect_vs_grpc_ratio": None,
+        "connect_vs_grpc_ratio": bench.connect.get("ratio"),
+        "connect_qps": bench.connect.get("connect_qps"),
         "notes": {
-            "connect_vs_grpc_ratio": "null: this build serves no Connect endpoint yet (--http-listen is not served)",
+            "connect_vs_grpc_ratio": (
+                f"null: {bench.connect['skipped']}"
+                if "skipped" in bench.connect
+                else "GetWorkspace QPS, Connect (binary, HTTP/1.1, 64 connections) / gRPC (1 connection, 64 streams),"
+                " both driven by h2load against the same server"
+            ),
             "scale": (
                 f"--quick: the scale figures compare {large:,} stored workspaces with {small:,} "
                 "(keys keep the _100k_vs_1k names)"
@@ -259,6 +275,7 @@ def figures_json(bench: Bench, elapsed: float, command: str) -> dict[str, Any]:
         "plan": asdict(plan),
         "sizes": {str(k): v for k, v in sizes.items()},
         "h2load": bench.h2load,
+        "connect": bench.connect,
         "watch": bench.watch,
         "machine": {
             "cpus": os.cpu_count(),

@@ -54,6 +54,7 @@ def table(result: dict[str, Any]) -> str:
     main = [
         ("1 GetWorkspace / ceiling, QPS ratio (Python client)", "rpc_ceiling_ratio"),
         ("1 GetWorkspace / ceiling, QPS ratio (h2load)", "rpc_ceiling_ratio_h2load"),
+        ("1 ceiling / GetWorkspace, server CPU per call", "rpc_ceiling_cpu_ratio"),
         ("1 GetWorkspace QPS at 64 in flight", "get_qps"),
         ("1 GetWorkspace p50 ms", "get_p50_ms"),
         ("1 GetWorkspace p99 ms", "get_p99_ms"),

@@ -36,13 +36,15 @@ from .hub import Hub, Signal
 from .model import Command, Instance, Workspace
 from .runtime.sim import Fault, SimBoard, SimError, SimNode
 from .service import CommandRequest, Service
-from .store import Reader, Store, WorkspaceQuery
+from .store import Changes, Reader, Store, WorkspaceQuery
 from .transport import parse, render
 
 RequestT = TypeVar("RequestT")
 
-# How many rendered workspaces GetWorkspace, ListWorkspaces and WatchWorkspace remember.
+# How many rendered workspaces GetWorkspace, ListWorkspaces and WatchWorkspace remember,
+# and how many workspace records GetWorkspace and WatchWorkspace can answer from memory.
 RENDERED_WORKSPACES = 4096
+LATEST_WORKSPACES = 4096
 
 
 class Api:
@@ -55,6 +57,8 @@ class Api:
         self._capabilities = sorted(set(capabilities))
         self._settle = settle_seconds
         self._rendered: dict[str, tuple[int, wp_pb2.Workspace]] = {}
+        self._latest: dict[str, Workspace] = {}
+        hub.listen(self._on_changes)
 
     def _render(self, workspace: Workspace) -> wp_pb2.Workspace:
         """render.workspace, remembered by (ID, version): a version is one stored state of the
@@ -173,8 +177,32 @@ class Api:
 
     # -- queries -----------------------------------------------------------------------
 
-    async def _workspace(self, caller: Caller, workspace_id: str) -> Workspace:
+    def _on_changes(self, changes: Changes) -> None:
+        # Published commits keep the remembered records current (rows are never removed).
+        for workspace in changes.workspaces.values():
+            if workspace.id in self._latest:
+                self._latest[workspace.id] = workspace
+
+    def _recall(self, workspace_id: str) -> Workspace | None:
+        """The stored record from memory, when the store vouches that every commit is published."""
+        return self._latest.get(workspace_id) if self._store.published_mark() is not None else None
+
+    async def _read_workspace(self, workspace_id: str) -> Workspace | None:
+        workspace = self._recall(workspace_id)
+        if workspace is not None:
+            return workspace
+        mark = self._store.published_mark()
         workspace = await self._store.read(lambda r: r.get_workspace(workspace_id))
+        # Remember it only if nothing committed meanwhile: then it is what is stored now, and
+        # _on_changes keeps it so. (A read overtaken by a commit may be older than that.)
+        if workspace is not None and mark is not None and self._store.published_mark() == mark:
+            if len(self._latest) >= LATEST_WORKSPACES:
+                del self._latest[next(iter(self._latest))]  # the oldest entry
+            self._latest[workspace.id] = workspace
+        return workspace
+
+    async def _workspace(self, caller: Caller, workspace_id: str) -> Workspace:
+        workspace = await self._read_workspace(workspace_id)
         # Another tenant's workspace does not exist for this caller.
         if workspace is None or workspace.tenant != caller.tenant:
             raise NotFound(f"workspace {workspace_id} not found", field="workspace_id")

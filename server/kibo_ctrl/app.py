@@ -185,19 +185,20 @@ class App:
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         ]
         self.server = grpc.aio.server(options=options)
-        descriptors = [
-            (workspace_service_pb2.DESCRIPTOR.services_by_name["WorkspaceService"], self.api),
-            (observation_service_pb2.DESCRIPTOR.services_by_name["WorkspaceObservationService"], self.api),
-            (volume_service_pb2.DESCRIPTOR.services_by_name["VolumeService"], self.api),
-            (simulator_pb2.DESCRIPTOR.services_by_name["SimulatorService"], self.sim_api),
+        # (service, implementation, methods authorized by a credential instead of a token)
+        services = [
+            (workspace_service_pb2.DESCRIPTOR.services_by_name["WorkspaceService"], self.api, frozenset[str]()),
+            (observation_service_pb2.DESCRIPTOR.services_by_name["WorkspaceObservationService"], self.api, frozenset()),
+            (volume_service_pb2.DESCRIPTOR.services_by_name["VolumeService"], self.api, frozenset()),
+            (simulator_pb2.DESCRIPTOR.services_by_name["SimulatorService"], self.sim_api, frozenset()),
+            (data_plane.SERVICE, self.data_plane, data_plane.CREDENTIAL_METHODS),
         ]
-        handlers = [service_handler(d, impl, self.authenticator) for d, impl in descriptors]
-        self.server.add_generic_rpc_handlers(handlers)
-        self.server.add_generic_rpc_handlers([data_plane.grpc_handler(self.data_plane, self.authenticator)])
+        self.server.add_generic_rpc_handlers(
+            [service_handler(d, impl, self.authenticator, open_) for d, impl, open_ in services]
+        )
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        names = [d.full_name for d, _ in descriptors] + [health.SERVICE_NAME, reflection.SERVICE_NAME]
-        names.append(data_plane.SERVICE.full_name)
+        names = [d.full_name for d, _, _ in services] + [health.SERVICE_NAME, reflection.SERVICE_NAME]
         reflection.enable_server_reflection(names, self.server)
         tls = self.config.tls
         if tls is None:
@@ -209,7 +210,9 @@ class App:
         await self.server.start()
         self.http: HttpServer | None = None
         if self.config.http_listen:
-            asgi = application(self.api, self.sim_api, MAX_MESSAGE_BYTES, self.authenticator)
+            asgi = application(
+                [(d.full_name, impl, open_) for d, impl, open_ in services], MAX_MESSAGE_BYTES, self.authenticator
+            )
             http_server = SERVERS[self.config.http_server]
             self.http = http_server(asgi, self.config.http_listen, self.config.shutdown_grace_s, self.config.tls)
             try:
@@ -218,7 +221,7 @@ class App:
                 await self.server.stop(None)
                 raise
         # SERVING only once both listeners accept calls.
-        for name in ["", *(d.full_name for d, _ in descriptors)]:
+        for name in ["", *(d.full_name for d, _, _ in services)]:
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
 
     async def stop(self) -> None:

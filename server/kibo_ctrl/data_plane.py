@@ -23,37 +23,26 @@ import json
 import os
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import grpc
-from google.protobuf.message import DecodeError, Message
-from google.protobuf.message_factory import GetMessageClass
 from google.protobuf.timestamp_pb2 import Timestamp
 from kibo.ctrl.v1 import data_plane_service_pb2 as dp
 
-from .auth import Authenticator, Caller
-from .errors import Conflict, InvalidArgument, KiboError, NotFound, Unauthenticated, Unavailable
+from .auth import Caller
+from .errors import Conflict, GuestError, InvalidArgument, NotFound, Unauthenticated, Unavailable, Unimplemented
 from .model import Phase, WorkspaceState
 from .runtime.base import Runtime
 from .runtime.process import Exit, GuestRefused, ProcessRuntime
 from .store import Reader, Store
-from .transport.errors import to_status
 
 SERVICE = dp.DESCRIPTOR.services_by_name["DataPlaneService"]
+# Authorized by the data-plane credential in the request, not by a control-plane token.
+CREDENTIAL_METHODS = frozenset({"ExecWorkspaceCommand", "ReadWorkspaceFile", "WriteWorkspaceFile"})
 TOKEN_PREFIX = "kdp1"
 # A file read or written in one message stays well under the 4 MiB message limit.
 MAX_FILE_BYTES = 3 << 20
-
-
-class DataPlaneError(Exception):
-    """A failure with no domain error: INTERNAL, UNIMPLEMENTED."""
-
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
 
 
 def _b64(data: bytes) -> str:
@@ -144,7 +133,7 @@ class DataPlane:
             )
         runtime = self._runtimes.get(workspace.node_id or "")
         if not isinstance(runtime, ProcessRuntime):
-            raise DataPlaneError(grpc.StatusCode.UNIMPLEMENTED, "this workspace's runtime has no data plane")
+            raise Unimplemented("this workspace's runtime has no data plane (the simulator has none)")
         restarting = instance is None or instance.phase is not Phase.RUNNING or not workspace.guest.responding
         if workspace.state is not WorkspaceState.AVAILABLE or restarting or not runtime.guest_ready(instance.id):
             raise Unavailable("the guest is not answering (restarting?): retry", state=workspace.state.name)
@@ -153,7 +142,7 @@ class DataPlane:
     # -- commands and files ---------------------------------------------------------------------
 
     async def exec_workspace_command(
-        self, request: dp.ExecWorkspaceCommandRequest
+        self, request: dp.ExecWorkspaceCommandRequest, caller: Caller
     ) -> AsyncIterator[dp.ExecWorkspaceCommandResponse]:
         if not request.argv:
             raise InvalidArgument("argv: give the command to run", field="argv")
@@ -172,7 +161,9 @@ class DataPlane:
         except GuestRefused as refused:
             raise _refused(refused) from None
 
-    async def read_workspace_file(self, request: dp.ReadWorkspaceFileRequest) -> dp.ReadWorkspaceFileResponse:
+    async def read_workspace_file(
+        self, request: dp.ReadWorkspaceFileRequest, caller: Caller
+    ) -> dp.ReadWorkspaceFileResponse:
         runtime, instance_id, mounts = await self._authorize(request.credential)
         _check_path(request.path, mounts)
         content = bytearray()
@@ -180,7 +171,7 @@ class DataPlane:
             async for item in runtime.guest_job(instance_id, {"mode": "read", "path": request.path}):
                 if isinstance(item, Exit):
                     if item.code != 0:
-                        raise DataPlaneError(grpc.StatusCode.INTERNAL, f"reading {request.path} failed")
+                        raise GuestError(f"reading {request.path} in the guest failed", field="path")
                 elif item.stream == "stdout":
                     content += item.data
                     if len(content) > MAX_FILE_BYTES:
@@ -191,7 +182,9 @@ class DataPlane:
             raise _refused(refused) from None
         return dp.ReadWorkspaceFileResponse(content=bytes(content))
 
-    async def write_workspace_file(self, request: dp.WriteWorkspaceFileRequest) -> dp.WriteWorkspaceFileResponse:
+    async def write_workspace_file(
+        self, request: dp.WriteWorkspaceFileRequest, caller: Caller
+    ) -> dp.WriteWorkspaceFileResponse:
         if len(request.content) > MAX_FILE_BYTES:
             raise InvalidArgument(f"content is larger than {MAX_FILE_BYTES >> 20} MiB", field="content")
         if request.mode > 0o7777:
@@ -202,7 +195,7 @@ class DataPlane:
         try:
             async for item in runtime.guest_job(instance_id, job, request.content):
                 if isinstance(item, Exit) and item.code != 0:
-                    raise DataPlaneError(grpc.StatusCode.INTERNAL, f"writing {request.path} failed")
+                    raise GuestError(f"writing {request.path} in the guest failed", field="path")
         except GuestRefused as refused:
             raise _refused(refused) from None
         return dp.WriteWorkspaceFileResponse(size=len(request.content))
@@ -221,89 +214,4 @@ def _refused(refused: GuestRefused) -> Exception:
         return InvalidArgument(str(refused), field="path")
     if refused.status == "not-found":
         return NotFound(str(refused), field="path")
-    return DataPlaneError(grpc.StatusCode.INTERNAL, str(refused))
-
-
-# -- gRPC binding (like transport/grpc.py, plus the data plane's own status codes) ------------
-
-
-async def _abort(context: grpc.aio.ServicerContext[Any, Any], error: Exception) -> None:
-    if isinstance(error, KiboError):
-        code, status = to_status(error)
-        await context.abort(
-            code, error.message, trailing_metadata=(("grpc-status-details-bin", status.SerializeToString()),)
-        )
-    assert isinstance(error, DataPlaneError)
-    await context.abort(error.code, error.message)
-
-
-def _decode(request_class: type[Message], raw: bytes) -> Message:
-    try:
-        return request_class.FromString(raw)
-    except (DecodeError, RuntimeError, ValueError) as error:
-        raise InvalidArgument(f"the request body cannot be decoded: {error}") from None
-
-
-def _authorization(context: grpc.aio.ServicerContext[Any, Any]) -> str | None:
-    for key, value in context.invocation_metadata() or ():
-        if key == "authorization":
-            return value if isinstance(value, str) else value.decode(errors="replace")
-    return None
-
-
-def grpc_handler(implementation: DataPlane, auth: Authenticator) -> grpc.GenericRpcHandler:
-    """Bind the service; IssueDataPlaneCredential authenticates the caller's token first."""
-    handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
-    for method in SERVICE.methods:
-        name = "".join(f"_{c.lower()}" if c.isupper() else c for c in method.name).lstrip("_")
-        fn = getattr(implementation, name)
-        request_class = GetMessageClass(method.input_type)
-        if method.name == "IssueDataPlaneCredential":
-            handlers[method.name] = grpc.unary_unary_rpc_method_handler(_issuing(request_class, fn, auth))
-        elif method.server_streaming:
-            handlers[method.name] = grpc.unary_stream_rpc_method_handler(_streaming(request_class, fn))
-        else:
-            handlers[method.name] = grpc.unary_unary_rpc_method_handler(_unary(request_class, fn))
-    return grpc.method_handlers_generic_handler(SERVICE.full_name, handlers)
-
-
-def _issuing(
-    request_class: type[Message], fn: Callable[[Any, Caller], Awaitable[Message]], auth: Authenticator
-) -> Callable[[bytes, grpc.aio.ServicerContext[Any, Any]], Awaitable[bytes]]:
-    async def handle(raw: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
-        try:
-            caller = await auth.authenticate(_authorization(context))
-            response = await fn(_decode(request_class, raw), caller)
-        except (KiboError, DataPlaneError) as error:
-            await _abort(context, error)
-            raise
-        return response.SerializeToString()
-
-    return handle
-
-
-def _unary(
-    request_class: type[Message], fn: Callable[[Any], Awaitable[Message]]
-) -> Callable[[bytes, grpc.aio.ServicerContext[Any, Any]], Awaitable[bytes]]:
-    async def handle(raw: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
-        try:
-            response = await fn(_decode(request_class, raw))
-        except (KiboError, DataPlaneError) as error:
-            await _abort(context, error)
-            raise
-        return response.SerializeToString()
-
-    return handle
-
-
-def _streaming(
-    request_class: type[Message], fn: Callable[[Any], AsyncIterator[Message]]
-) -> Callable[[bytes, grpc.aio.ServicerContext[Any, Any]], AsyncIterator[bytes]]:
-    async def handle(raw: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[bytes]:
-        try:
-            async for response in fn(_decode(request_class, raw)):
-                yield response.SerializeToString()
-        except (KiboError, DataPlaneError) as error:
-            await _abort(context, error)
-
-    return handle
+    return GuestError(str(refused))

@@ -19,6 +19,8 @@ class Reason(IntEnum):
     PERMISSION_DENIED = 9
     QUOTA_EXCEEDED = 10
     RATE_LIMITED = 11
+    UNIMPLEMENTED = 12
+    GUEST_ERROR = 13
 
 
 class KiboError(Exception):
@@ -89,3 +91,15 @@ class RateLimited(KiboError):
     def __init__(self, message: str, *, retry_after: float) -> None:
         super().__init__(message, hint=f"retry after {retry_after:.2f} s")
         self.retry_after = retry_after
+
+
+class Unimplemented(KiboError):
+    """The server cannot do this at all (e.g. the simulated runtime has no data plane)."""
+
+    reason = Reason.UNIMPLEMENTED
+
+
+class GuestError(KiboError):
+    """The guest could not do what was asked (e.g. a file it cannot write)."""
+
+    reason = Reason.GUEST_ERROR

@@ -372,6 +372,7 @@ class Store(Protocol):
     async def transact(self, fn: Callable[[Tx], T]) -> T: ...
     async def read(self, fn: Callable[[Reader], T]) -> T: ...
     def subscribe(self, listener: Callable[[Changes], None]) -> None: ...
+    def published_mark(self) -> int | None: ...
     async def close(self) -> None: ...
 
 
@@ -398,6 +399,9 @@ class SqliteStore:
         self._reader = threading.Thread(target=self._read_loop, name="kibo-store-read", daemon=True)
         self._writer = threading.Thread(target=self._write_loop, name="kibo-store-write", daemon=True)
         self._closed = False
+        # Commit batches begun (by the writer thread) and published (on the event loop).
+        self._batches_begun = 0
+        self._batches_published = 0
 
     @classmethod
     async def open(cls, path: Path) -> SqliteStore:
@@ -431,6 +435,13 @@ class SqliteStore:
 
     def subscribe(self, listener: Callable[[Changes], None]) -> None:
         self._listeners.append(listener)
+
+    def published_mark(self) -> int | None:
+        """On the event loop: a number that changes with every commit, or None while a commit
+        may be visible to readers but not yet published to the listeners. While it stays the
+        same number, what the listeners were told is exactly what is stored."""
+        published = self._batches_published
+        return published if self._batches_begun == published else None
 
     async def transact(self, fn: Callable[[Tx], T]) -> T:
         if self._closed:
@@ -497,6 +508,8 @@ class SqliteStore:
         outcomes: list[tuple[_Job, Any, BaseException | None]] = []
         changes = Changes()
         now = time.time()
+        # Before anything can commit; _publish_and_settle counts the batch published.
+        self._batches_begun += 1
         try:
             conn.execute("BEGIN IMMEDIATE")
             for job in batch:
@@ -527,6 +540,7 @@ class SqliteStore:
             if changes:
                 self._publish(changes)
         finally:
+            self._batches_published += 1
             _settle_all(outcomes)
 
     def _publish(self, changes: Changes) -> None:

@@ -14,11 +14,16 @@ from connectrpc.code import Code
 from connectrpc.errors import ConnectError, ErrorDetail
 from connectrpc.request import RequestContext
 from google.protobuf.message import Message
-from kibo.ctrl.v1 import observation_service_connect, volume_service_connect, workspace_service_connect
+from kibo.ctrl.v1 import (
+    data_plane_service_connect,
+    observation_service_connect,
+    volume_service_connect,
+    workspace_service_connect,
+)
 from kibo.sim.v1 import simulator_connect
 from protobuf.wkt import Any as ConnectAny
 
-from ..auth import Authenticator
+from ..auth import OPEN, Authenticator
 from ..errors import KiboError
 from .errors import to_status
 
@@ -43,18 +48,20 @@ def _store_unavailable(error: sqlite3.Error) -> ConnectError:
 class _Adapter:
     """Presents an Api object as a connectrpc service: `name(request, ctx)` -> `api.name(request)`."""
 
-    def __init__(self, api: object, auth: Authenticator) -> None:
+    def __init__(self, api: object, auth: Authenticator, credential_methods: frozenset[str]) -> None:
         self._api = api
         self._auth = auth
+        self._open = credential_methods
 
     def __getattr__(self, name: str) -> Any:
         target = getattr(self._api, name)
+        auth = OPEN if _pascal(name) in self._open else self._auth
         if _is_async_generator(target):
 
             @functools.wraps(target)
             async def stream(request: Message, ctx: RequestContext[Any, Any]) -> AsyncIterator[Message]:
                 try:
-                    caller = await self._auth.authenticate(ctx.request_headers.get("authorization"))
+                    caller = await auth.authenticate(ctx.request_headers.get("authorization"))
                     async for response in target(request, caller):
                         yield response
                 except KiboError as error:
@@ -67,7 +74,7 @@ class _Adapter:
         @functools.wraps(target)
         async def unary(request: Message, ctx: RequestContext[Any, Any]) -> Message:
             try:
-                caller = await self._auth.authenticate(ctx.request_headers.get("authorization"))
+                caller = await auth.authenticate(ctx.request_headers.get("authorization"))
                 response: Message = await target(request, caller)
             except KiboError as error:
                 raise connect_error(error) from None
@@ -78,24 +85,34 @@ class _Adapter:
         return unary
 
 
+def _pascal(name: str) -> str:
+    return "".join(part.title() for part in name.split("_"))
+
+
 def _is_async_generator(function: Any) -> bool:
     return inspect.isasyncgenfunction(function)
 
 
-def application(api: object, simulator: object | None, read_max_bytes: int, auth: Authenticator) -> ASGIApp:
-    """One ASGI app routing each service's path prefix to its connectrpc application."""
-    service = cast(Any, _Adapter(api, auth))
-    apps: list[Any] = [
-        workspace_service_connect.WorkspaceServiceASGIApplication(service, read_max_bytes=read_max_bytes),
-        observation_service_connect.WorkspaceObservationServiceASGIApplication(service, read_max_bytes=read_max_bytes),
-        volume_service_connect.VolumeServiceASGIApplication(service, read_max_bytes=read_max_bytes),
+# connectrpc's generated ASGI application for each service, by full name.
+APPLICATIONS: dict[str, Any] = {
+    "kibo.ctrl.v1.WorkspaceService": workspace_service_connect.WorkspaceServiceASGIApplication,
+    "kibo.ctrl.v1.WorkspaceObservationService": observation_service_connect.WorkspaceObservationServiceASGIApplication,
+    "kibo.ctrl.v1.VolumeService": volume_service_connect.VolumeServiceASGIApplication,
+    "kibo.ctrl.v1.DataPlaneService": data_plane_service_connect.DataPlaneServiceASGIApplication,
+    "kibo.sim.v1.SimulatorService": simulator_connect.SimulatorServiceASGIApplication,
+}
+
+
+def application(
+    services: list[tuple[str, object, frozenset[str]]], read_max_bytes: int, auth: Authenticator
+) -> ASGIApp:
+    """One ASGI app routing each service's path prefix to its connectrpc application.
+
+    `services`: (full name, implementation, methods authorized by a credential, not a token)."""
+    apps = [
+        APPLICATIONS[name](cast(Any, _Adapter(impl, auth, open_)), read_max_bytes=read_max_bytes)
+        for name, impl, open_ in services
     ]
-    if simulator is not None:
-        apps.append(
-            simulator_connect.SimulatorServiceASGIApplication(
-                cast(Any, _Adapter(simulator, auth)), read_max_bytes=read_max_bytes
-            )
-        )
     routes = {f"/{app.path.strip('/')}/": app for app in apps}
 
     async def route(

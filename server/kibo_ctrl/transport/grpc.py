@@ -14,7 +14,7 @@ from google.protobuf.descriptor import ServiceDescriptor
 from google.protobuf.message import DecodeError, Message
 from google.protobuf.message_factory import GetMessageClass
 
-from ..auth import Authenticator
+from ..auth import OPEN, Authenticator
 from ..errors import InvalidArgument, KiboError
 from .errors import to_status
 
@@ -79,7 +79,10 @@ def _stream(request_class: type[Message], fn: StreamFn, auth: Authenticator) -> 
 
 
 def service_handler(
-    descriptor: ServiceDescriptor, implementation: object, auth: Authenticator
+    descriptor: ServiceDescriptor,
+    implementation: object,
+    auth: Authenticator,
+    credential_methods: frozenset[str] = frozenset(),
 ) -> grpc.GenericRpcHandler:
     """Bind every method of `descriptor` to the snake_case method of `implementation`,
     called as `method(request, caller)` once the caller is authenticated."""
@@ -88,5 +91,6 @@ def service_handler(
         fn = getattr(implementation, _snake(method.name))
         request_class = GetMessageClass(method.input_type)
         handler = _stream if method.server_streaming else _unary
-        handlers[method.name] = handler(request_class, fn, auth)
+        # Methods authorized by a credential in the request need no token.
+        handlers[method.name] = handler(request_class, fn, OPEN if method.name in credential_methods else auth)
     return grpc.method_handlers_generic_handler(descriptor.full_name, handlers)
