@@ -20,7 +20,7 @@ MAX_ANNOTATIONS_BYTES = 64 * 1024
 # (minimum, maximum) of each resource; 0 in a request means the default.
 LIMITS: dict[str, tuple[int, int]] = {
     "vcpus": (1, 64),
-    "memory_mib": (128, 262_144),
+    "memory_mib": (16, 262_144),
     "writable_layer_gib": (1, 1024),
 }
 DEFAULT_RESOURCES = Resources(vcpus=2, memory_mib=2048, writable_layer_gib=10)
