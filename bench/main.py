@@ -25,6 +25,7 @@ from . import figures, report
 from .figures import GET
 from .seed import Template, seed
 from .server import Ceiling, Server
+from .stats import median, ratio
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,7 @@ class Plan:
     lifecycle_count: int  # figure 2 at the baseline size
     growth_lifecycle_count: int
     create_reps: int
+    scale_reps: int
     watchers: int
     watch_processes: int
     watch_cycles: int
@@ -56,6 +58,7 @@ class Plan:
             lifecycle_count=1000,
             growth_lifecycle_count=300,
             create_reps=3,
+            scale_reps=4,
             watchers=5000,
             watch_processes=4,
             watch_cycles=4,
@@ -67,13 +70,14 @@ class Plan:
             quick=True,
             sizes=(1_000, 10_000),
             get_reps=3,
-            growth_reps=2,
+            growth_reps=1,
             seconds=1.5,
             h2load_reps=2,
-            list_reps=2,
-            lifecycle_count=300,
+            list_reps=0,  # the scale phase measures List at both sizes
+            lifecycle_count=200,
             growth_lifecycle_count=100,
             create_reps=2,
+            scale_reps=2,
             watchers=5000,
             watch_processes=4,
             watch_cycles=1,
@@ -95,6 +99,7 @@ class Bench:
         self.connect: dict[str, Any] = {}
         self.figure2: dict[str, Any] = {}
         self.watch: dict[str, Any] = {}
+        self.scale: dict[str, Any] = {}
         self.templates: list[Template] = []
 
     def server(self, data_dir: Path, settle_ms: float | None = None) -> Server:
@@ -117,6 +122,7 @@ class Bench:
         try:
             for n, size in enumerate(self.plan.sizes):
                 self.size_phase(size, baseline=n == 0, ceiling=ceiling)
+            self.scale_phase()
             self.watch_phase()
         finally:
             ceiling.stop()
@@ -125,6 +131,8 @@ class Bench:
         plan = self.plan
         stored, seed_s = seed(self.base, self.templates, max(0, size - _count(self.base, self.templates)))
         log(f"{stored:,} workspaces stored (seeding took {seed_s:.1f}s)")
+        if size in (self.plan.sizes[0], self.plan.sizes[-1]):
+            shutil.copytree(self.base, self.pristine(size))  # for the scale phase
         work = self.work / f"store-{size}"
         shutil.copytree(self.base, work)
         out: dict[str, Any] = {"stored": stored, "seed_s": seed_s}
@@ -145,13 +153,14 @@ class Bench:
                     self.h2load = figures.h2load_ratio(kibo, top, gets[0], plan.h2load_reps, plan.seconds, self.work)
                     log(f"{size:,}: Connect vs gRPC (h2load)")
                     self.connect = figures.connect_ratio(server, gets[0], plan.h2load_reps, plan.seconds, self.work)
-                log(f"{size:,}: ListWorkspaces(page_size=100), tokens from every depth")
-                out["list"] = figures.summarize(
-                    [
-                        figures.unary_load(kibo, LIST, sample.list_requests, plan.seconds, 8)
-                        for _ in range(plan.list_reps)
-                    ]
-                )
+                if plan.list_reps:
+                    log(f"{size:,}: ListWorkspaces(page_size=100), tokens from every depth")
+                    out["list"] = figures.summarize(
+                        [
+                            figures.unary_load(kibo, LIST, sample.list_requests, plan.seconds, 8)
+                            for _ in range(plan.list_reps)
+                        ]
+                    )
                 out["server_rss_mib_after_reads"] = server.rss_mib()
                 count = plan.lifecycle_count if baseline else plan.growth_lifecycle_count
                 log(f"{size:,}: lifecycle, {count} creates then {count} stops, one at a time")
@@ -175,6 +184,51 @@ class Bench:
         finally:
             shutil.rmtree(work, ignore_errors=True)
         self.sizes[size] = out
+
+    def pristine(self, size: int) -> Path:
+        return self.work / f"pristine-{size}"
+
+    def scale_phase(self) -> None:
+        """Figure 4: a server on the smallest store and one on the largest, both up, the same
+        loads alternating between them: Get at 64 in flight, List(page_size=100) at 8."""
+        plan = self.plan
+        small, large = plan.sizes[0], plan.sizes[-1]
+        servers = {small: self.server(self.pristine(small)), large: self.server(self.pristine(large))}
+        out: dict[str, Any] = {"sizes": [small, large]}
+        try:
+            out["restart_to_serving_s"] = {}
+            out["restart_to_first_create_s"] = {}
+            for size, server in servers.items():
+                began = time.monotonic()
+                out["restart_to_serving_s"][size] = server.start()
+                # SERVING is not the whole story: startup work in the engine delays commands.
+                figures.make_workspace(server, f"bench-restart/{uuid.uuid4()}")
+                out["restart_to_first_create_s"][size] = time.monotonic() - began
+            out["server_rss_mib_start"] = {size: server.rss_mib() for size, server in servers.items()}
+            walks = {size: figures.walk(server, ids=1000, pages=200) for size, server in servers.items()}
+            out["list_all_s"] = {size: w.seconds for size, w in walks.items()}
+            log(f"scale: {small:,} and {large:,} stored, alternating, {plan.scale_reps} x {plan.seconds}s")
+            runs: dict[str, dict[int, list[dict[str, Any]]]] = {"get": {}, "list": {}}
+            for _ in range(plan.scale_reps):
+                for size, server in servers.items():
+                    target = figures.kibo_target(server)
+                    gets = [ws.GetWorkspaceRequest(workspace_id=i).SerializeToString() for i in walks[size].ids]
+                    runs["get"].setdefault(size, []).append(
+                        figures.unary_load(target, GET, gets, plan.seconds, figures.IN_FLIGHT)
+                    )
+                    runs["list"].setdefault(size, []).append(
+                        figures.unary_load(target, LIST, walks[size].list_requests, plan.seconds, 8)
+                    )
+            for kind, by_size in runs.items():
+                out[kind] = {size: figures.summarize(r) for size, r in by_size.items()}
+                for stat in ("p50_ms", "p99_ms", "qps"):
+                    pairs = zip(by_size[large], by_size[small], strict=True)
+                    out[kind][f"{stat}_ratio"] = median([ratio(b[stat], a[stat]) for b, a in pairs])
+            out["server_rss_mib_after_reads"] = {size: server.rss_mib() for size, server in servers.items()}
+        finally:
+            for server in servers.values():
+                server.stop()
+        self.scale = out
 
     def watch_phase(self) -> None:
         plan = self.plan
@@ -209,14 +263,8 @@ def figures_json(bench: Bench, elapsed: float, command: str) -> dict[str, Any]:
     sizes = bench.sizes
     small, large = plan.sizes[0], plan.sizes[-1]
     base = sizes[small]
-    big = sizes[large]
 
-    def scale(key: str, stat: str) -> float:
-        def of(figures: dict[str, Any]) -> float:
-            figure = figures[key]["kibo"] if key == "get" else figures[key]
-            return float(figure[stat])
-
-        return of(big) / of(base)
+    scale = bench.scale
 
     durable = base["creates_durable"]
     out: dict[str, Any] = {
@@ -239,14 +287,20 @@ def figures_json(bench: Bench, elapsed: float, command: str) -> dict[str, Any]:
         "durable_creates_to_available_per_s": durable["to_available_per_s"],
         "settled_creates_per_s": base["creates_settled"]["per_s"],
         "scale_size": large,
-        "scale_get_ratio_100k_vs_1k": scale("get", "p50_ms"),
-        "scale_get_p99_ratio_100k_vs_1k": scale("get", "p99_ms"),
-        "scale_list_ratio_100k_vs_1k": scale("list", "p50_ms"),
-        "scale_list_p99_ratio_100k_vs_1k": scale("list", "p99_ms"),
-        "list_p50_ms_1k": base["list"]["p50_ms"],
-        "list_p50_ms_100k": big["list"]["p50_ms"],
-        "server_rss_mib_100k": big["server_rss_mib_after_reads"],
-        "restart_to_serving_s_100k": big["restart_to_serving_s"],
+        "scale_get_ratio_100k_vs_1k": scale["get"]["p50_ms_ratio"],
+        "scale_get_p99_ratio_100k_vs_1k": scale["get"]["p99_ms_ratio"],
+        "scale_list_ratio_100k_vs_1k": scale["list"]["p50_ms_ratio"],
+        "scale_list_p99_ratio_100k_vs_1k": scale["list"]["p99_ms_ratio"],
+        "get_p50_ms_1k": scale["get"][small]["p50_ms"],
+        "get_p50_ms_100k": scale["get"][large]["p50_ms"],
+        "list_p50_ms_1k": scale["list"][small]["p50_ms"],
+        "list_p50_ms_100k": scale["list"][large]["p50_ms"],
+        "server_rss_mib_1k": scale["server_rss_mib_after_reads"][small],
+        "server_rss_mib_100k": scale["server_rss_mib_after_reads"][large],
+        "restart_to_serving_s_1k": scale["restart_to_serving_s"][small],
+        "restart_to_serving_s_100k": scale["restart_to_serving_s"][large],
+        "restart_to_first_create_available_s_1k": scale["restart_to_first_create_s"][small],
+        "restart_to_first_create_available_s_100k": scale["restart_to_first_create_s"][large],
         "watch_fanout_p99_ms": bench.watch["fanout_p99_ms"],
         "watch_delivery_p99_ms": bench.watch["delivery_p99_ms"],
         "watch_streams": bench.watch["streams"],
@@ -266,7 +320,11 @@ def figures_json(bench: Bench, elapsed: float, command: str) -> dict[str, Any]:
                 if plan.quick and large != 100_000
                 else f"{large:,} stored workspaces against {small:,}"
             ),
-            "scale_ratios": "p50 latency at N stored / p50 at 1k; Get at 64 in flight, List(page_size=100) at 8",
+            "scale_ratios": (
+                "p50 latency with N stored / with 1k, two servers up side by side, loads alternating; Get at 64 "
+                "in flight over 1,000 IDs drawn from the whole store, List(page_size=100) at 8 in flight from "
+                "page tokens at every depth"
+            ),
             "durable_creates_per_s": "answered at commit (--settle-ms 0): durably recorded, PENDING",
             "watch_fanout_p99_ms": "per stored change: its update_time to the last of all streams receiving it",
         },
@@ -274,6 +332,7 @@ def figures_json(bench: Bench, elapsed: float, command: str) -> dict[str, Any]:
         "quick": plan.quick,
         "plan": asdict(plan),
         "sizes": {str(k): v for k, v in sizes.items()},
+        "scale": scale,
         "h2load": bench.h2load,
         "connect": bench.connect,
         "watch": bench.watch,
@@ -308,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     plan = Plan.quick_plan() if args.quick else Plan.full()
     began = time.monotonic()
-    work = Path(tempfile.mkdtemp(prefix="kibo-bench-"))
+    work = Path(tempfile.mkdtemp(prefix="kibo-bench-run-"))
     bench = Bench(plan, work)
     ok = False
     try:

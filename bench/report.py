@@ -70,6 +70,7 @@ def table(result: dict[str, Any]) -> str:
         (f"4 List(100) p50 at {size:,} / at {small:,}", "scale_list_ratio_100k_vs_1k"),
         (f"4 server RSS MiB, {size:,} stored", "server_rss_mib_100k"),
         (f"4 restart to SERVING s, {size:,} stored", "restart_to_serving_s_100k"),
+        (f"4 restart to a create AVAILABLE s, {size:,} stored", "restart_to_first_create_available_s_100k"),
         (f"5 watch fan-out p99 ms ({result['watch_streams']:,} streams)", "watch_fanout_p99_ms"),
         ("5 watch per-delivery p99 ms", "watch_delivery_p99_ms"),
         ("5 server RSS MiB with the streams", "watch_server_rss_mib"),
@@ -93,7 +94,7 @@ def table(result: dict[str, Any]) -> str:
                 _fmt(get["kibo"]["qps"]),
                 f"{_fmt(get['kibo']['p50_ms'])}/{_fmt(get['kibo']['p99_ms'])}",
                 _fmt(get["ratio"]),
-                f"{_fmt(s['list']['p50_ms'])}/{_fmt(s['list']['p99_ms'])}",
+                f"{_fmt(s['list']['p50_ms'])}/{_fmt(s['list']['p99_ms'])}" if "list" in s else "-",
                 f"{_fmt(life['create_to_available_p50_ms'])}/{_fmt(life['create_to_available_p99_ms'])}",
                 f"{_fmt(life['stop_to_stopped_p50_ms'])}/{_fmt(life['stop_to_stopped_p99_ms'])}",
                 _fmt(s["creates_durable"]["per_s"]),
@@ -115,6 +116,25 @@ def table(result: dict[str, Any]) -> str:
         "settled/s",
     ]
     out += ["", "growth (figures 1-4 at each store size; latencies in ms):", _rows(headers, growth)]
+    scale = result["scale"]
+    rows = []
+    for size in scale["sizes"]:
+        key = str(size) if str(size) in scale["get"] else size
+        get, lst = scale["get"][key], scale["list"][key]
+        rows.append(
+            [
+                f"{size:,}",
+                _fmt(scale["restart_to_serving_s"][key]),
+                _fmt(scale["server_rss_mib_after_reads"][key], 0),
+                _fmt(get["qps"]),
+                f"{_fmt(get['p50_ms'])}/{_fmt(get['p99_ms'])}",
+                _fmt(lst["qps"]),
+                f"{_fmt(lst['p50_ms'])}/{_fmt(lst['p99_ms'])}",
+                _fmt(scale["list_all_s"][key]),
+            ]
+        )
+    headers = ["stored", "restart s", "RSS MiB", "Get QPS", "Get p50/p99", "List QPS", "List p50/p99", "list all s"]
+    out += ["", "scale (two servers side by side, loads alternating; ms):", _rows(headers, rows)]
     out.append("")
     out.append(f"connect_vs_grpc_ratio: {result['notes']['connect_vs_grpc_ratio']}")
     out.append(f"scale: {result['notes']['scale']}")

@@ -183,6 +183,9 @@ class App:
         options = [
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            # Its default (1,000) cancels new calls when thousands arrive at once, e.g. every
+            # watcher reconnecting after a restart.
+            ("grpc.server.max_pending_requests", 20_000),
         ]
         self.server = grpc.aio.server(options=options)
         # (service, implementation, methods authorized by a credential instead of a token)

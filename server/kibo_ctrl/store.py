@@ -102,6 +102,37 @@ MIGRATIONS: tuple[str, ...] = (
         revoked INTEGER NOT NULL DEFAULT 0
     );
     """,
+    # 3: what each node has reserved, kept by triggers, so the scheduler does not sum every
+    # instance of a node on each pass (70 ms with 100,000 stored).
+    """
+    CREATE TABLE node_usage (
+        node_id TEXT PRIMARY KEY,
+        vcpus INTEGER NOT NULL,
+        memory_mib INTEGER NOT NULL
+    );
+    INSERT INTO node_usage (node_id, vcpus, memory_mib)
+        SELECT node_id, SUM(vcpus), SUM(memory_mib) FROM instances
+        WHERE reserved = 1 AND node_id IS NOT NULL GROUP BY node_id;
+    CREATE TRIGGER node_usage_insert AFTER INSERT ON instances
+    WHEN NEW.reserved = 1 AND NEW.node_id IS NOT NULL BEGIN
+        INSERT INTO node_usage (node_id, vcpus, memory_mib) VALUES (NEW.node_id, NEW.vcpus, NEW.memory_mib)
+        ON CONFLICT(node_id) DO UPDATE
+        SET vcpus = vcpus + excluded.vcpus, memory_mib = memory_mib + excluded.memory_mib;
+    END;
+    CREATE TRIGGER node_usage_update AFTER UPDATE OF node_id, reserved, vcpus, memory_mib ON instances BEGIN
+        UPDATE node_usage SET vcpus = vcpus - OLD.vcpus, memory_mib = memory_mib - OLD.memory_mib
+        WHERE node_id = OLD.node_id AND OLD.reserved = 1;
+        INSERT INTO node_usage (node_id, vcpus, memory_mib)
+        SELECT NEW.node_id, NEW.vcpus, NEW.memory_mib WHERE NEW.reserved = 1 AND NEW.node_id IS NOT NULL
+        ON CONFLICT(node_id) DO UPDATE
+        SET vcpus = vcpus + excluded.vcpus, memory_mib = memory_mib + excluded.memory_mib;
+    END;
+    CREATE TRIGGER node_usage_delete AFTER DELETE ON instances
+    WHEN OLD.reserved = 1 AND OLD.node_id IS NOT NULL BEGIN
+        UPDATE node_usage SET vcpus = vcpus - OLD.vcpus, memory_mib = memory_mib - OLD.memory_mib
+        WHERE node_id = OLD.node_id;
+    END;
+    """,
 )
 
 _ENCODER = msgspec.json.Encoder()
@@ -240,12 +271,9 @@ class Reader:
         return [_INSTANCE.decode(bytes(row[0])) for row in rows]
 
     def node_usage(self, node_id: str) -> tuple[int, int]:
-        row = self._conn.execute(
-            "SELECT COALESCE(SUM(vcpus), 0), COALESCE(SUM(memory_mib), 0) FROM instances "
-            "WHERE node_id = ? AND reserved = 1",
-            (node_id,),
-        ).fetchone()
-        return int(row[0]), int(row[1])
+        # The sums over the node's reserved instances, kept by triggers (migration 3).
+        row = self._conn.execute("SELECT vcpus, memory_mib FROM node_usage WHERE node_id = ?", (node_id,)).fetchone()
+        return (0, 0) if row is None else (int(row[0]), int(row[1]))
 
     def next_expirations(self, limit: int) -> list[Workspace]:
         rows = self._conn.execute(
