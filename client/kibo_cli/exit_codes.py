@@ -48,8 +48,16 @@ MEANINGS: dict[ExitCode, str] = {
 }
 
 
+# `kibo workspace exec` exits with the command's own exit code once the command ran.
+EXEC_NOTE = (
+    "kibo workspace exec exits with the command's own exit code; the codes above then mean kibo "
+    "itself failed (it says so on stderr), 8 also when the connection broke while the command ran."
+)
+
+
 def table() -> str:
-    return "\n".join(f"  {int(code):>3}  {MEANINGS[code]}" for code in ExitCode)
+    rows = "\n".join(f"  {int(code):>3}  {MEANINGS[code]}" for code in ExitCode)
+    return f"{rows}\n\n{EXEC_NOTE}"
 
 
 def of(error: kibotos.KiboError) -> ExitCode:

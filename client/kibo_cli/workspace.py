@@ -1,5 +1,5 @@
 """`kibo workspace ...`: create, get, list, stop, start, delete, wait, cleanup-status,
-events, labels, resize, expire."""
+events, labels, resize, expire; exec and cp (data_plane.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import typer
 from kibo.ctrl.v1 import command_pb2, workspace_pb2
 from kibo.ctrl.v1 import observation_service_pb2 as obs_pb2
 
-from . import output, parsing, render
+from . import data_plane, output, parsing, render
 from .common import (
     DEFAULT_TIMEOUT,
     CommandIdOpt,
@@ -534,3 +534,9 @@ def expire(
             )
     if not _emit_result(response.workspace, response.command, fmt):
         output.stdout().print(f"{workspace_id}: expiration {render.expiration(response.workspace)}", markup=False)
+
+
+# -- the data plane (data_plane.py) ------------------------------------------------------
+
+app.command("exec", help=data_plane.EXEC_HELP)(data_plane.exec_command)
+app.command("cp", help=data_plane.CP_HELP)(data_plane.cp)

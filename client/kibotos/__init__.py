@@ -14,6 +14,7 @@ from .aio import AsyncClient
 from .client import Client
 from .command_id import RESERVED_PREFIXES, check_command_id, new_command_id
 from .connection import DEFAULT_ADDRESS, Connection, resolve_address
+from .data_plane import ExecEvent, ExecExit, ExecOutput, ExecResult
 from .errors import (
     AbortedError,
     CommandFailedError,
@@ -53,6 +54,10 @@ __all__ = [
     "ConflictError",
     "Connection",
     "DeadlineExceededError",
+    "ExecEvent",
+    "ExecExit",
+    "ExecOutput",
+    "ExecResult",
     "InvalidArgumentError",
     "KiboError",
     "KiboTimeoutError",

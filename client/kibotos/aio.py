@@ -9,13 +9,16 @@ Create it inside a running event loop (a grpc.aio channel belongs to one loop).
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
+import contextlib
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeVar, cast
 
 import grpc
 from google.protobuf.message import Message
 from kibo.ctrl.v1 import command_pb2, workspace_pb2
+from kibo.ctrl.v1 import data_plane_service_pb2 as dp_pb2
+from kibo.ctrl.v1 import data_plane_service_pb2_grpc as dp_grpc
 from kibo.ctrl.v1 import observation_service_pb2 as obs_pb2
 from kibo.ctrl.v1 import observation_service_pb2_grpc as obs_grpc
 from kibo.ctrl.v1 import volume_service_pb2 as vol_pb2
@@ -25,6 +28,7 @@ from kibo.ctrl.v1 import workspace_service_pb2_grpc as ws_grpc
 from kibo.sim.v1 import simulator_pb2_grpc as sim_grpc
 
 from . import build
+from . import data_plane as dpl
 from .client import OnAnswer, OnUpdate, SettleArg, raise_if_failed, settle_options, wait_options
 from .connection import Connection
 from .errors import from_rpc_error
@@ -72,6 +76,7 @@ class AsyncClient:
         self.workspaces = ws_grpc.WorkspaceServiceStub(self.channel)  # type: ignore[no-untyped-call]
         self.observation = obs_grpc.WorkspaceObservationServiceStub(self.channel)  # type: ignore[no-untyped-call]
         self.volumes = vol_grpc.VolumeServiceStub(self.channel)  # type: ignore[no-untyped-call]
+        self.data_plane = dp_grpc.DataPlaneServiceStub(self.channel)  # type: ignore[no-untyped-call]
         self.simulator = sim_grpc.SimulatorServiceStub(self.channel)  # type: ignore[no-untyped-call]
 
     @property
@@ -336,6 +341,111 @@ class AsyncClient:
 
     async def inject_fault(self, workspace_id: str, fault: int) -> None:
         await self._call(self.simulator.InjectFault, build.fault(workspace_id, fault))
+
+    # -- data plane (see kibotos.data_plane and kibotos.Client) -----------------------------
+
+    async def issue_data_plane_credential(
+        self, workspace_id: str, *, retry_unavailable: float = dpl.DEFAULT_RETRY_UNAVAILABLE
+    ) -> dp_pb2.IssueDataPlaneCredentialResponse:
+        """See kibotos.Client.issue_data_plane_credential."""
+        request = dp_pb2.IssueDataPlaneCredentialRequest(workspace_id=workspace_id)
+
+        async def once() -> dp_pb2.IssueDataPlaneCredentialResponse:
+            return cast(
+                dp_pb2.IssueDataPlaneCredentialResponse,
+                await self._call(self.data_plane.IssueDataPlaneCredential, request),
+            )
+
+        return await dpl.retrying_async(once, retry_unavailable)
+
+    async def exec_workspace_command_stream(
+        self,
+        credential: str,
+        argv: Sequence[str],
+        *,
+        stdin: bytes = b"",
+        env: Mapping[str, str] | None = None,
+        working_dir: str = "",
+        timeout: float | None = None,  # noqa: ASYNC109 - the command's own limit, enforced by the server
+    ) -> AsyncGenerator[dpl.ExecEvent, None]:
+        """Run `argv` (no shell); yield its output as it comes, then ExecExit. Never
+        retried: a failed call may have run the command. See
+        kibotos.Client.exec_workspace_command_stream."""
+        request = dpl.exec_request(credential, argv, stdin, env, working_dir, timeout)
+        call = self.data_plane.ExecWorkspaceCommand(
+            request,
+            timeout=dpl.exec_deadline(timeout, self.connection.timeout),
+            metadata=self.connection.metadata(),
+        )
+        try:
+            async for response in call:
+                event = dpl.event_of(response)
+                yield event
+                if isinstance(event, dpl.ExecExit):
+                    return
+        except grpc.RpcError as error:
+            raise from_rpc_error(error) from None
+        finally:
+            call.cancel()
+        raise dpl.no_exit_code()
+
+    async def exec_workspace_command(
+        self,
+        credential: str,
+        argv: Sequence[str],
+        *,
+        stdin: bytes = b"",
+        env: Mapping[str, str] | None = None,
+        working_dir: str = "",
+        timeout: float | None = None,  # noqa: ASYNC109 - the command's own limit, enforced by the server
+    ) -> dpl.ExecResult:
+        """Run `argv`; its exit code, stdout and stderr. Never retried (see
+        kibotos.Client.exec_workspace_command)."""
+        collector = dpl.Collector()
+        async with contextlib.aclosing(
+            self.exec_workspace_command_stream(
+                credential, argv, stdin=stdin, env=env, working_dir=working_dir, timeout=timeout
+            )
+        ) as events:
+            async for event in events:
+                collector.add(event)
+        return collector.result()
+
+    async def read_workspace_file(
+        self, credential: str, path: str, *, retry_unavailable: float = dpl.DEFAULT_RETRY_UNAVAILABLE
+    ) -> bytes:
+        """See kibotos.Client.read_workspace_file."""
+        request = dp_pb2.ReadWorkspaceFileRequest(credential=credential, path=path)
+
+        async def once() -> bytes:
+            response = cast(
+                dp_pb2.ReadWorkspaceFileResponse, await self._call(self.data_plane.ReadWorkspaceFile, request)
+            )
+            return response.content
+
+        return await dpl.retrying_async(once, retry_unavailable)
+
+    async def write_workspace_file(
+        self,
+        credential: str,
+        path: str,
+        content: bytes,
+        *,
+        mode: int = 0,
+        retry_unavailable: float = dpl.DEFAULT_RETRY_UNAVAILABLE,
+    ) -> int:
+        """See kibotos.Client.write_workspace_file (a write replaces the whole file, so it
+        is retried on UNAVAILABLE)."""
+        dpl.check_file_size(content)
+        request = dp_pb2.WriteWorkspaceFileRequest(credential=credential, path=path, content=content, mode=mode)
+
+        async def once() -> int:
+            response = cast(
+                dp_pb2.WriteWorkspaceFileResponse, await self._call(self.data_plane.WriteWorkspaceFile, request)
+            )
+            return int(response.size)
+
+        return await dpl.retrying_async(once, retry_unavailable)
 
     # -- waits -------------------------------------------------------------------------
 

@@ -4,20 +4,22 @@
         created = client.create_workspace()            # settled: the create is terminal
         workspace = client.wait_workspace(created.workspace, created.command.command_id)
 
-The raw generated stubs are `client.workspaces`, `client.observation`, `client.volumes`
-and `client.simulator` (grpc errors from them are `grpc.RpcError`; `kibotos.from_rpc_error`
+The raw generated stubs are `client.workspaces`, `client.observation`, `client.volumes`,
+`client.data_plane` and `client.simulator` (grpc errors from them are `grpc.RpcError`; `kibotos.from_rpc_error`
 translates). The typed methods raise KiboError subclasses.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeVar, cast
 
 import grpc
 from google.protobuf.message import Message
 from kibo.ctrl.v1 import command_pb2, workspace_pb2
+from kibo.ctrl.v1 import data_plane_service_pb2 as dp_pb2
+from kibo.ctrl.v1 import data_plane_service_pb2_grpc as dp_grpc
 from kibo.ctrl.v1 import observation_service_pb2 as obs_pb2
 from kibo.ctrl.v1 import observation_service_pb2_grpc as obs_grpc
 from kibo.ctrl.v1 import volume_service_pb2 as vol_pb2
@@ -27,6 +29,7 @@ from kibo.ctrl.v1 import workspace_service_pb2_grpc as ws_grpc
 from kibo.sim.v1 import simulator_pb2_grpc as sim_grpc
 
 from . import build
+from . import data_plane as dpl
 from .connection import Connection
 from .errors import CommandFailedError, from_rpc_error
 from .settle import CommandResponse, SettleOptions
@@ -104,6 +107,7 @@ class Client:
         self.workspaces = ws_grpc.WorkspaceServiceStub(self.channel)  # type: ignore[no-untyped-call]
         self.observation = obs_grpc.WorkspaceObservationServiceStub(self.channel)  # type: ignore[no-untyped-call]
         self.volumes = vol_grpc.VolumeServiceStub(self.channel)  # type: ignore[no-untyped-call]
+        self.data_plane = dp_grpc.DataPlaneServiceStub(self.channel)  # type: ignore[no-untyped-call]
         self.simulator = sim_grpc.SimulatorServiceStub(self.channel)  # type: ignore[no-untyped-call]
 
     @property
@@ -356,6 +360,115 @@ class Client:
     def inject_fault(self, workspace_id: str, fault: int) -> None:
         """kibo.sim.v1.SimulatorService/InjectFault (servers running the simulated runtime)."""
         self._call(self.simulator.InjectFault, build.fault(workspace_id, fault))
+
+    # -- data plane (see kibotos.data_plane) ------------------------------------------------
+
+    def issue_data_plane_credential(
+        self, workspace_id: str, *, retry_unavailable: float = dpl.DEFAULT_RETRY_UNAVAILABLE
+    ) -> dp_pb2.IssueDataPlaneCredentialResponse:
+        """A credential for the data-plane calls on this workspace, which must be AVAILABLE
+        (ConflictError otherwise). Valid until the next stop, force stop, revoke, delete or
+        start. UNAVAILABLE is retried for `retry_unavailable` seconds (0: not at all)."""
+        request = dp_pb2.IssueDataPlaneCredentialRequest(workspace_id=workspace_id)
+        return cast(
+            dp_pb2.IssueDataPlaneCredentialResponse,
+            dpl.retrying(lambda: self._call(self.data_plane.IssueDataPlaneCredential, request), retry_unavailable),
+        )
+
+    def exec_workspace_command_stream(
+        self,
+        credential: str,
+        argv: Sequence[str],
+        *,
+        stdin: bytes = b"",
+        env: Mapping[str, str] | None = None,
+        working_dir: str = "",
+        timeout: float | None = None,
+    ) -> Generator[dpl.ExecEvent, None, None]:
+        """Run `argv` (no shell) in the workspace; yield its output as it comes
+        (ExecOutput), then how it ended (ExecExit, the last event).
+
+        `stdin` is given to the command, then closed; `env` is added to the guest's
+        environment; `working_dir` defaults to /. `timeout` (seconds, rounded up): the
+        server kills the command then and the exit code is 124; without it nothing bounds
+        the call. Closing the generator early cancels the call, which kills the command.
+
+        Never retried: an UnavailableError (or any transport error) may come after the
+        command started, so it may have run, or still run. Resend only what is safe to
+        run twice."""
+        request = dpl.exec_request(credential, argv, stdin, env, working_dir, timeout)
+        call = self.data_plane.ExecWorkspaceCommand(
+            request,
+            timeout=dpl.exec_deadline(timeout, self.connection.timeout),
+            metadata=self.connection.metadata(),
+        )
+        try:
+            for response in call:
+                event = dpl.event_of(response)
+                yield event
+                if isinstance(event, dpl.ExecExit):
+                    return
+        except grpc.RpcError as error:
+            raise from_rpc_error(error) from None
+        finally:
+            call.cancel()
+        raise dpl.no_exit_code()
+
+    def exec_workspace_command(
+        self,
+        credential: str,
+        argv: Sequence[str],
+        *,
+        stdin: bytes = b"",
+        env: Mapping[str, str] | None = None,
+        working_dir: str = "",
+        timeout: float | None = None,
+    ) -> dpl.ExecResult:
+        """Run `argv` in the workspace and return its exit code, stdout and stderr (see
+        exec_workspace_command_stream). A non-zero exit code is a result, not an error.
+        Never retried: a failed call may have run the command."""
+        collector = dpl.Collector()
+        for event in self.exec_workspace_command_stream(
+            credential, argv, stdin=stdin, env=env, working_dir=working_dir, timeout=timeout
+        ):
+            collector.add(event)
+        return collector.result()
+
+    def read_workspace_file(
+        self, credential: str, path: str, *, retry_unavailable: float = dpl.DEFAULT_RETRY_UNAVAILABLE
+    ) -> bytes:
+        """The content of a file under a volume mount (an absolute guest path such as
+        /data/notes.txt; InvalidArgumentError outside the mounts, NotFoundError when
+        missing). Up to 3 MiB. UNAVAILABLE is retried for `retry_unavailable` seconds."""
+        request = dp_pb2.ReadWorkspaceFileRequest(credential=credential, path=path)
+        response = cast(
+            dp_pb2.ReadWorkspaceFileResponse,
+            dpl.retrying(lambda: self._call(self.data_plane.ReadWorkspaceFile, request), retry_unavailable),
+        )
+        return response.content
+
+    def write_workspace_file(
+        self,
+        credential: str,
+        path: str,
+        content: bytes,
+        *,
+        mode: int = 0,
+        retry_unavailable: float = dpl.DEFAULT_RETRY_UNAVAILABLE,
+    ) -> int:
+        """Create or replace (atomically) a file under a volume mount; return its size.
+        `mode`: its permission bits (0: 0o644). Up to 3 MiB (ValueError beyond).
+
+        UNAVAILABLE is retried for `retry_unavailable` seconds: a write replaces the whole
+        file, so repeating it leaves the same file (pass 0 if another writer may change the
+        file in between)."""
+        dpl.check_file_size(content)
+        request = dp_pb2.WriteWorkspaceFileRequest(credential=credential, path=path, content=content, mode=mode)
+        response = cast(
+            dp_pb2.WriteWorkspaceFileResponse,
+            dpl.retrying(lambda: self._call(self.data_plane.WriteWorkspaceFile, request), retry_unavailable),
+        )
+        return int(response.size)
 
     # -- waits -------------------------------------------------------------------------
 

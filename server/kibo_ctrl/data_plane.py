@@ -9,9 +9,8 @@ the credential stays valid and requests meanwhile get UNAVAILABLE (retryable).
 
 Issuing a credential is a control-plane call: it needs an admin token of the workspace's
 tenant (when authentication is on). The other calls are authorized by the credential
-alone, so it can be handed to whoever should use the workspace. Served over gRPC (the
-Connect listener does not carry it yet). Errors go through transport/errors.py like
-everywhere, except INTERNAL and UNIMPLEMENTED, which carry a plain status."""
+alone, so it can be handed to whoever should use the workspace. Served over gRPC and
+Connect like every service; errors are domain errors, mapped in transport/errors.py."""
 
 from __future__ import annotations
 

@@ -67,6 +67,7 @@ import logging
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -588,9 +589,11 @@ class ProcessRuntime:
                 else:
                     yield item
         finally:
-            if process.returncode is None and (timed_out or open_streams):
-                with contextlib.suppress(ProcessLookupError):
-                    process.kill()
+            if timed_out or open_streams:
+                # The whole job: guest_exec, the command and what it started (they share
+                # guest_exec's process group, even inside the guest's PID namespace).
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(process.pid, signal.SIGKILL)
             await process.wait()
             for task in tasks:
                 task.cancel()
