@@ -100,6 +100,8 @@ class Server:
             self.http_address,
             "--data-dir",
             str(self.data_dir),
+            "--runtime",
+            "sim",
             "--sim-step-ms",
             "0",
             "--log-level",

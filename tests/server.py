@@ -17,7 +17,18 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 # Fast defaults for tests: small simulated steps, short settle window, quick node timeout.
 # Authentication is off except where a test turns it on (tests/test_auth.py): the
 # lifecycle does not depend on who asks, and tenancy has its own tests.
-TEST_FLAGS = ("--sim-step-ms", "5", "--settle-ms", "300", "--node-timeout-ms", "1000", "--log-level", "warning")
+TEST_FLAGS = (
+    "--runtime",
+    "sim",
+    "--sim-step-ms",
+    "5",
+    "--settle-ms",
+    "300",
+    "--node-timeout-ms",
+    "1000",
+    "--log-level",
+    "warning",
+)
 
 
 def free_port() -> int:

@@ -76,6 +76,47 @@ async def list_all(client: Client) -> list[wp.Workspace]:
             return found
 
 
+STATE_CHANGED = obs.EVENT_TYPE_STATE_CHANGED
+
+
+def feed_gaps(workspace: wp.Workspace, events: list[obs.WorkspaceEvent]) -> list[str]:
+    """What is wrong with a workspace's events feed: sequences must strictly increase, each
+    STATE_CHANGED must start where the previous one ended (the first from nothing), and the
+    last must end in the workspace's current state. Empty when the feed has no gap."""
+    problems: list[str] = []
+    where = workspace.workspace_id
+    previous_seq, previous_to = 0, S.WORKSPACE_STATE_UNSPECIFIED
+    for event in events:
+        if event.sequence <= previous_seq:
+            problems.append(f"{where}: sequence {event.sequence} after {previous_seq}")
+        previous_seq = event.sequence
+        if event.type != STATE_CHANGED:
+            continue
+        if event.from_state != previous_to:
+            problems.append(
+                f"{where}: event {event.sequence} {state_name(event.from_state)}->{state_name(event.to_state)} "
+                f"after a change to {state_name(previous_to)}"
+            )
+        previous_to = event.to_state
+    if previous_to != workspace.state:
+        problems.append(
+            f"{where}: the feed ends in {state_name(previous_to)}, the workspace is {state_name(workspace.state)}"
+        )
+    return problems
+
+
+async def assert_feeds_have_no_gap(client: Client) -> int:
+    """Check every workspace's feed; the number of events checked."""
+    checked = 0
+    problems: list[str] = []
+    for workspace in await list_all(client):
+        events = await client.events(workspace.workspace_id)
+        checked += len(events)
+        problems += feed_gaps(workspace, events)
+    assert not problems, problems
+    return checked
+
+
 def integrity(db: Path) -> str:
     with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
         return str(conn.execute("PRAGMA integrity_check").fetchone()[0])
@@ -420,5 +461,10 @@ async def test_kill_9_under_load_loses_no_acknowledged_command(server_factory: F
             if workspace.state == S.WORKSPACE_STATE_STOPPED:
                 started = await client.start(workspace.workspace_id)
                 assert started.command.state == SUCCEEDED, started
+        await eventually(all_steady, within=15, what="workspaces stayed in a transitional state")
+        # The events feed of every workspace survived the kills without a gap.
+        events = await assert_feeds_have_no_gap(client)
+        assert events > len(load.acknowledged)
+        print(f"kill -9: 5 kills, {len(load.acknowledged)} acknowledged, 0 lost, {events} events checked")
     assert await stop(server) == 0
     assert integrity(server.data_dir / "kibo.db") == "ok"

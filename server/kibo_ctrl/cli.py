@@ -7,6 +7,7 @@ import logging
 import os
 import shlex
 import signal
+import sqlite3
 import ssl
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -49,8 +50,9 @@ def serve(
     ] = "uvicorn",
     data_dir: Annotated[Path | None, typer.Option(help="Where the embedded store keeps its files.")] = None,
     runtime: Annotated[
-        str, typer.Option(help="What runs workspaces: sim (simulated) or process (sandboxes on this machine).")
-    ] = "sim",
+        str,
+        typer.Option(help="What runs workspaces: process (real sandboxes on this machine) or sim (simulated, faults)."),
+    ] = "process",
     backend: Annotated[
         Backend, typer.Option(help="Backend personality of the process runtime (guest reboot/power-off handling).")
     ] = Backend.FIRECRACKER,
@@ -126,7 +128,7 @@ def serve(
         raise typer.BadParameter("choose uvicorn or hypercorn", param_hint="--http-server")
     try:
         asyncio.run(_serve(config))
-    except (OSError, RuntimeError, ValueError) as error:
+    except (OSError, RuntimeError, ValueError, sqlite3.Error) as error:
         typer.echo(f"kibo-ctrl: {error}", err=True)
         raise typer.Exit(2) from None
 

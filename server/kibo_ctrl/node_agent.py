@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sqlite3
 import time
 from dataclasses import dataclass
 
@@ -188,9 +189,19 @@ class NodeAgent:
             self._storage.pop(workspace_id, None)
 
     async def _report(self, report: Report) -> None:
-        # A silent node's reports arrive when it is back.
-        await self.runtime.reachable.wait()
-        await self._store.transact(lambda tx: controller.apply(tx, report))
+        """Store a report; while the store cannot write (disk full), keep trying: a report is
+        an observation of something that happened, and applying it twice is harmless."""
+        delay = 0.05
+        while True:
+            # A silent node's reports arrive when it is back.
+            await self.runtime.reachable.wait()
+            try:
+                await self._store.transact(lambda tx: controller.apply(tx, report))
+                return
+            except sqlite3.Error as error:
+                log.warning("node %s: storing %s failed (%s); retrying in %.1f s", self.node.id, report, error, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
 
     async def _pump_events(self) -> None:
         while True:

@@ -556,7 +556,9 @@ class SqliteStore:
             conn.execute("COMMIT")
         except sqlite3.Error as commit_error:
             if conn.in_transaction:
-                conn.execute("ROLLBACK")
+                # SQLite may have rolled back already (disk full); the writer must survive either way.
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
             outcomes = [(job, None, commit_error) for job in batch]
             changes = Changes()
         # One wake-up of the event loop per batch: publish first, so whoever learns of the
