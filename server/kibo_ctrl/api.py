@@ -11,7 +11,7 @@ import contextlib
 import hashlib
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import replace
 from typing import TypeVar
 
@@ -33,7 +33,7 @@ from . import cleanup, validation
 from .auth import Caller
 from .errors import Conflict, InvalidArgument, NotFound, Unavailable
 from .hub import Hub, Signal
-from .model import Command, Instance, Workspace
+from .model import Command, Component, Instance, Workspace
 from .runtime.sim import Fault, SimBoard, SimError, SimNode
 from .service import CommandRequest, Service
 from .store import Changes, Reader, Store, WorkspaceQuery
@@ -47,11 +47,24 @@ RENDERED_WORKSPACES = 4096
 LATEST_WORKSPACES = 4096
 
 
+# What a runtime sees on its machine now: (instance ID or None, workspace ID, IDs of the
+# volumes deleted with the workspace) -> which parts are present (True) there; parts left
+# out, or None, cannot be told. Blocking (run in a thread).
+Observer = Callable[[str | None, str, tuple[str, ...]], Mapping[Component, bool] | None]
+
+
 class Api:
     def __init__(
-        self, store: Store, hub: Hub, service: Service, capabilities: list[str], settle_seconds: float
+        self,
+        store: Store,
+        hub: Hub,
+        service: Service,
+        capabilities: list[str],
+        settle_seconds: float,
+        observer: Observer | None = None,
     ) -> None:
         self._store = store
+        self._observer = observer
         self._hub = hub
         self._service = service
         self._capabilities = sorted(set(capabilities))
@@ -282,6 +295,11 @@ class Api:
         if workspace is None or workspace.tenant != caller.tenant:
             raise NotFound(f"workspace {workspace_id} not found", field="workspace_id")
         derived = cleanup.derive(workspace, instance, time.time())
+        if self._observer is not None:
+            # The machine itself, where the runtime can look: it wins over what the store remembers.
+            going = tuple(b.volume_id for b in workspace.bindings if b.delete_with_workspace)
+            seen = await asyncio.to_thread(self._observer, instance.id if instance else None, workspace.id, going)
+            derived = cleanup.with_observation(workspace, derived, seen, time.time())
         return obs_pb2.GetWorkspaceCleanupResponse(cleanup=render.cleanup(workspace_id, derived))
 
     async def list_workspace_events(

@@ -46,7 +46,7 @@ class Config:
     # Connect, gRPC-Web and JSON; empty to serve gRPC only.
     http_listen: str = "127.0.0.1:8080"
     http_server: str = "uvicorn"
-    runtime: str = "sim"
+    runtime: str = "process"
     sim_backend: Backend = Backend.FIRECRACKER
     sim_step_ms: float = 20.0
     sim_nodes: int = 1
@@ -87,6 +87,7 @@ class App:
         config = self.config
         if config.runtime not in ("sim", "process"):
             raise ValueError(f"unknown runtime {config.runtime!r}; this build has: sim, process")
+        _check_writable(config.data_dir)
         self.store = await SqliteStore.open(config.data_dir / "kibo.db")
         self.hub = Hub()
         self.store.subscribe(self.hub.publish)
@@ -136,7 +137,10 @@ class App:
             self.hub.listen(listener)
         self._agents = agents
         capabilities = next(iter(self.runtimes.values())).capabilities()
-        self.api = Api(self.store, self.hub, self.service, capabilities, config.settle_ms / 1000)
+        # The process runtime reads the cleanup status off this machine; the simulator has no machine.
+        local = [r for r in self.runtimes.values() if isinstance(r, ProcessRuntime)]
+        observer = local[0].observe if len(local) == 1 else None
+        self.api = Api(self.store, self.hub, self.service, capabilities, config.settle_ms / 1000, observer)
         self.sim_api = SimulatorApi(self.store, self.board, self.sim_nodes, self._pool_lost)
         self.data_plane = data_plane.DataPlane(self.store, self.runtimes, config.data_dir)
         for coroutine in (scheduler.run(), expiry.run(), liveness.run(), *(a.run() for a in agents)):
@@ -246,3 +250,17 @@ class App:
             if isinstance(runtime, ProcessRuntime):
                 await runtime.close()
         await self.store.close()
+
+
+def _check_writable(data_dir: Path) -> None:
+    """Refuse to serve from a data dir that cannot record commands (SQLite would open its
+    database read-only and fail every command)."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    probe = data_dir / ".write-probe"
+    try:
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as error:
+        raise OSError(
+            f"the data dir {data_dir} is not writable ({error.strerror}); the server must be able to record commands"
+        ) from None

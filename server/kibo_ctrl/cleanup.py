@@ -1,10 +1,12 @@
 """Cleanup status: which parts of a workspace's execution are released. Read-only.
 
 Unknown parts are never shown as released: while the node is silent, a part it last
-reported as held is UNKNOWN."""
+reported as held is UNKNOWN. Where the runtime can look at the machine itself (the process
+runtime), `with_observation` puts what it sees now over what the store remembers."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from .model import (
@@ -61,9 +63,50 @@ def derive(workspace: Workspace, instance: Instance | None, now: float) -> Clean
         else:
             rows.append(ComponentRow(part, ComponentStatus.RELEASED, CleanupSource.NODE_REPORT, observed))
     rows.extend(_storage_rows(workspace))
+    return _summarize(
+        workspace,
+        rows,
+        never_heard=never_reported and workspace.node_silent,
+        confirmed=observed,
+        since=observed or workspace.update_time,
+    )
 
+
+def with_observation(
+    workspace: Workspace, derived: Cleanup, observed: Mapping[Component, bool] | None, now: float
+) -> Cleanup:
+    """`derived` corrected by what the machine shows now (True: present, False: gone). Parts
+    not observed keep their derived status; the overall state follows the same rules."""
+    if not observed:
+        return derived
+    rows = [
+        ComponentRow(
+            r.component,
+            ComponentStatus.PRESENT if observed[r.component] else ComponentStatus.RELEASED,
+            CleanupSource.NODE_REPORT,
+            now,
+        )
+        if r.component in observed
+        else r
+        for r in derived.components
+    ]
+    return _summarize(
+        workspace,
+        rows,
+        never_heard=derived.completeness is CleanupCompleteness.UNKNOWN,
+        confirmed=now,
+        since=derived.pending_since or now,
+    )
+
+
+def _summarize(
+    workspace: Workspace, rows: list[ComponentRow], *, never_heard: bool, confirmed: float | None, since: float
+) -> Cleanup:
+    """The overall state and completeness of the rows. `never_heard`: nothing was ever heard
+    of the node's parts; `confirmed`: when they were last seen; `since`: the fallback start
+    of an unfinished release."""
     unknown = [r for r in rows if r.status is ComponentStatus.UNKNOWN]
-    if never_reported and workspace.node_silent:
+    if never_heard and unknown:
         completeness = CleanupCompleteness.UNKNOWN
     elif unknown:
         completeness = CleanupCompleteness.PARTIAL
@@ -98,13 +141,13 @@ def derive(workspace: Workspace, instance: Instance | None, now: float) -> Clean
     else:
         state = CleanupState.NEEDS_ATTENTION
     unfinished = bool(to_release)
-    pending_since = workspace.release_pending_since or workspace.storage.since or observed or workspace.update_time
+    pending_since = workspace.release_pending_since or workspace.storage.since or since
     return Cleanup(
         state=state,
         completeness=completeness,
         components=tuple(rows),
         pending_since=pending_since if unfinished else None,
-        last_confirmed_time=observed if unfinished else None,
+        last_confirmed_time=confirmed if unfinished else None,
     )
 
 

@@ -519,6 +519,41 @@ class ProcessRuntime:
 
         await asyncio.to_thread(remove)
 
+    # -- what the machine shows -----------------------------------------------------------
+
+    def observe(
+        self, instance_id: str | None, workspace_id: str, volume_ids: tuple[str, ...] = ()
+    ) -> dict[Component, bool] | None:
+        """Which parts of a workspace are on this machine right now, read from the OS (True:
+        present). Blocking, cheap. A part that cannot be told here is left out: RESERVATION
+        without cgroups, VOLUME_DELETION without volumes, the execution parts without an
+        instance. `volume_ids`: the volumes deleted with the workspace."""
+        try:
+            seen: dict[Component, bool] = {Component.RETAINED_LAYER: self.layer_dir(workspace_id).is_dir()}
+            if volume_ids:
+                seen[Component.VOLUME_DELETION] = any(self.volume_dir(v).is_dir() for v in volume_ids)
+            if instance_id is None:
+                return seen
+            state = read_json(self.instance_dir(instance_id) / "state.json") or {}
+        except ValueError:
+            return None  # not an ID of this runtime
+        supervisor = int(state.get("supervisor_pid") or 0)
+        alive = _running(supervisor, state.get("supervisor_start"))
+        guest = int(state.get("guest_pid") or 0)
+        if guest > 0:
+            guest_alive = _running(guest, state.get("guest_start"))
+        else:
+            # Not ready yet: the sandbox (bwrap/unshare, the supervisor's child) holds the namespaces.
+            sandbox_pid = int(state.get("sandbox_pid") or 0)
+            guest_alive = alive and _running(sandbox_pid, None) and _parent(sandbox_pid) == supervisor
+        seen[Component.INSTANCE] = alive
+        # The guest's mount and network namespaces and its volume bind mounts live as long as its processes.
+        for part in (Component.LAYER_MOUNT, Component.NETWORK, Component.VOLUME_ATTACHMENT):
+            seen[part] = guest_alive
+        if self.cgroups.parents:
+            seen[Component.RESERVATION] = any((parent / instance_id).is_dir() for parent in self.cgroups.parents)
+        return seen
+
     # -- the data plane's hands ---------------------------------------------------------
 
     def guest_ready(self, instance_id: str) -> bool:
@@ -650,3 +685,27 @@ def _syncfs(fd: int) -> None:
     if libc.syncfs(fd) != 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err))
+
+
+def _stat(pid: int) -> list[str]:
+    """The fields of /proc/PID/stat after the command name ([0]: state, [1]: parent, [19]: start)."""
+    if pid <= 0:
+        return []
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return []
+    return stat[stat.rindex(")") + 2 :].split()
+
+
+def _running(pid: int, started: object) -> bool:
+    """Whether PID runs (not a zombie) and, if `started` is known, is the process started then."""
+    fields = _stat(pid)
+    if not fields or fields[0] in ("Z", "X"):
+        return False
+    return not started or int(fields[19]) == started
+
+
+def _parent(pid: int) -> int:
+    fields = _stat(pid)
+    return int(fields[1]) if fields else 0
