@@ -80,7 +80,7 @@ from ..reports import ExitReason, Report, VmmExited
 from . import sandbox
 from .base import DestroyError, LaunchError, LaunchSpec, RestartError, SyncError
 from .cgroups import Cgroups
-from .supervised import Supervised, exit_report, kill_supervisor, lock_held, read_json
+from .supervised import Supervised, exit_report, kill_supervisor, lock_held, parent_pid, read_json, running
 
 log = logging.getLogger(__name__)
 
@@ -538,14 +538,14 @@ class ProcessRuntime:
         except ValueError:
             return None  # not an ID of this runtime
         supervisor = int(state.get("supervisor_pid") or 0)
-        alive = _running(supervisor, state.get("supervisor_start"))
+        alive = running(supervisor, state.get("supervisor_start"))
         guest = int(state.get("guest_pid") or 0)
         if guest > 0:
-            guest_alive = _running(guest, state.get("guest_start"))
+            guest_alive = running(guest, state.get("guest_start"))
         else:
             # Not ready yet: the sandbox (bwrap/unshare, the supervisor's child) holds the namespaces.
             sandbox_pid = int(state.get("sandbox_pid") or 0)
-            guest_alive = alive and _running(sandbox_pid, None) and _parent(sandbox_pid) == supervisor
+            guest_alive = alive and running(sandbox_pid, None) and parent_pid(sandbox_pid) == supervisor
         seen[Component.INSTANCE] = alive
         # The guest's mount and network namespaces and its volume bind mounts live as long as its processes.
         for part in (Component.LAYER_MOUNT, Component.NETWORK, Component.VOLUME_ATTACHMENT):
@@ -685,27 +685,3 @@ def _syncfs(fd: int) -> None:
     if libc.syncfs(fd) != 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err))
-
-
-def _stat(pid: int) -> list[str]:
-    """The fields of /proc/PID/stat after the command name ([0]: state, [1]: parent, [19]: start)."""
-    if pid <= 0:
-        return []
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return []
-    return stat[stat.rindex(")") + 2 :].split()
-
-
-def _running(pid: int, started: object) -> bool:
-    """Whether PID runs (not a zombie) and, if `started` is known, is the process started then."""
-    fields = _stat(pid)
-    if not fields or fields[0] in ("Z", "X"):
-        return False
-    return not started or int(fields[19]) == started
-
-
-def _parent(pid: int) -> int:
-    fields = _stat(pid)
-    return int(fields[1]) if fields else 0

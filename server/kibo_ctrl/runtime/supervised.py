@@ -71,12 +71,33 @@ def lock_held(directory: Path) -> bool:
     return False
 
 
-def start_time(pid: int) -> int | None:
+def proc_stat(pid: int) -> list[str]:
+    """The fields of /proc/PID/stat after the command name ([0]: state, [1]: parent, [19]: start)."""
+    if pid <= 0:
+        return []
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
-        return None
-    return int(stat[stat.rindex(")") + 2 :].split()[19])
+        return []
+    return stat[stat.rindex(")") + 2 :].split()
+
+
+def start_time(pid: int) -> int | None:
+    fields = proc_stat(pid)
+    return int(fields[19]) if fields else None
+
+
+def running(pid: int, started: object) -> bool:
+    """Whether PID runs (not a zombie) and, if `started` is known, is the process started then."""
+    fields = proc_stat(pid)
+    if not fields or fields[0] in ("Z", "X"):
+        return False
+    return not started or int(fields[19]) == started
+
+
+def parent_pid(pid: int) -> int:
+    fields = proc_stat(pid)
+    return int(fields[1]) if fields else 0
 
 
 def kill_supervisor(directory: Path) -> None:
