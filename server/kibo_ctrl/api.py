@@ -34,7 +34,7 @@ from .auth import Caller
 from .errors import Conflict, InvalidArgument, NotFound, Unavailable
 from .hub import Hub, Signal
 from .model import Command, Component, Instance, Workspace
-from .runtime.sim import Fault, SimBoard, SimError, SimNode
+from .runtime.sim import FOR_NEXT_CREATED, ONE_SHOT, Fault, SimBoard, SimError, SimNode
 from .service import CommandRequest, Service
 from .store import Changes, Reader, Store, WorkspaceQuery
 from .transport import parse, render
@@ -374,7 +374,7 @@ class SimulatorApi:
         except ValueError:
             raise InvalidArgument(f"unknown fault {request.fault}", field="fault") from None
         if not request.workspace_id:
-            if fault not in (Fault.STALL, Fault.CREATE_FAIL, Fault.CREATE_FAIL_HOLDING):
+            if fault not in FOR_NEXT_CREATED:
                 raise InvalidArgument(f"{fault.name} needs a workspace_id", field="workspace_id")
             self._board.arm("", fault)
             return sim_pb2.InjectFaultResponse()
@@ -382,7 +382,7 @@ class SimulatorApi:
         workspace = await self._store.read(lambda r: r.get_workspace(workspace_id))
         if workspace is None or workspace.tenant != caller.tenant:
             raise NotFound(f"workspace {workspace_id} not found", field="workspace_id")
-        if fault in (Fault.SYNC_FAIL, Fault.STALL, Fault.CREATE_FAIL, Fault.CREATE_FAIL_HOLDING, Fault.DESTROY_FAIL):
+        if fault in ONE_SHOT:
             self._board.arm(workspace_id, fault)
         elif fault is Fault.UNSTALL:
             self._board.armed.get(workspace_id, set()).discard(Fault.STALL)

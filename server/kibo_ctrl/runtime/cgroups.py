@@ -179,17 +179,3 @@ class Cgroups:
         for parent in self.parents:
             with contextlib.suppress(OSError):
                 parent.rmdir()
-
-
-def oom_kills(path: str) -> int:
-    """How many processes the OOM killer killed in a cgroup (0 if unknown)."""
-    if not path:
-        return 0
-    try:
-        for line in Path(path).read_text().splitlines():
-            key, _, value = line.partition(" ")
-            if key == "oom_kill":
-                return int(value)
-    except (OSError, ValueError):
-        pass
-    return 0
