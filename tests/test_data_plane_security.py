@@ -312,52 +312,74 @@ def _error(call: Callable[[], object]) -> kibotos.KiboError:
     return error
 
 
-def test_file_errors_by_errno(sdk: kibotos.Client, server: ServerProcess, workspace: str) -> None:
-    credential = sdk.issue_data_plane_credential(workspace).credential
+@pytest.fixture(scope="module")
+def files(server: ServerProcess) -> Iterator[tuple[kibotos.Client, str]]:
+    """A workspace whose /data holds each case: a read-only and a full file system (tmpfs
+    mounts inside the guest), a directory, a file, a file of mode 000, a symlink loop."""
+    with kibotos.Client(server.address) as client:
+        workspace_id = create(client)
+        credential = client.issue_data_plane_credential(workspace_id).credential
+        setup = "mkdir /data/ro /data/small /data/dir && echo x > /data/file && echo s > /data/secret"
+        setup += " && chmod 000 /data/secret && ln -s loop /data/loop"
+        assert client.exec_workspace_command(credential, ["sh", "-c", setup]).ok
+        _guest_mount(server, workspace_id, "-o", "ro,size=1m", "tmpfs", "/data/ro")
+        _guest_mount(server, workspace_id, "-o", "size=64k", "tmpfs", "/data/small")
+        yield client, credential
+        delete(client, workspace_id, server)
 
-    def read(path: str) -> kibotos.KiboError:
-        return _error(lambda: sdk.read_workspace_file(credential, path))
 
-    def write(path: str, content: bytes = b"x") -> kibotos.KiboError:
-        return _error(lambda: sdk.write_workspace_file(credential, path, content))
+LONG_NAME = "/data/" + "n" * 300
+LONG_PATH = "/data/" + "d/" * 2100 + "f"
+OK = grpc.StatusCode
+# (read or write, path, the code, the reason, what the message says): guest_errors.py's table.
+FILE_ERRORS = {
+    "write-ENAMETOOLONG": ("write", LONG_NAME, OK.INVALID_ARGUMENT, "INVALID_ARGUMENT", "too long (ENAMETOOLONG)"),
+    "read-ENAMETOOLONG": ("read", LONG_NAME, OK.INVALID_ARGUMENT, "INVALID_ARGUMENT", "too long (ENAMETOOLONG)"),
+    "path-over-PATH_MAX": ("write", LONG_PATH, OK.INVALID_ARGUMENT, "INVALID_ARGUMENT", "longer than 4095 bytes"),
+    "write-EROFS": ("write", "/data/ro/x", OK.FAILED_PRECONDITION, "GUEST_ERROR", "read-only (EROFS)"),
+    "write-ENOSPC": (
+        "write",
+        "/data/small/big",
+        OK.RESOURCE_EXHAUSTED,
+        "GUEST_ERROR",
+        "no space left on the guest's file system (ENOSPC)",
+    ),
+    "write-EISDIR": ("write", "/data/dir", OK.FAILED_PRECONDITION, "GUEST_ERROR", "is a directory (EISDIR)"),
+    "read-EISDIR": ("read", "/data/dir", OK.FAILED_PRECONDITION, "GUEST_ERROR", "is a directory (EISDIR)"),
+    "read-ENOTDIR": ("read", "/data/file/x", OK.FAILED_PRECONDITION, "GUEST_ERROR", "not a directory (ENOTDIR)"),
+    "write-ENOTDIR": ("write", "/data/file/x", OK.FAILED_PRECONDITION, "GUEST_ERROR", "not a directory (ENOTDIR)"),
+    "read-ELOOP": ("read", "/data/loop", OK.FAILED_PRECONDITION, "GUEST_ERROR", "symbolic links (ELOOP)"),
+    "read-EACCES": ("read", "/data/secret", OK.PERMISSION_DENIED, "GUEST_ERROR", "by the file's mode in the guest"),
+    "read-ENOENT": ("read", "/data/missing", OK.NOT_FOUND, "NOT_FOUND", "not found (ENOENT)"),
+}
 
-    setup = "mkdir /data/ro /data/small /data/dir && echo x > /data/file && echo s > /data/secret"
-    setup += " && chmod 000 /data/secret && ln -s loop /data/loop"
-    assert sdk.exec_workspace_command(credential, ["sh", "-c", setup]).ok
-    _guest_mount(server, workspace, "-o", "ro,size=1m", "tmpfs", "/data/ro")
-    _guest_mount(server, workspace, "-o", "size=64k", "tmpfs", "/data/small")
 
-    # A name longer than 255 bytes, a path longer than PATH_MAX: never valid.
-    for too_long in (write("/data/" + "n" * 300), read("/data/" + "n" * 300), write("/data/" + "d/" * 2100 + "f")):
-        assert too_long.code == grpc.StatusCode.INVALID_ARGUMENT and too_long.field == "path", too_long
-    # A name just under the limit works (the temporary name of the atomic write is short).
-    assert sdk.write_workspace_file(credential, "/data/" + "n" * 250, b"long") == 4
-    # A read-only file system: a precondition, said plainly.
-    read_only = write("/data/ro/x")
-    assert read_only.code == grpc.StatusCode.FAILED_PRECONDITION and read_only.reason == "GUEST_ERROR"
-    assert "read-only" in read_only.message and read_only.hint and read_only.field == "path"
-    # A full file system: RESOURCE_EXHAUSTED, and the partial temporary file is removed.
-    full = write("/data/small/big", b"z" * (1 << 20))
-    assert full.code == grpc.StatusCode.RESOURCE_EXHAUSTED and full.reason == "GUEST_ERROR", full
-    assert "no space left" in full.message and "(ENOSPC)" in full.message
-    assert sdk.exec_workspace_command(credential, ["ls", "-A", "/data/small"]).stdout == b""
-    # A directory where a file is wanted, a file where a directory is wanted, a symlink loop.
-    for error, says in (
-        (write("/data/dir"), "is a directory (EISDIR)"),
-        (read("/data/dir"), "is a directory (EISDIR)"),
-        (read("/data/file/x"), "not a directory (ENOTDIR)"),
-        (write("/data/file/x"), "not a directory (ENOTDIR)"),
-        (read("/data/loop"), "symbolic links (ELOOP)"),
-    ):
-        assert error.code == grpc.StatusCode.FAILED_PRECONDITION and error.reason == "GUEST_ERROR", error
-        assert says in error.message, error.message
-    # The guest's own file permissions (it has no capability to override them).
-    denied = read("/data/secret")
-    assert denied.code == grpc.StatusCode.PERMISSION_DENIED and denied.reason == "GUEST_ERROR", denied
-    assert "(EACCES)" in denied.message
-    # Missing: NOT_FOUND, as before; an exec in a missing directory too.
-    assert read("/data/missing").code == grpc.StatusCode.NOT_FOUND
-    missing_dir = _error(lambda: sdk.exec_workspace_command(credential, ["true"], working_dir="/nowhere"))
-    assert missing_dir.code == grpc.StatusCode.NOT_FOUND and missing_dir.field == "working_dir"
-    # Nothing was left behind by the failed writes.
-    assert b".kibo-" not in sdk.exec_workspace_command(credential, ["ls", "-AR", "/data"]).stdout
+@pytest.mark.parametrize("case", FILE_ERRORS.values(), ids=FILE_ERRORS.keys())
+def test_file_errors_by_errno(
+    files: tuple[kibotos.Client, str], case: tuple[str, str, grpc.StatusCode, str, str]
+) -> None:
+    client, credential = files
+    operation, path, code, reason, says = case
+    if operation == "read":
+        error = _error(lambda: client.read_workspace_file(credential, path))
+    else:
+        error = _error(lambda: client.write_workspace_file(credential, path, b"z" * (1 << 20)))
+    assert (error.code, error.reason, error.field) == (code, reason, "path"), error
+    assert says in error.message, error.message
+
+
+def test_failed_writes_leave_nothing_and_long_names_work(files: tuple[kibotos.Client, str]) -> None:
+    client, credential = files
+    _error(lambda: client.write_workspace_file(credential, "/data/small/big", b"z" * (1 << 20)))
+    # The partial temporary file of the atomic write is removed.
+    assert client.exec_workspace_command(credential, ["ls", "-A", "/data/small"]).stdout == b""
+    # A name just under the 255-byte limit works: the temporary name beside it is short.
+    assert client.write_workspace_file(credential, "/data/" + "n" * 250, b"long") == 4
+    assert client.read_workspace_file(credential, "/data/" + "n" * 250) == b"long"
+    assert b".kibo-" not in client.exec_workspace_command(credential, ["ls", "-AR", "/data"]).stdout
+
+
+def test_exec_in_a_missing_directory(files: tuple[kibotos.Client, str]) -> None:
+    client, credential = files
+    missing = _error(lambda: client.exec_workspace_command(credential, ["true"], working_dir="/nowhere"))
+    assert (missing.code, missing.field) == (grpc.StatusCode.NOT_FOUND, "working_dir"), missing

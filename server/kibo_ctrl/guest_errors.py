@@ -33,7 +33,7 @@ NAME_LIMITS = "a name is at most 255 bytes and a path at most 4095"
 FULL = "free space in the workspace, or give it a larger volume"
 
 ERRNO_RULES: dict[str, ErrnoRule] = {
-    "ENOENT": ErrnoRule(NotFound, "not found (or a directory on the path is missing)"),
+    "ENOENT": ErrnoRule(NotFound, "not found", "a missing file, or a missing directory on its path"),
     "ENAMETOOLONG": ErrnoRule(InvalidArgument, "the path or a name in it is too long", NAME_LIMITS),
     "EINVAL": ErrnoRule(InvalidArgument, "not a valid file name in the guest's file system"),
     "EROFS": ErrnoRule(GuestError, "the file system is read-only", "write under a writable volume mount"),
