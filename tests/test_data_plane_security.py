@@ -128,8 +128,8 @@ def _watch_flood(server: ServerProcess, workspace_id: str, start_kib: int) -> Rs
     peak = max(sampler.samples)
     ordered = sorted(sampler.samples)
     print(
-        f"flood: server RSS start {start_kib >> 10} MiB, peak +{(peak - start_kib) >> 10} MiB, "
-        f"median +{(ordered[len(ordered) // 2] - start_kib) >> 10} MiB over {len(ordered)} samples; "
+        f"flood: server RSS start {start_kib} KiB, peak +{peak - start_kib} KiB, "
+        f"median +{ordered[len(ordered) // 2] - start_kib} KiB over {len(ordered)} samples; "
         f"the guest wrote {written_bytes(writer) >> 20} MiB"
     )
     assert peak - start_kib < RSS_BOUND_KIB, f"the server grew by {(peak - start_kib) >> 10} MiB during the flood"
