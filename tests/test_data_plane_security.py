@@ -181,9 +181,35 @@ def _connect_exec(address: str, request: dp.ExecWorkspaceCommandRequest) -> sock
     return sock
 
 
-def test_connect_flood_to_a_client_that_stops_reading(
-    sdk: kibotos.Client, server: ServerProcess, workspace: str
-) -> None:
+@pytest.fixture(params=["uvicorn", "hypercorn"])
+def http_server(
+    request: pytest.FixtureRequest, server_factory: Callable[..., ServerProcess]
+) -> Iterator[ServerProcess]:
+    """The module's server (uvicorn, the default) or one with --http-server hypercorn."""
+    if request.param == "uvicorn":
+        yield request.getfixturevalue("server")
+        return
+    _require_sandbox()
+    started = server_factory(*FLAGS, "--http-server", "hypercorn")
+    try:
+        yield started
+        started.stop()
+    finally:
+        started.kill()
+        reap(started.data_dir)
+
+
+def test_connect_flood_to_a_client_that_stops_reading(http_server: ServerProcess) -> None:
+    server = http_server
+    with kibotos.Client(server.address) as sdk:
+        workspace = create(sdk)
+        try:
+            _connect_flood(sdk, server, workspace)
+        finally:
+            delete(sdk, workspace, server)
+
+
+def _connect_flood(sdk: kibotos.Client, server: ServerProcess, workspace: str) -> None:
     credential = sdk.issue_data_plane_credential(workspace).credential
     start_kib = rss_kib(server_pid(server))
     sock = _connect_exec(server.http_address, dp.ExecWorkspaceCommandRequest(credential=credential, argv=FLOOD))
