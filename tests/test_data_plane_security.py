@@ -11,6 +11,7 @@ Needs root and bubblewrap, like test_process_runtime."""
 
 from __future__ import annotations
 
+import errno
 import json
 import socket
 import struct
@@ -27,6 +28,8 @@ from kibo.ctrl.v1 import data_plane_service_pb2 as dp
 from kibo.ctrl.v1 import data_plane_service_pb2_grpc as dp_grpc
 from kibo.ctrl.v1 import workspace_pb2 as wp
 from kibo.ctrl.v1 import workspace_service_pb2 as ws
+from kibo_ctrl.guest_errors import ERRNO_RULES, file_error
+from kibo_ctrl.transport.errors import to_status
 
 from tests.server import ServerProcess
 from tests.test_data_plane_client import FLAGS, _require_sandbox, create, delete, none_running, poll
@@ -409,3 +412,16 @@ def test_exec_in_a_missing_directory(files: tuple[kibotos.Client, str]) -> None:
     client, credential = files
     missing = _error(lambda: client.exec_workspace_command(credential, ["true"], working_dir="/nowhere"))
     assert (missing.code, missing.field) == (grpc.StatusCode.NOT_FOUND, "working_dir"), missing
+
+
+def test_the_errno_table_names_real_errnos_and_canonical_codes() -> None:
+    """Every row of guest_errors.py names an errno of this system, and none maps to a code
+    the contract forbids for a rejection (INTERNAL, UNKNOWN)."""
+    for name in ERRNO_RULES:
+        assert name in errno.errorcode.values(), name
+        code, status = to_status(file_error(name, "/data/x", "text"))
+        assert code not in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN, grpc.StatusCode.OK), name
+        assert status.message.endswith(f"({name})") and status.details, name
+    unknown = file_error("EXDEV", "/data/x", "Invalid cross-device link")
+    assert to_status(unknown)[0] == grpc.StatusCode.FAILED_PRECONDITION
+    assert unknown.message == "/data/x: the guest could not do it: Invalid cross-device link (EXDEV)"

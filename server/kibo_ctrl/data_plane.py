@@ -265,7 +265,5 @@ def _refused(refused: GuestRefused, path: str, field: str) -> KiboError:
     if refused.status == "not-found":
         return NotFound(str(refused), field=field)
     if refused.status == "os-error":
-        error = file_error(refused.errno, path, str(refused))
-        error.field = field
-        return error
+        return file_error(refused.errno, path, str(refused), field)
     return GuestError(str(refused))

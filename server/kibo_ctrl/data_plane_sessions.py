@@ -43,7 +43,7 @@ def _revoked_because(workspace: Workspace, session: Session) -> str:
     if workspace.generation != session.generation:
         return "the workspace was started again"
     if workspace.data_plane_revision != session.revision:
-        return "data-plane access was revoked (revoke, stop or force stop)"
+        return "data-plane access was revoked: a revoke, a stop or a failure of the guest"
     return ""
 
 
@@ -71,6 +71,3 @@ class Sessions:
                 why = _revoked_because(workspace, session)
                 if why:
                     session.end(why)
-
-    def count(self, workspace_id: str) -> int:
-        return len(self._running.get(workspace_id, ()))

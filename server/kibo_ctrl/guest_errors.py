@@ -56,9 +56,10 @@ ERRNO_RULES: dict[str, ErrnoRule] = {
 DEFAULT = ErrnoRule(GuestError, "the guest could not do it")
 
 
-def file_error(errno_name: str, path: str, detail: str) -> KiboError:
-    """The error for an OS error `errno_name` (e.g. "ENOSPC") on `path`; `detail`: the OS's text."""
+def file_error(errno_name: str, path: str, detail: str, field: str = "path") -> KiboError:
+    """The error for an OS error `errno_name` (e.g. "ENOSPC") on `path`, the request's `field`;
+    `detail`: the OS's own text."""
     rule = ERRNO_RULES.get(errno_name, DEFAULT)
     says = rule.says if rule is not DEFAULT else f"{rule.says}: {detail}"
     message = f"{path}: {says} ({errno_name or 'unknown errno'})"
-    return rule.error(message, field="path", hint=rule.hint)
+    return rule.error(message, field=field, hint=rule.hint)
