@@ -16,6 +16,7 @@ import json
 import socket
 import struct
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -92,8 +93,14 @@ def jobs(server: ServerProcess, workspace_id: str) -> list[int]:
     return processes(f"guest_exec.py {server.data_dir}/instances/{workspace_id}-g")
 
 
+def flood_writers() -> list[int]:
+    """The guest's `head` writing the flood (not a client that has it in its argv)."""
+    pids = processes(" ".join(FLOOD))
+    return [pid for pid in pids if Path(f"/proc/{pid}/comm").read_text(errors="replace").strip() == "head"]
+
+
 def flood_writer() -> int:
-    [pid] = processes(" ".join(FLOOD))
+    [pid] = flood_writers()
     return pid
 
 
@@ -124,7 +131,7 @@ def workspace(sdk: kibotos.Client, server: ServerProcess) -> Iterator[str]:
 
 def _watch_flood(server: ServerProcess, workspace_id: str, start_kib: int) -> RssSampler:
     """With the flood running and its client no longer reading: sample the server's RSS."""
-    poll(lambda: bool(processes(" ".join(FLOOD))))
+    poll(lambda: bool(flood_writers()))
     writer = flood_writer()
     with RssSampler(server_pid(server)) as sampler:
         time.sleep(FLOOD_WINDOW_S)
@@ -143,7 +150,7 @@ def _watch_flood(server: ServerProcess, workspace_id: str, start_kib: int) -> Rs
 
 def _after_the_end(server: ServerProcess, workspace_id: str, start_kib: int) -> None:
     """Once the client has gone: no job or command is left, and memory is back near the start."""
-    poll(lambda: not jobs(server, workspace_id) and not processes(" ".join(FLOOD)))
+    poll(lambda: not jobs(server, workspace_id) and not flood_writers())
     with RssSampler(server_pid(server)) as sampler:
         time.sleep(0.5)
     assert max(sampler.samples) - start_kib < RSS_BOUND_KIB
@@ -165,6 +172,39 @@ def test_grpc_flood_to_a_client_that_stops_reading(sdk: kibotos.Client, server: 
         _after_the_end(server, workspace, start_kib)
     # The workspace's data plane still works.
     assert sdk.exec_workspace_command(credential, ["echo", "fine"]).stdout == b"fine\n"
+
+
+# A gRPC client in its own process: reads a little of the flood, says so, then reads no more.
+STALLED_CLIENT = """
+import sys, time, grpc
+from kibo.ctrl.v1 import data_plane_service_pb2 as dp, data_plane_service_pb2_grpc as dp_grpc
+channel = grpc.insecure_channel(sys.argv[1])
+call = dp_grpc.DataPlaneServiceStub(channel).ExecWorkspaceCommand(
+    dp.ExecWorkspaceCommandRequest(credential=sys.argv[2], argv=sys.argv[3:]))
+received = 0
+for response in call:
+    received += len(response.stdout)
+    if received >= 1 << 20:
+        break
+print("stalled", flush=True)
+time.sleep(600)
+"""
+
+
+def test_grpc_client_killed_mid_flood(sdk: kibotos.Client, server: ServerProcess, workspace: str) -> None:
+    """The client dies (kill -9: its connection is reset, nothing is cancelled): the command goes."""
+    credential = sdk.issue_data_plane_credential(workspace).credential
+    start_kib = rss_kib(server_pid(server))
+    client = subprocess.Popen(
+        [sys.executable, "-c", STALLED_CLIENT, server.address, credential, *FLOOD], stdout=subprocess.PIPE
+    )
+    try:
+        assert client.stdout is not None and client.stdout.readline() == b"stalled\n"
+        _watch_flood(server, workspace, start_kib)
+    finally:
+        client.kill()
+        client.wait()
+    _after_the_end(server, workspace, start_kib)
 
 
 def _connect_exec(address: str, request: dp.ExecWorkspaceCommandRequest) -> socket.socket:
@@ -286,9 +326,9 @@ def test_a_flood_to_a_client_that_stops_reading_ends_at_revoke(
         stub = dp_grpc.DataPlaneServiceStub(channel)  # type: ignore[no-untyped-call]
         call = stub.ExecWorkspaceCommand(dp.ExecWorkspaceCommandRequest(credential=credential, argv=FLOOD))
         assert next(call).stdout
-        poll(lambda: bool(processes(" ".join(FLOOD))))
+        poll(lambda: bool(flood_writers()))
         revoke(sdk, workspace)
-        poll(lambda: not processes(" ".join(FLOOD)) and not jobs(server, workspace))
+        poll(lambda: not flood_writers() and not jobs(server, workspace))
         # What was in flight, then the status.
         with pytest.raises(grpc.RpcError) as ended:
             for _ in call:
