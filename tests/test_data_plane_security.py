@@ -334,6 +334,34 @@ def test_a_flood_to_a_client_that_stops_reading_ends_at_revoke(
         assert ended.value.code() == grpc.StatusCode.UNAUTHENTICATED, ended.value
 
 
+def test_a_command_that_closes_its_streams_is_still_ended(
+    sdk: kibotos.Client, server: ServerProcess, workspace: str
+) -> None:
+    """Output ended but the command runs on: its timeout and a revoke still end it."""
+    credential = sdk.issue_data_plane_credential(workspace).credential
+    quiet = ["sh", "-c", "exec >/dev/null 2>&1; sleep 62"]
+    assert sdk.exec_workspace_command(credential, quiet, timeout=1) == kibotos.ExecResult(124, b"", b"")
+    poll(lambda: not processes("sleep 62") and not jobs(server, workspace))
+    # No output ever comes: the stream is read in a thread while we revoke.
+    ended: list[BaseException] = []
+
+    def read_all() -> None:
+        try:
+            list(sdk.exec_workspace_command_stream(credential, quiet))
+        except kibotos.KiboError as error:
+            ended.append(error)
+
+    reader = threading.Thread(target=read_all, daemon=True)
+    reader.start()
+    poll(lambda: bool(processes("sleep 62")))
+    revoke(sdk, workspace)
+    reader.join(30)
+    assert not reader.is_alive()
+    [error] = ended
+    assert isinstance(error, kibotos.UnauthenticatedError) and "revoked while the call ran" in error.message
+    poll(lambda: not processes("sleep 62") and not jobs(server, workspace))
+
+
 @pytest.mark.parametrize("force", [False, True], ids=["stop", "force-stop"])
 def test_stop_ends_running_commands(sdk: kibotos.Client, server: ServerProcess, workspace: str, force: bool) -> None:
     credential = sdk.issue_data_plane_credential(workspace).credential

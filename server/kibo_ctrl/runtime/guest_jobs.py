@@ -162,7 +162,7 @@ async def run_guest_exec(
     transports: list[asyncio.BaseTransport] = []
     tasks: list[asyncio.Task[None]] = []
     watcher = loop.create_task(_kill_when(stop, process.pid)) if stop is not None else loop.create_future()
-    timed_out = stopped = False
+    timed_out = stopped = exited = False
     open_streams = 2
     try:
         for name, fd in (("stdout", out_read), ("stderr", err_read)):
@@ -176,15 +176,23 @@ async def run_guest_exec(
         transports.append(write_transport)
         tasks.append(loop.create_task(_feed(write_transport, write_protocol, stdin)))
         deadline = loop.time() + seconds if seconds > 0 else None
-        while open_streams:
+        # The output until both streams end, then guest_exec's exit (a command may close
+        # its streams and run on): each wait bounded by the timeout and the stop event.
+        while open_streams or not exited:
             if watcher.done():
                 stopped = True
                 break
+            remaining = None if deadline is None else deadline - loop.time()
+            if remaining is not None and remaining <= 0:
+                timed_out = True
+                break
+            if not open_streams:
+                waiting = loop.create_task(process.wait())
+                await asyncio.wait((waiting, watcher), timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+                exited = waiting.done()
+                waiting.cancel()
+                continue
             if queue.empty():
-                remaining = None if deadline is None else deadline - loop.time()
-                if remaining is not None and remaining <= 0:
-                    timed_out = True
-                    break
                 getter = loop.create_task(queue.get())
                 await asyncio.wait((getter, watcher), timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
                 if not getter.done():
@@ -199,7 +207,7 @@ async def run_guest_exec(
                 yield item
     finally:
         watcher.cancel()
-        if stopped or timed_out or open_streams:
+        if not exited:
             # The whole job: guest_exec, the command and what it started.
             _killpg(process.pid)
         for task in tasks:
