@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import socket
 import struct
 import subprocess
@@ -146,9 +147,17 @@ def _watch_flood(server: ServerProcess, workspace_id: str, start_kib: int) -> Rs
     return sampler
 
 
-def _after_the_end(server: ServerProcess, workspace_id: str, start_kib: int) -> None:
-    """Once the client has gone: no job or command is left, and memory is back near the start."""
+def pipe_count(pid: int) -> int:
+    """The process's open pipes (each job has four)."""
+    links = (os.readlink(fd) for fd in Path(f"/proc/{pid}/fd").iterdir())
+    return sum(1 for link in links if link.startswith("pipe:"))
+
+
+def _after_the_end(server: ServerProcess, workspace_id: str, start_kib: int, start_pipes: int) -> None:
+    """Once the client has gone: no job or command is left, the job's pipes are closed and
+    memory is back near the start."""
     poll(lambda: not jobs(server, workspace_id) and not flood_writers())
+    poll(lambda: pipe_count(server_pid(server)) <= start_pipes)
     with RssSampler(server_pid(server)) as sampler:
         time.sleep(0.5)
     assert max(sampler.samples) - start_kib < RSS_BOUND_KIB
@@ -156,7 +165,7 @@ def _after_the_end(server: ServerProcess, workspace_id: str, start_kib: int) -> 
 
 def test_grpc_flood_to_a_client_that_stops_reading(sdk: kibotos.Client, server: ServerProcess, workspace: str) -> None:
     credential = sdk.issue_data_plane_credential(workspace).credential
-    start_kib = rss_kib(server_pid(server))
+    start_kib, start_pipes = rss_kib(server_pid(server)), pipe_count(server_pid(server))
     with grpc.insecure_channel(server.address) as channel:
         stub = dp_grpc.DataPlaneServiceStub(channel)  # type: ignore[no-untyped-call]
         call = stub.ExecWorkspaceCommand(dp.ExecWorkspaceCommandRequest(credential=credential, argv=FLOOD))
@@ -167,7 +176,7 @@ def test_grpc_flood_to_a_client_that_stops_reading(sdk: kibotos.Client, server: 
                 break
         _watch_flood(server, workspace, start_kib)
         call.cancel()
-        _after_the_end(server, workspace, start_kib)
+        _after_the_end(server, workspace, start_kib, start_pipes)
     # The workspace's data plane still works.
     assert sdk.exec_workspace_command(credential, ["echo", "fine"]).stdout == b"fine\n"
 
@@ -192,7 +201,7 @@ time.sleep(600)
 def test_grpc_client_killed_mid_flood(sdk: kibotos.Client, server: ServerProcess, workspace: str) -> None:
     """The client dies (kill -9: its connection is reset, nothing is cancelled): the command goes."""
     credential = sdk.issue_data_plane_credential(workspace).credential
-    start_kib = rss_kib(server_pid(server))
+    start_kib, start_pipes = rss_kib(server_pid(server)), pipe_count(server_pid(server))
     client = subprocess.Popen(
         [sys.executable, "-c", STALLED_CLIENT, server.address, credential, *FLOOD], stdout=subprocess.PIPE
     )
@@ -202,7 +211,7 @@ def test_grpc_client_killed_mid_flood(sdk: kibotos.Client, server: ServerProcess
     finally:
         client.kill()
         client.wait()
-    _after_the_end(server, workspace, start_kib)
+    _after_the_end(server, workspace, start_kib, start_pipes)
 
 
 def _connect_exec(address: str, request: dp.ExecWorkspaceCommandRequest) -> socket.socket:
@@ -252,7 +261,7 @@ def test_connect_flood_to_a_client_that_stops_reading(http_server: ServerProcess
 
 def _connect_flood(sdk: kibotos.Client, server: ServerProcess, workspace: str) -> None:
     credential = sdk.issue_data_plane_credential(workspace).credential
-    start_kib = rss_kib(server_pid(server))
+    start_kib, start_pipes = rss_kib(server_pid(server)), pipe_count(server_pid(server))
     sock = _connect_exec(server.http_address, dp.ExecWorkspaceCommandRequest(credential=credential, argv=FLOOD))
     try:
         received = b""
@@ -264,7 +273,7 @@ def _connect_flood(sdk: kibotos.Client, server: ServerProcess, workspace: str) -
         _watch_flood(server, workspace, start_kib)
     finally:
         sock.close()  # the client goes away without a word
-    _after_the_end(server, workspace, start_kib)
+    _after_the_end(server, workspace, start_kib, start_pipes)
     assert sdk.exec_workspace_command(credential, ["echo", "fine"]).stdout == b"fine\n"
 
 
@@ -337,7 +346,7 @@ def test_a_flood_to_a_client_that_stops_reading_ends_at_revoke(
 def test_a_command_that_closes_its_streams_is_still_ended(
     sdk: kibotos.Client, server: ServerProcess, workspace: str
 ) -> None:
-    """Output ended but the command runs on: its timeout and a revoke still end it."""
+    """A command that closed its streams and writes nothing: its timeout and a revoke still end it."""
     credential = sdk.issue_data_plane_credential(workspace).credential
     quiet = ["sh", "-c", "exec >/dev/null 2>&1; sleep 62"]
     assert sdk.exec_workspace_command(credential, quiet, timeout=1) == kibotos.ExecResult(124, b"", b"")

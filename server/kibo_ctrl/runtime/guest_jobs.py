@@ -157,7 +157,10 @@ async def run_guest_exec(
     finally:
         for fd in (status_write, stdin_read, out_write, err_write):
             os.close(fd)
-    # From here on the parent's ends belong to transports (closed with them), or to us (status).
+    # The parent's pipe ends: each is handed to a transport (which closes it), or closed here.
+    out_file, err_file = os.fdopen(out_read, "rb", buffering=0), os.fdopen(err_read, "rb", buffering=0)
+    in_file = os.fdopen(stdin_write, "wb", buffering=0)
+    unowned = [out_file, err_file, in_file]
     queue: asyncio.Queue[Output | None] = asyncio.Queue(QUEUE_CHUNKS)
     transports: list[asyncio.BaseTransport] = []
     tasks: list[asyncio.Task[None]] = []
@@ -165,14 +168,14 @@ async def run_guest_exec(
     timed_out = stopped = exited = False
     open_streams = 2
     try:
-        for name, fd in (("stdout", out_read), ("stderr", err_read)):
+        for name, file in (("stdout", out_file), ("stderr", err_file)):
             reader = asyncio.StreamReader(limit=CHUNK, loop=loop)
-            transport, _ = await loop.connect_read_pipe(_protocol_of(reader), os.fdopen(fd, "rb", buffering=0))
+            transport, _ = await loop.connect_read_pipe(_protocol_of(reader), file)
+            unowned.remove(file)
             transports.append(transport)
             tasks.append(loop.create_task(_pump(name, reader, queue)))
-        write_transport, write_protocol = await loop.connect_write_pipe(
-            _WriteProtocol, os.fdopen(stdin_write, "wb", buffering=0)
-        )
+        write_transport, write_protocol = await loop.connect_write_pipe(_WriteProtocol, in_file)
+        unowned.remove(in_file)
         transports.append(write_transport)
         tasks.append(loop.create_task(_feed(write_transport, write_protocol, stdin)))
         deadline = loop.time() + seconds if seconds > 0 else None
@@ -214,6 +217,8 @@ async def run_guest_exec(
             task.cancel()
         for pipe in transports:
             pipe.close()  # closes our pipe ends, paused or not
+        for file in unowned:
+            file.close()
         await process.wait()
         status_line = _status_line(status_read)
     if stopped:
