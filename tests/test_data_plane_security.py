@@ -14,6 +14,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import signal
 import socket
 import struct
 import subprocess
@@ -369,6 +370,41 @@ def test_a_command_that_closes_its_streams_is_still_ended(
     [error] = ended
     assert isinstance(error, kibotos.UnauthenticatedError) and "revoked while the call ran" in error.message
     poll(lambda: not processes("sleep 62") and not jobs(server, workspace))
+
+
+def test_a_job_killed_on_the_host_says_so_without_internals(
+    sdk: kibotos.Client, server: ServerProcess, workspace: str
+) -> None:
+    """guest_exec killed under the command (as the guest's memory limit would): a generic
+    GUEST_ERROR with an incident ID the server logs, no host detail."""
+    credential = sdk.issue_data_plane_credential(workspace).credential
+    ended: list[BaseException] = []
+
+    def read_all() -> None:
+        try:
+            list(sdk.exec_workspace_command_stream(credential, ["sleep", "64"]))
+        except kibotos.KiboError as error:
+            ended.append(error)
+
+    reader = threading.Thread(target=read_all, daemon=True)
+    reader.start()
+    poll(lambda: bool(processes("sleep 64")))
+    [job] = [pid for pid in jobs(server, workspace) if f"PPid:\t{server_pid(server)}\n" in _status(pid)]
+    os.kill(job, signal.SIGKILL)
+    reader.join(30)
+    [error] = ended
+    assert isinstance(error, kibotos.ConflictError) and error.reason == "GUEST_ERROR", error
+    assert "incident" in error.message and "exit" not in error.message and "/" not in error.message, error.message
+    incident = error.message.rsplit("incident ", 1)[1].rstrip(")")
+    poll(lambda: f"incident {incident}" in server.log())
+    poll(lambda: not processes("sleep 64"))
+
+
+def _status(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return ""
 
 
 @pytest.mark.parametrize("force", [False, True], ids=["stop", "force-stop"])

@@ -24,6 +24,7 @@ import binascii
 import hashlib
 import hmac
 import json
+import logging
 import os
 import secrets
 import time
@@ -53,6 +54,8 @@ from .runtime.base import Runtime
 from .runtime.guest_jobs import Exit, GuestRefused, JobStopped, Output
 from .runtime.process import ProcessRuntime
 from .store import Changes, Reader, Store
+
+log = logging.getLogger(__name__)
 
 SERVICE = dp.DESCRIPTOR.services_by_name["DataPlaneService"]
 # Authorized by the data-plane credential in the request, not by a control-plane token.
@@ -266,4 +269,11 @@ def _refused(refused: GuestRefused, path: str, field: str) -> KiboError:
         return NotFound(str(refused), field=field)
     if refused.status == "os-error":
         return file_error(refused.errno, path, str(refused), field)
-    return GuestError(str(refused))
+    # Entering the guest failed, or the job died (e.g. killed by the guest's memory limit):
+    # the detail names host paths, so it goes to the log, not to the caller.
+    incident = secrets.token_hex(6)
+    log.warning("data-plane job failed (incident %s): %s: %s", incident, refused.status, refused)
+    return GuestError(
+        f"the job in the guest failed or was killed (incident {incident})",
+        hint="retry; if it persists, the server log has the cause under this incident ID",
+    )
