@@ -83,7 +83,8 @@ def guard(app: ASGIApp, auth: Authenticator, open_paths: frozenset[str], limits:
                 return
         declared = _content_length(headers)
         if declared is not None and declared > limits.max_bytes:
-            await refuse(scope, send, *_too_large(declared, limits.max_bytes))
+            code = grpc.StatusCode.RESOURCE_EXHAUSTED
+            await refuse(scope, send, code, _status(code, _too_large(str(declared), limits.max_bytes)))
             return
         await _Bounded(app, scope, receive, send, limits).run()
 
@@ -122,7 +123,8 @@ class _Bounded:
             self._received += len(message.get("body", b""))
             self._body_done = not message.get("more_body", False)
             if self._received > self._limits.max_bytes:
-                await self._refuse(*_too_large(self._received, self._limits.max_bytes, so_far=True))
+                limit = self._limits.max_bytes
+                await self._refuse(grpc.StatusCode.RESOURCE_EXHAUSTED, _too_large(f"more than {limit}", limit))
                 return {"type": "http.disconnect"}
         return message
 
@@ -136,14 +138,16 @@ class _Bounded:
     async def _refuse(self, code: grpc.StatusCode, message: str) -> None:
         self._refused = True
         if not self._started:
-            await refuse(self._scope, self._send, code, status_pb2.Status(code=code.value[0], message=message))
+            await refuse(self._scope, self._send, code, _status(code, message))
 
 
-def _too_large(size: int, limit: int, so_far: bool = False) -> tuple[grpc.StatusCode, status_pb2.Status]:
-    what = f"more than {limit}" if so_far else str(size)
-    message = f"the request body is {what} bytes; this server accepts at most {limit} (--http-max-body-bytes)"
-    code = grpc.StatusCode.RESOURCE_EXHAUSTED
-    return code, status_pb2.Status(code=code.value[0], message=message)
+def _status(code: grpc.StatusCode, message: str) -> status_pb2.Status:
+    number: int = code.value[0]
+    return status_pb2.Status(code=number, message=message)
+
+
+def _too_large(size: str, limit: int) -> str:
+    return f"the request body is {size} bytes; this server accepts at most {limit} (--http-max-body-bytes)"
 
 
 async def refuse(scope: Scope, send: Send, code: grpc.StatusCode, status: status_pb2.Status) -> None:
@@ -158,8 +162,9 @@ async def refuse(scope: Scope, send: Send, code: grpc.StatusCode, status: status
             (b"content-type", content_type.encode()),
             (b"grpc-status", str(status.code).encode()),
             (b"grpc-message", urllib.parse.quote(status.message, safe="").encode()),
-            (b"grpc-status-details-bin", base64.b64encode(status.SerializeToString()).rstrip(b"=")),
         ]
+        if status.details:
+            grpc_headers.append((b"grpc-status-details-bin", base64.b64encode(status.SerializeToString()).rstrip(b"=")))
         await _respond(send, 200, grpc_headers + extra, b"")
         return
     error = _connect_error(code, status)
