@@ -259,6 +259,11 @@ def test_caps_and_header_timeout_from_flags(tmp_path: Path, http_server: str) ->
                 sock.close()
         # The port serves again once they are gone.
         healthz(server, "127.0.0.1")
+        # A request head past 16 KiB is refused, not buffered.
+        with connect(server, "127.0.0.10", timeout=5) as sock:
+            sock.sendall(b"POST / HTTP/1.1\r\nHost: kibo\r\nX-Fill: " + b"a" * 32768)
+            status, _, _ = read_response(sock, 5)
+        assert status in (400, 431)
 
 
 def test_a_flood_of_bad_requests_logs_a_few_lines(tmp_path: Path) -> None:
@@ -411,3 +416,35 @@ def test_a_body_over_the_limit_is_refused(tmp_path: Path, http_server: str) -> N
             status, _, body = read_response(sock, 5)
         assert status == 200
         assert "workspace.stop.force" in json.loads(body)["capabilities"]
+
+
+def open_fds(server: ServerProcess) -> int:
+    assert server.process is not None
+    return len(list(Path(f"/proc/{server.process.pid}/fd").iterdir()))
+
+
+def test_idle_connections_on_the_grpc_port_stay_under_its_cap(tmp_path: Path) -> None:
+    """The gRPC port has its own cap: 400 idle TCP connections that never start HTTP/2
+    hold at most about its cap of the server's descriptors; HTTP keeps serving."""
+    with (
+        serve(tmp_path, "uvicorn", "--grpc-max-connections", "50", nofile=NOFILE) as server,
+        grpc.insecure_channel(server.address) as channel,
+    ):
+        stub = health_pb2_grpc.HealthStub(channel)
+        stub.Check(health_pb2.HealthCheckRequest(), timeout=5)
+        before = open_fds(server)
+        attack: list[socket.socket] = []
+        try:
+            for _ in range(400):
+                with contextlib.suppress(OSError):
+                    attack.append(socket.create_connection(("127.0.0.1", server.port), timeout=0.2))
+            time.sleep(1)
+            held = open_fds(server) - before
+            print(f"\n{len(attack)} idle gRPC-port connections; the server holds {held} more descriptors")
+            assert held <= 60
+            healthz(server, "127.0.0.2")
+            reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=5)
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING
+        finally:
+            for sock in attack:
+                sock.close()
