@@ -180,6 +180,7 @@ class HypercornServer:
         # end) until a request's headers are complete: it is also the header timeout.
         self._config.keep_alive_timeout = min(limits.idle_timeout_s, limits.header_timeout_s)
         self._config.h11_max_incomplete_size = MAX_HEAD_BYTES
+        self._config.ssl_handshake_timeout = limits.header_timeout_s
         self._app = app
         self._host, self._port = host, port
         self._shutdown = asyncio.Event()

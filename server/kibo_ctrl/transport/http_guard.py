@@ -15,6 +15,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import logging
+import sqlite3
 import struct
 import urllib.parse
 from collections.abc import Awaitable, Callable
@@ -27,6 +29,8 @@ from google.rpc import status_pb2
 from ..auth import Authenticator
 from ..errors import KiboError
 from .errors import to_status
+
+log = logging.getLogger(__name__)
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[Any]]
@@ -80,6 +84,12 @@ def guard(app: ASGIApp, auth: Authenticator, open_paths: frozenset[str], limits:
             except KiboError as error:
                 code, status = to_status(error)
                 await refuse(scope, send, code, status)
+                return
+            except sqlite3.Error as error:
+                # As the handlers do: the token could not be looked up, try again later.
+                log.error("store error while checking a token: %s", error)
+                code = grpc.StatusCode.UNAVAILABLE
+                await refuse(scope, send, code, _status(code, "the store is unavailable; try again"))
                 return
         declared = _content_length(headers)
         if declared is not None and declared > limits.max_bytes:
