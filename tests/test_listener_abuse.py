@@ -322,6 +322,20 @@ def test_a_request_without_a_token_is_refused_before_its_body(tmp_path: Path, ht
         assert json.loads(body[5:])["error"]["code"] == "unauthenticated"
         # Health stays open.
         healthz(server, "127.0.0.1")
+        if http_server == "hypercorn":
+            _grpc_over_h2c_needs_the_token(server)
+
+
+def _grpc_over_h2c_needs_the_token(server: ServerProcess) -> None:
+    """hypercorn also serves gRPC over h2c on the HTTP port: refused from the headers too."""
+    with grpc.insecure_channel(server.http_address) as channel:
+        stub = ws_grpc.WorkspaceServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.GetCapabilities(ws.GetCapabilitiesRequest(), timeout=10)
+        assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        metadata = (("authorization", f"Bearer {server.admin_token}"),)
+        reply = stub.GetCapabilities(ws.GetCapabilitiesRequest(), metadata=metadata, timeout=10)
+        assert "workspace.stop.force" in reply.capabilities
 
 
 def _flood_once(server: ServerProcess, body: bytes) -> tuple[bool, int | None]:
@@ -389,8 +403,9 @@ def test_anonymous_large_bodies_are_not_read(tmp_path: Path, http_server: str) -
 @pytest.mark.parametrize("http_server", HTTP_SERVERS)
 def test_a_body_over_the_limit_is_refused(tmp_path: Path, http_server: str) -> None:
     """With a token: a Content-Length over --http-max-body-bytes is refused from the
-    headers; a chunked body is cut off once it passes the limit, while it streams in."""
-    with serve(tmp_path, http_server, "--http-max-body-bytes", "65536") as server:
+    headers; a chunked body is cut off once it passes the limit, while it streams in; a
+    body that stalls past --http-body-timeout is cut off."""
+    with serve(tmp_path, http_server, "--http-max-body-bytes", "65536", "--http-body-timeout", "1") as server:
         token = server.admin_token
         with connect(server, timeout=5) as sock:
             sock.sendall(head(CREATE, "application/json", 200_000, token=token))
@@ -410,6 +425,10 @@ def test_a_body_over_the_limit_is_refused(tmp_path: Path, http_server: str) -> N
             status, _, body = read_response(sock, 5)
         assert (status, _json_error(body)["code"]) == (429, "resource_exhausted")
         assert 65536 <= sent < 1024 * 1024
+        with connect(server, timeout=5) as sock:
+            sock.sendall(head(CREATE, "application/json", 1000, token=token) + b'{"metadata":')
+            status, _, body = read_response(sock, 10)
+        assert (status, _json_error(body)["code"]) == (504, "deadline_exceeded")
         # A request within the limit still works.
         with connect(server, timeout=5) as sock:
             sock.sendall(head("/kibo.ctrl.v1.WorkspaceService/GetCapabilities", "application/json", 2, token) + b"{}")

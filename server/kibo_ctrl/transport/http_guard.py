@@ -167,15 +167,22 @@ async def refuse(scope: Scope, send: Send, code: grpc.StatusCode, status: status
     content_type = (_header(headers, b"content-type") or "").lower()
     extra = [(b"connection", b"close")] if str(scope.get("http_version", "1.1")).startswith("1") else []
     if content_type.startswith("application/grpc"):
-        # gRPC and gRPC-Web: trailers-only, the status in the response headers.
-        grpc_headers = [
-            (b"content-type", content_type.encode()),
+        grpc_status = [
             (b"grpc-status", str(status.code).encode()),
             (b"grpc-message", urllib.parse.quote(status.message, safe="").encode()),
         ]
         if status.details:
-            grpc_headers.append((b"grpc-status-details-bin", base64.b64encode(status.SerializeToString()).rstrip(b"=")))
-        await _respond(send, 200, grpc_headers + extra, b"")
+            grpc_status.append((b"grpc-status-details-bin", base64.b64encode(status.SerializeToString()).rstrip(b"=")))
+        kind = [(b"content-type", content_type.encode())]
+        trailers = "http.response.trailers" in scope.get("extensions", {})
+        if content_type.startswith("application/grpc-web") or not trailers:
+            # gRPC-Web: trailers-only, the status in the response headers.
+            await _respond(send, 200, kind + grpc_status + extra, b"")
+            return
+        # gRPC (h2c): the status in HTTP/2 trailers, where gRPC clients read it.
+        await send({"type": "http.response.start", "status": 200, "headers": kind, "trailers": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        await send({"type": "http.response.trailers", "headers": grpc_status, "more_trailers": False})
         return
     error = _connect_error(code, status)
     if content_type.startswith("application/connect+"):
