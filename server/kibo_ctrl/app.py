@@ -244,10 +244,11 @@ class App:
             )
             guarded = guard(asgi, self.authenticator, open_paths, self.config.http_body)
             http_server = SERVERS[self.config.http_server]
-            self.http = http_server(
-                guarded, self.config.http_listen, self.config.shutdown_grace_s, self.config.tls, self.config.http_limits
-            )
             try:
+                # Binds the port (an OSError if it is taken), then serves.
+                self.http = http_server(
+                    guarded, self.config.http_listen, self.config.shutdown_grace_s, self.config.tls, self.config.http_limits
+                )
                 await self.http.start()
             except OSError:
                 await self.server.stop(None)
