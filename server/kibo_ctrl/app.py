@@ -246,8 +246,9 @@ class App:
             http_server = SERVERS[self.config.http_server]
             try:
                 # Binds the port (an OSError if it is taken), then serves.
+                config = self.config
                 self.http = http_server(
-                    guarded, self.config.http_listen, self.config.shutdown_grace_s, self.config.tls, self.config.http_limits
+                    guarded, config.http_listen, config.shutdown_grace_s, config.tls, config.http_limits
                 )
                 await self.http.start()
             except OSError:
