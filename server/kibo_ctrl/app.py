@@ -156,6 +156,8 @@ class App:
         self.api = Api(self.store, self.hub, self.service, capabilities, config.settle_ms / 1000, observer)
         self.sim_api = SimulatorApi(self.store, self.board, self.sim_nodes, self._pool_lost)
         self.data_plane = data_plane.DataPlane(self.store, self.runtimes, config.data_dir)
+        # Revoke, stop and delete end the data-plane calls running under the old credential.
+        self.hub.listen(self.data_plane.on_changes)
         for coroutine in (scheduler.run(), expiry.run(), liveness.run(), *(a.run() for a in agents)):
             self._tasks.append(asyncio.create_task(self._supervise(coroutine)))
         await self._serve()

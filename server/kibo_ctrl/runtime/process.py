@@ -49,7 +49,8 @@ supervisor of an instance the store no longer has active is an orphan and is kil
 e.g. systemd KillMode=process, or the supervisors go with it and are reported CRASH.)
 
 The data plane's hands: `guest_job` runs guest_exec.py, which joins the guest's cgroup
-and namespaces and runs a command or reads/writes a file as the guest sees it.
+and namespaces and runs a command or reads/writes a file as the guest sees it; its output
+comes through bounded queues (guest_jobs.py: back-pressure down to the guest's pipe).
 
 Not (yet) done here: the guest has loopback networking only, whatever the network
 policy; writable_layer_gib and volume capacities are not enforced (plain directories);
@@ -67,10 +68,9 @@ import logging
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -80,12 +80,12 @@ from ..reports import ExitReason, Report, VmmExited
 from . import sandbox
 from .base import DestroyError, LaunchError, LaunchSpec, RestartError, SyncError
 from .cgroups import Cgroups
+from .guest_jobs import Exit, GuestRefused, Output, run_guest_exec
 from .supervised import Supervised, exit_report, kill_supervisor, lock_held, parent_pid, read_json, running
 
 log = logging.getLogger(__name__)
 
 SUPERVISOR = Path(__file__).with_name("supervisor.py")
-GUEST_EXEC = Path(__file__).with_name("guest_exec.py")
 _SAFE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 # A force stop that the supervisor does not finish in this time is done from here.
 FORCE_TIMEOUT_S = 5.0
@@ -104,29 +104,6 @@ class ProcessOptions:
     grace_s: float = 10.0
     force_sync_s: float = 1.0
     ready_timeout_s: float = 30.0
-
-
-@dataclass(frozen=True)
-class Output:
-    """A chunk of a guest job's output."""
-
-    stream: str  # "stdout" or "stderr"
-    data: bytes
-
-
-@dataclass(frozen=True)
-class Exit:
-    """How a guest job ended: the command's exit code (128 + N: killed by signal N; 124: timed out)."""
-
-    code: int
-
-
-class GuestRefused(Exception):
-    """A guest job could not run: `status` is unavailable, invalid, not-found or error."""
-
-    def __init__(self, status: str, message: str) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 @dataclass
@@ -562,92 +539,22 @@ class ProcessRuntime:
         return supervised is not None and not supervised.closed and supervised.state == "ready"
 
     async def guest_job(
-        self, instance_id: str, job: dict[str, Any], stdin: bytes = b"", seconds: float = 0.0
-    ) -> AsyncIterator[Output | Exit]:
-        """Run a job in the guest (see guest_exec.py): its output, then how it ended."""
+        self,
+        instance_id: str,
+        job: dict[str, Any],
+        stdin: bytes = b"",
+        seconds: float = 0.0,
+        stop: asyncio.Event | None = None,
+    ) -> AsyncGenerator[Output | Exit, None]:
+        """Run a job in the guest (see guest_exec.py and guest_jobs.py): its output, then how
+        it ended; bounded memory; killed when `stop` is set (then JobStopped)."""
         if not self.guest_ready(instance_id):
             raise GuestRefused("unavailable", "the guest is not running or is restarting: retry")
-        loop = asyncio.get_running_loop()
-        status_read, status_write = os.pipe()
-        try:
-            process = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-I",
-                "-S",
-                str(GUEST_EXEC),
-                str(self.instance_dir(instance_id)),
-                json.dumps({**job, "status_fd": status_write}),
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                pass_fds=(status_write,),
-                start_new_session=True,
-            )
-        finally:
-            os.close(status_write)
-        queue: asyncio.Queue[Output | None] = asyncio.Queue()
-
-        async def pump(name: str, stream: asyncio.StreamReader | None) -> None:
-            assert stream is not None
-            while chunk := await stream.read(1 << 16):
-                await queue.put(Output(name, chunk))
-            await queue.put(None)
-
-        async def feed() -> None:
-            assert process.stdin is not None
-            with contextlib.suppress(OSError):
-                if stdin:
-                    process.stdin.write(stdin)
-                    await process.stdin.drain()
-                process.stdin.close()
-
-        tasks = [
-            loop.create_task(pump("stdout", process.stdout)),
-            loop.create_task(pump("stderr", process.stderr)),
-            loop.create_task(feed()),
-        ]
-        deadline = loop.time() + seconds if seconds > 0 else None
-        timed_out = False
-        try:
-            open_streams = 2
-            while open_streams:
-                remaining = None if deadline is None else deadline - loop.time()
-                if remaining is not None and remaining <= 0:
-                    timed_out = True
-                    break
-                try:
-                    item = await asyncio.wait_for(queue.get(), remaining)
-                except TimeoutError:
-                    continue
-                if item is None:
-                    open_streams -= 1
-                else:
-                    yield item
-        finally:
-            if timed_out or open_streams:
-                # The whole job: guest_exec, the command and what it started (they share
-                # guest_exec's process group, even inside the guest's PID namespace).
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(process.pid, signal.SIGKILL)
-            await process.wait()
-            for task in tasks:
-                task.cancel()
-            os.set_blocking(status_read, False)
-            try:
-                status_line = os.read(status_read, 65536).split(b"\n", 1)[0]
-            except BlockingIOError:
-                status_line = b""
-            os.close(status_read)
-        try:
-            status = json.loads(status_line)
-        except ValueError:
-            status = {"status": "error", "error": f"the guest job ended without a status (exit {process.returncode})"}
-        if timed_out:
-            yield Exit(124)
-        elif status.get("status") == "ok":
-            yield Exit(int(status.get("code", 0)))
-        else:
-            raise GuestRefused(str(status.get("status")), str(status.get("error")))
+        async with contextlib.aclosing(
+            run_guest_exec(self.instance_dir(instance_id), job, stdin, seconds, stop)
+        ) as items:
+            async for item in items:
+                yield item
 
     async def close(self) -> None:
         """At control-plane shutdown: drop the connections; the supervisors run on."""
