@@ -103,6 +103,16 @@ def volume_dir(server: ServerProcess, workspace: wp.Workspace) -> Path:
     return server.data_dir / "volumes" / data.volume_id
 
 
+def on_volume(server: ServerProcess, workspace: wp.Workspace) -> Path:
+    """The /data volume's files from the host: in its image, mounted in the supervisor's
+    mount namespace (seen through /proc/PID/root); a plain directory without images."""
+    volume = volume_dir(server, workspace)
+    if not (volume / "volume.img").exists():
+        return volume
+    [supervisor] = supervisors(server, workspace)
+    return Path(f"/proc/{supervisor}/root") / str(volume / "mnt").lstrip("/")
+
+
 def reap(data_dir: Path) -> None:
     """Teardown: no supervisor, guest process or cgroup of this data directory outlives the tests."""
     for pid in processes(f"supervisor.py {data_dir}"):
@@ -294,8 +304,8 @@ async def test_sandbox_data_survives_stop_and_start(pc: Client, process_server: 
     # What the guest writes to /data and to its root is real files under --data-dir.
     guest_path(process_server, workspace, "/data/notes.txt").write_text("written in the guest\n")
     guest_path(process_server, workspace, "/etc/motd").write_text("layer\n")
-    assert (volume_dir(process_server, workspace) / "notes.txt").read_text() == "written in the guest\n"
-    (volume_dir(process_server, workspace) / "from-host.txt").write_text("put on the volume\n")
+    assert (on_volume(process_server, workspace) / "notes.txt").read_text() == "written in the guest\n"
+    (on_volume(process_server, workspace) / "from-host.txt").write_text("put on the volume\n")
     assert guest_path(process_server, workspace, "/data/from-host.txt").read_text() == "put on the volume\n"
     supervisor = supervisors(process_server, workspace)
     assert len(supervisor) == 1
@@ -555,7 +565,7 @@ async def test_data_plane_commands_files_and_credentials(pc: Client, process_ser
     assert (await data.exec(credential, "sleep", "30", limit=1))[0] == 124
     # Files under /data, as the guest sees them; nothing outside the volumes.
     await data.write(credential, "/data/dir-less.txt", b"through the data plane")
-    assert (volume_dir(process_server, workspace) / "dir-less.txt").read_bytes() == b"through the data plane"
+    assert (on_volume(process_server, workspace) / "dir-less.txt").read_bytes() == b"through the data plane"
     assert await data.exec(credential, "cat", "/data/dir-less.txt") == (0, b"through the data plane", b"")
     assert await data.read(credential, "/data/dir-less.txt") == b"through the data plane"
     assert await refused(data.read(credential, "/etc/passwd")) == grpc.StatusCode.INVALID_ARGUMENT

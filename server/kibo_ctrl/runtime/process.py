@@ -77,7 +77,7 @@ from typing import Any
 
 from ..model import Backend, Component, Instance, Phase, StopDurability, VolumeState
 from ..reports import ExitReason, Report, VmmExited
-from . import sandbox
+from . import sandbox, storage
 from .base import DestroyError, LaunchError, LaunchSpec, RestartError, SyncError
 from .cgroups import Cgroups
 from .supervised import Supervised, exit_report, kill_supervisor, lock_held, parent_pid, read_json, running
@@ -91,6 +91,8 @@ _SAFE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 FORCE_TIMEOUT_S = 5.0
 # How long a graceful stop waits for the sync after the grace period before its outcome is unknown.
 SYNC_TIMEOUT_S = 60.0
+# How long a release waits for a gone VMM's images to be unmounted (their loop devices freed).
+DETACH_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -135,6 +137,8 @@ class _Layout:
     upper: Path
     work: Path
     volumes: list[tuple[Path, str]] = field(default_factory=list)
+    # The size-capped images the supervisor formats and mounts (storage.py); empty: plain dirs.
+    images: list[dict[str, Any]] = field(default_factory=list)
 
 
 class ProcessRuntime:
@@ -171,6 +175,9 @@ class ProcessRuntime:
         for sub in ("instances", "layers", "volumes"):
             (self.data_dir / sub).mkdir(exist_ok=True)
         self._supervised: dict[str, Supervised] = {}
+        self.images = storage.usable(self.isolation)
+        if not self.images:
+            log.warning("writable layers and volumes are plain directories: their sizes are NOT enforced")
         log.info(
             "process runtime: isolation %s, limits %s, base image %s, personality %s",
             self.isolation,
@@ -206,6 +213,7 @@ class ProcessRuntime:
             f"runtime.process.{self.backend.value}",
             f"runtime.process.isolation.{self.isolation}",
             f"runtime.process.limits.{self.cgroups.mode}",
+            f"runtime.process.storage.{'images' if self.images else 'unlimited'}",
         ]
         if self.isolation == "none":
             caps.append("runtime.process.unisolated")
@@ -277,12 +285,7 @@ class ProcessRuntime:
 
     def _provision(self, spec: LaunchSpec) -> tuple[_Layout, tuple[str, ...]]:
         workspace_id = spec.instance.workspace_id
-        layer = self.layer_dir(workspace_id)
-        layout = _Layout(layer=layer, upper=layer / "upper", work=layer / "work")
-        layout.upper.mkdir(parents=True, exist_ok=True)
-        if self.options.base_image is not None:
-            layout.work.mkdir(exist_ok=True)
-        sandbox.seed_layer(layout.upper, host_usr=self.options.base_image is None)
+        layout = self._layer_layout(workspace_id, spec.resources.writable_layer_gib)
         created = []
         mounts = {b.volume_id: b.mount_path for b in spec.bindings}
         for volume in spec.volumes:
@@ -291,8 +294,40 @@ class ProcessRuntime:
             if volume.state is VolumeState.PENDING:
                 created.append(volume.id)
             if volume.id in mounts:
+                if self.images and not storage.legacy_volume(path):
+                    layout.images.append(storage.entry(path, storage.VOLUME_IMAGE, volume.capacity_gib, None))
+                    path = path / "mnt"
+                    path.mkdir(exist_ok=True)
                 layout.volumes.append((path, mounts[volume.id]))
+        # The sparse files of new images, if the disk can hold them all (else NoSpace).
+        storage.admit(self.data_dir, layout.images)
         return layout, tuple(created)
+
+    def _layer_layout(self, workspace_id: str, capacity_gib: int) -> _Layout:
+        """The writable layer: an image (new layers), or a directory (layers from before images)."""
+        layer = self.layer_dir(workspace_id)
+        host_usr = self.options.base_image is None
+        if not self.images or storage.legacy_layer(layer):
+            layout = _Layout(layer=layer, upper=layer / "upper", work=layer / "work")
+            layout.upper.mkdir(parents=True, exist_ok=True)
+            if not host_usr:
+                layout.work.mkdir(exist_ok=True)
+            sandbox.seed_layer(layout.upper, host_usr=host_usr)
+            return layout
+        mnt = layer / "mnt"
+        layout = _Layout(layer=layer, upper=mnt / "upper", work=mnt / "work")
+        mnt.mkdir(parents=True, exist_ok=True)
+        seed = None
+        if not (layer / storage.LAYER_IMAGE).exists():
+            # Formatted with this skeleton by the supervisor (mkfs -d): made fresh here, so no
+            # guest ever had a hand in it; the layer's files are never touched from here again.
+            seed = layer / "seed"
+            shutil.rmtree(seed, ignore_errors=True)
+            (seed / "upper").mkdir(parents=True)
+            (seed / "work").mkdir()
+            sandbox.seed_layer(seed / "upper", host_usr=host_usr)
+        layout.images.append(storage.entry(layer, storage.LAYER_IMAGE, capacity_gib, seed))
+        return layout
 
     def _write_spec(self, instance: Instance, layout: _Layout, plan: sandbox.GuestPlan) -> None:
         directory = self.instance_dir(instance.id)
@@ -339,6 +374,7 @@ class ProcessRuntime:
             if self.isolation == "none"
             else {"PATH": sandbox.GUEST_PATH, "HOME": "/root", "TERM": "dumb", **plan.env},
             "overlay": overlay,
+            "storage": layout.images,
             "sync_paths": [str(layout.upper)] + [str(path) for path, _ in layout.volumes],
             "grace_s": self.options.grace_s,
             "force_sync_s": self.options.force_sync_s,
@@ -457,21 +493,21 @@ class ProcessRuntime:
         if force:
             spec = read_json(directory / "spec.json") or {}
             if info.get("reason") != "stopped":
-                await self._bounded_sync(list(spec.get("sync_paths") or ()), self.options.force_sync_s)
+                await self._bounded_sync(spec, self.options.force_sync_s)
             await asyncio.to_thread(self._release_sync, directory)
             return StopDurability.UNCONFIRMED
         if not (info.get("reason") == "stopped" and info.get("synced")):
             # The VMM was already gone: what its guest handed the kernel can still be synced.
             spec = read_json(directory / "spec.json") or {}
-            error = await asyncio.to_thread(_sync_paths, list(spec.get("sync_paths") or ()))
+            error = await asyncio.to_thread(_sync_instance, spec)
             if error:
                 raise SyncError(f"the filesystem sync failed: {error}; the instance was not stopped")
         await asyncio.to_thread(self._release_sync, directory)
         return StopDurability.CONFIRMED
 
-    async def _bounded_sync(self, paths: list[str], seconds: float) -> None:
+    async def _bounded_sync(self, spec: dict[str, Any], seconds: float) -> None:
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(asyncio.to_thread(_sync_paths, paths)), seconds)
+            await asyncio.wait_for(asyncio.shield(asyncio.to_thread(_sync_instance, spec, seconds)), seconds)
 
     def _release_sync(self, directory: Path) -> bool:
         """Release what a stopped instance holds on the machine: its cgroup (killing whatever
@@ -486,6 +522,12 @@ class ProcessRuntime:
         for name in ("ready", "agent.pid"):
             with contextlib.suppress(OSError):
                 (directory / "run" / name).unlink()
+        # The images' filesystems go with the last process of the supervisor's namespaces:
+        # wait for that, then what their unmount wrote into the image files is made durable.
+        images = storage.image_files(spec.get("storage") or [])
+        if storage.wait_detached(images, DETACH_TIMEOUT_S):
+            log.warning("%s: its layer or volume images are still mounted", directory.name)
+        storage.fsync_files(images)
         return released
 
     async def destroy(self, instance: Instance) -> None:
@@ -513,9 +555,17 @@ class ProcessRuntime:
                 if not lock_held(old):
                     self._release_sync(old)
                     shutil.rmtree(old, ignore_errors=True)
-            shutil.rmtree(self.layer_dir(workspace_id), ignore_errors=True)
+            # Durably gone, or OSError (an image still mounted): the node agent tries again.
+            storage.destroy(self.layer_dir(workspace_id))
             for volume_id in volume_ids:
-                shutil.rmtree(self.volume_dir(volume_id), ignore_errors=True)
+                storage.destroy(self.volume_dir(volume_id))
+
+        await asyncio.to_thread(remove)
+
+    async def delete_volumes(self, volume_ids: tuple[str, ...]) -> None:
+        def remove() -> None:
+            for volume_id in volume_ids:
+                storage.destroy(self.volume_dir(volume_id))
 
         await asyncio.to_thread(remove)
 
@@ -529,9 +579,14 @@ class ProcessRuntime:
         without cgroups, VOLUME_DELETION without volumes, the execution parts without an
         instance. `volume_ids`: the volumes deleted with the workspace."""
         try:
-            seen: dict[Component, bool] = {Component.RETAINED_LAYER: self.layer_dir(workspace_id).is_dir()}
+            layer = self.layer_dir(workspace_id)
+            # An image whose loop device is still attached holds its blocks even once unlinked.
+            layer_mounted = bool(storage.attached(storage.images_in(layer)))
+            seen: dict[Component, bool] = {Component.RETAINED_LAYER: layer.is_dir() or layer_mounted}
             if volume_ids:
-                seen[Component.VOLUME_DELETION] = any(self.volume_dir(v).is_dir() for v in volume_ids)
+                volumes = [self.volume_dir(v) for v in volume_ids]
+                images = [image for v in volumes for image in storage.images_in(v)]
+                seen[Component.VOLUME_DELETION] = any(v.is_dir() for v in volumes) or bool(storage.attached(images))
             if instance_id is None:
                 return seen
             state = read_json(self.instance_dir(instance_id) / "state.json") or {}
@@ -550,6 +605,7 @@ class ProcessRuntime:
         # The guest's mount and network namespaces and its volume bind mounts live as long as its processes.
         for part in (Component.LAYER_MOUNT, Component.NETWORK, Component.VOLUME_ATTACHMENT):
             seen[part] = guest_alive
+        seen[Component.LAYER_MOUNT] = guest_alive or layer_mounted
         if self.cgroups.parents:
             seen[Component.RESERVATION] = any((parent / instance_id).is_dir() for parent in self.cgroups.parents)
         return seen
@@ -658,6 +714,20 @@ class ProcessRuntime:
             with contextlib.suppress(BaseException):
                 await supervised.task
         self.cgroups.close()
+
+
+def _sync_instance(spec: dict[str, Any], wait_s: float = 0.0) -> str:
+    """Sync what a gone VMM's guest wrote: its images once their filesystems are unmounted
+    (the namespaces die with the last guest process), and the plain-directory parts."""
+    images = storage.image_files(spec.get("storage") or [])
+    still = storage.wait_detached(images, wait_s or DETACH_TIMEOUT_S)
+    mounts = {e["mount"] for e in spec.get("storage") or []}
+    # An image's mount point is an empty directory on the host: its files are in the image.
+    plain = [p for p in spec.get("sync_paths") or () if not any(p == m or p.startswith(m + "/") for m in mounts)]
+    errors = [error for error in (storage.fsync_files(images), _sync_paths(plain)) if error]
+    if still:
+        errors.append(f"{', '.join(still)} is still mounted")
+    return "; ".join(errors)
 
 
 def _sync_paths(paths: list[str]) -> str:

@@ -149,6 +149,20 @@ class Supervisor:
             "mount overlay",
         )
 
+    def prepare_storage(self) -> None:
+        """Format new layer/volume images and mount them all (storage.py), in a mount namespace
+        of our own: they are unmounted when we and the guest are gone, whatever kills us."""
+        entries = self.spec.get("storage") or []
+        if not entries:
+            return
+        _check(_libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+        _check(_libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "mount --make-rprivate /")
+        storage = _load_storage()
+        # A previous supervisor's namespace may still be going (a guest reset): same image.
+        storage.wait_detached(storage.image_files(entries), 5.0)
+        # The guest's uid 0 on the host (its user namespace's base; 0 without one).
+        storage.prepare(entries, int(self.spec.get("host_id_base", 0)))
+
     def listen(self) -> socket.socket:
         server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         server.bind("\0" + self.spec["socket"])
@@ -380,6 +394,7 @@ class Supervisor:
         return pid
 
     def run(self) -> None:
+        self.prepare_storage()
         self.mount_overlay()
         self.listen()
         try:
@@ -409,6 +424,17 @@ class Supervisor:
             if self.stop_force is False and self.guest_alive() and now > self.stop_deadline:
                 self.log("graceful stop: the grace period is over: SIGKILL")
                 self.kill_guest()
+
+
+def _load_storage() -> Any:
+    """storage.py, beside this file (run with -I: the package is not on sys.path)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("kibo_runtime_storage", Path(__file__).with_name("storage.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def main() -> None:
