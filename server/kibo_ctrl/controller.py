@@ -245,6 +245,16 @@ def apply_storage(tx: Tx, report: StorageReleased) -> None:
     save(tx, workspace, None)
 
 
+def apply_volume_released(tx: Tx, volume_id: str) -> None:
+    """A deleted volume's files are destroyed on the node of its storage pool."""
+    volume = tx.get_volume(volume_id)
+    if volume is None or not volume.storage_pending:
+        return
+    volume.storage_pending = False
+    volume.storage_release_time = tx.now
+    tx.put_volume(volume)
+
+
 def set_node_silent(tx: Tx, node_id: str, silent: bool) -> None:
     for instance in tx.node_instances(node_id):
         workspace = tx.get_workspace(instance.workspace_id)
