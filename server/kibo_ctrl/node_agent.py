@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import sqlite3
 import time
@@ -204,7 +205,7 @@ class NodeAgent:
                     continue
                 await self.runtime.reachable.wait()
                 report = StorageReleased(workspace_id, volume_ids=tuple(workspace.storage.volume_ids))
-                await self._store.transact(lambda tx: controller.apply_storage(tx, report))
+                await self._store.transact(functools.partial(controller.apply_storage, report=report))
                 return
         except asyncio.CancelledError:
             raise
