@@ -66,7 +66,7 @@ MKFS_TIMEOUT_S = 60.0
 _admission = threading.Lock()
 
 
-class NoSpace(Exception):
+class NoSpace(OSError):
     """A new image does not fit in the data dir's free space (minus the reserve)."""
 
 
