@@ -290,7 +290,10 @@ async def test_sandbox_data_survives_stop_and_start(pc: Client, process_server: 
     workspace = await create(pc)
     # AVAILABLE means the guest answered: its agent runs and wrote the ready file.
     pid = agent_pid(process_server, workspace)
-    assert (instance_dir(process_server, workspace) / "run" / "ready").exists()
+    # (in the supervisor's mount namespace: a small tmpfs over the instance's run directory)
+    [supervisor_pid] = supervisors(process_server, workspace)
+    run_dir = instance_dir(process_server, workspace) / "run"
+    assert (Path(f"/proc/{supervisor_pid}/root") / str(run_dir).lstrip("/") / "ready").exists()
     # Its own namespaces: PID, mount, UTS, network; its own root with the volume at /data.
     for ns in ("pid", "mnt", "uts", "net"):
         assert os.readlink(f"/proc/{pid}/ns/{ns}") != os.readlink(f"/proc/self/ns/{ns}"), ns

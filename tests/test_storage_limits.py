@@ -30,6 +30,7 @@ from tests.test_process_runtime import (
     DataPlane,
     _require_sandbox,
     command_of,
+    instance_dir,
     reap,
     supervisors,
     volume_dir,
@@ -176,6 +177,10 @@ async def test_a_guest_cannot_write_past_its_volume_or_its_writable_layer(
 
     await assert_full_at_capacity(data, credential, "/data")
     await assert_full_at_capacity(data, credential, "/var/tmp")  # the writable layer (the guest's root)
+    # The guest's other writable place, /run/kibo (its ready file), is a tiny tmpfs, not the host's disk.
+    code, _, err = await shell(data, credential, "head -c 8M /dev/zero > /run/kibo/junk")
+    assert code != 0 and NO_SPACE in err, (code, err)
+    assert not (instance_dir(storage_server, workspace) / "run" / "junk").exists()
 
     # The host gave the two full filesystems at most their capacity, and really much less:
     # they are sparse images and the fills were mostly fallocated.

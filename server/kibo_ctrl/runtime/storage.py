@@ -220,6 +220,22 @@ def prepare(entries: list[dict[str, Any]], owner: int) -> None:
                 os.rmdir(os.path.join(e["mount"], "lost+found"))
 
 
+# What the guest's /run/kibo (the ready file, the agent's PID) may hold: it is writable by
+# the guest, so on the host's disk it would be one more unbounded place to write.
+RUN_TMPFS_OPTIONS = "size=1m,nr_inodes=64,mode=0755,nosuid,nodev,noexec"
+
+
+def mount_run_dir(run_dir: str, owner: int) -> None:
+    """A tiny tmpfs over the instance's run directory (in the private mount namespace)."""
+    os.makedirs(run_dir, exist_ok=True)
+    options = f"{RUN_TMPFS_OPTIONS},uid={owner},gid={owner}"
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", options, "kibo-run", run_dir], capture_output=True, text=True, check=False
+    )
+    if done.returncode != 0:
+        raise OSError(f"mounting a tmpfs on {run_dir} failed: {done.stderr.strip() or done.returncode}")
+
+
 # -- sync, attachment, destruction -----------------------------------------------------
 
 

@@ -161,7 +161,9 @@ class Supervisor:
         # A previous supervisor's namespace may still be going (a guest reset): same image.
         storage.wait_detached(storage.image_files(entries), 5.0)
         # The guest's uid 0 on the host (its user namespace's base; 0 without one).
-        storage.prepare(entries, int(self.spec.get("host_id_base", 0)))
+        owner = int(self.spec.get("host_id_base", 0))
+        storage.prepare(entries, owner)
+        storage.mount_run_dir(self.spec["run_dir"], owner)
 
     def listen(self) -> socket.socket:
         server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
