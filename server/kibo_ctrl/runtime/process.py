@@ -106,6 +106,8 @@ class ProcessOptions:
     grace_s: float = 10.0
     force_sync_s: float = 1.0
     ready_timeout_s: float = 30.0
+    # New images may promise this many times the free disk (1: no overcommit; see storage.py).
+    storage_overcommit: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -300,7 +302,7 @@ class ProcessRuntime:
                     path.mkdir(exist_ok=True)
                 layout.volumes.append((path, mounts[volume.id]))
         # The sparse files of new images, if the disk can hold them all (else NoSpace).
-        storage.admit(self.data_dir, layout.images)
+        storage.admit(self.data_dir, layout.images, self.options.storage_overcommit)
         return layout, tuple(created)
 
     def _layer_layout(self, workspace_id: str, capacity_gib: int) -> _Layout:

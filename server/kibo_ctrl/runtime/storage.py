@@ -135,9 +135,10 @@ def reserve_bytes(data_dir: Path) -> int:
     return max(RESERVE_MIN_BYTES, int(fs.f_blocks * fs.f_frsize * RESERVE_FRACTION))
 
 
-def admit(data_dir: Path, wanted: list[dict[str, Any]]) -> None:
+def admit(data_dir: Path, wanted: list[dict[str, Any]], overcommit: float = 1.0) -> None:
     """Make the sparse files of the `wanted` images that do not exist yet, if the data dir's
-    filesystem can hold all of them on top of what the existing images may grow by."""
+    filesystem can hold all of them on top of what the existing images may grow by (times
+    `overcommit`: above 1 the operator accepts that guests together may fill the disk)."""
     with _admission:
         new = [e for e in wanted if not os.path.exists(e["image"]) and not os.path.exists(e["new"])]
         if not new:
@@ -147,11 +148,11 @@ def admit(data_dir: Path, wanted: list[dict[str, Any]]) -> None:
         need = sum(int(e["capacity"]) for e in new)
         committed = committed_bytes(data_dir)
         reserve = reserve_bytes(data_dir)
-        if free - committed - reserve < need:
+        if (free - reserve) * overcommit - committed < need:
             raise NoSpace(
                 f"not enough disk on this node for {need / GIB:.0f} GiB of new storage: "
                 f"{free / GIB:.1f} GiB free, {committed / GIB:.1f} GiB promised to existing layers "
-                f"and volumes, {reserve / GIB:.1f} GiB kept in reserve"
+                f"and volumes, {reserve / GIB:.1f} GiB kept in reserve (--storage-overcommit {overcommit:g})"
             )
         for e in new:
             tmp = e["new"] + ".tmp"
