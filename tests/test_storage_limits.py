@@ -277,6 +277,33 @@ async def test_data_on_the_images_survives_stop_start_and_a_control_plane_kill9(
         await wait_until(lambda: not (storage_server.data_dir / "layers" / wid).exists(), within=20)
 
 
+async def test_a_writable_layer_resized_while_stopped_grows_at_the_next_start(
+    client: Client, storage_server: ServerProcess
+) -> None:
+    workspace = await create_small(client)
+    wid = workspace.workspace_id
+    data = DataPlane(client)
+    credential = await data.credential(wid)
+    assert (await shell(data, credential, "echo before > /root/kept.txt"))[0] == 0
+    await client.stop(wid)
+    await client.wait_for(wid, S.WORKSPACE_STATE_STOPPED)
+    bigger = wp.Resources(vcpus=1, memory_mib=128, writable_layer_gib=2)
+    resize = ws.ResizeWorkspaceRequest(metadata=meta(), workspace_id=wid, resources=bigger)
+    await client.settle(client.ws.ResizeWorkspace, resize)
+    started = await client.start(wid)
+    assert started.workspace.state == S.WORKSPACE_STATE_AVAILABLE
+    credential = await data.credential(wid)
+    code, out, _ = await shell(data, credential, "cat /root/kept.txt; df -k -P /root | tail -1")
+    assert code == 0 and out.startswith(b"before\n"), out
+    assert 1900 * 1024 <= int(out.split()[2]) <= 2048 * 1024, out
+    # The new capacity is the limit: 1.5 GiB fits now, 2.1 GiB does not.
+    assert (await data.exec(credential, "fallocate", "-l", "1500M", "/root/big"))[0] == 0
+    code, _, err = await data.exec(credential, "fallocate", "-l", "2100M", "/root/bigger")
+    assert code != 0 and NO_SPACE in err, (code, err)
+    await client.delete(wid)
+    await wait_until(lambda: not (storage_server.data_dir / "layers" / wid).exists(), within=20)
+
+
 # -- finding 8: a deleted volume's data is destroyed ----------------------------------------------
 
 

@@ -39,6 +39,7 @@ image) keep working as they are, without a size limit (`legacy_*`).
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import shutil
 import subprocess
@@ -141,11 +142,13 @@ def admit(data_dir: Path, wanted: list[dict[str, Any]], overcommit: float = 1.0)
     `overcommit`: above 1 the operator accepts that guests together may fill the disk)."""
     with _admission:
         new = [e for e in wanted if not os.path.exists(e["image"]) and not os.path.exists(e["new"])]
-        if not new:
+        # A layer resized up while stopped: its file grows here, its filesystem at the next mount.
+        grown = [(e, _size(e["image"])) for e in wanted if e not in new and 0 < _size(e["image"]) < int(e["capacity"])]
+        if not new and not grown:
             return
         fs = os.statvfs(data_dir)
         free = fs.f_bavail * fs.f_frsize
-        need = sum(int(e["capacity"]) for e in new)
+        need = sum(int(e["capacity"]) for e in new) + sum(int(e["capacity"]) - size for e, size in grown)
         committed = committed_bytes(data_dir)
         reserve = reserve_bytes(data_dir)
         if (free - reserve) * overcommit - committed < need:
@@ -161,6 +164,15 @@ def admit(data_dir: Path, wanted: list[dict[str, Any]], overcommit: float = 1.0)
                 os.fsync(f.fileno())
             os.replace(tmp, e["new"])
             _fsync_dir(Path(e["new"]).parent)
+        for e, _ in grown:
+            os.truncate(e["image"], int(e["capacity"]))
+
+
+def _size(path: str) -> int:
+    try:
+        return os.stat(path).st_size
+    except FileNotFoundError:
+        return 0
 
 
 # -- format and mount (supervisor) -----------------------------------------------------
@@ -197,44 +209,87 @@ def format_image(e: dict[str, Any], owner: int) -> None:
 
 
 def prepare(entries: list[dict[str, Any]], owner: int) -> None:
-    """Format what is new and mount every image at its mount point. Call only in a private
-    mount namespace (`private_mounts`): the mounts then go when the namespace goes."""
-    for e in entries:
-        fresh = not os.path.exists(e["image"])
-        if fresh:
-            if not os.path.exists(e["new"]):
-                raise OSError(f"the image {e['image']} is gone")
-            format_image(e, owner)
-        os.makedirs(e["mount"], exist_ok=True)
-        done = subprocess.run(
-            ["mount", "-t", "ext4", "-o", MOUNT_OPTIONS, e["image"], e["mount"]],
-            capture_output=True,
-            text=True,
-            timeout=MKFS_TIMEOUT_S,
-            check=False,
-        )
-        if done.returncode != 0:
-            raise OSError(f"mounting {e['image']} failed: {done.stderr.strip() or done.returncode}")
-        if fresh and not e["seed"]:
-            # A volume shows the guest an empty /data (e2fsck makes lost+found again if needed).
-            with contextlib.suppress(OSError):
-                os.rmdir(os.path.join(e["mount"], "lost+found"))
+    """Format what is new and mount every image at its mount point, the images side by side
+    (mkfs and mount are mostly waiting). Call only in a private mount namespace: the mounts
+    then go when the namespace goes."""
+    errors: list[BaseException] = []
+
+    def one(e: dict[str, Any]) -> None:
+        try:
+            _prepare_one(e, owner)
+        except BaseException as error:  # re-raised below, in the caller's thread
+            errors.append(error)
+
+    workers = [threading.Thread(target=one, args=(e,)) for e in entries]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    if errors:
+        raise errors[0]
+
+
+def _prepare_one(e: dict[str, Any], owner: int) -> None:
+    fresh = not os.path.exists(e["image"])
+    if fresh:
+        if not os.path.exists(e["new"]):
+            raise OSError(f"the image {e['image']} is gone")
+        format_image(e, owner)
+    _grow_to_file(e)
+    os.makedirs(e["mount"], exist_ok=True)
+    done = subprocess.run(
+        ["mount", "-t", "ext4", "-o", MOUNT_OPTIONS, e["image"], e["mount"]],
+        capture_output=True,
+        text=True,
+        timeout=MKFS_TIMEOUT_S,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise OSError(f"mounting {e['image']} failed: {done.stderr.strip() or done.returncode}")
+    if fresh and not e["seed"]:
+        # A volume shows the guest an empty /data (e2fsck makes lost+found again if needed).
+        with contextlib.suppress(OSError):
+            os.rmdir(os.path.join(e["mount"], "lost+found"))
+
+
+def filesystem_bytes(image: str) -> int:
+    """The size of the ext4 filesystem in an image, from its superblock."""
+    with open(image, "rb") as f:
+        f.seek(1024)
+        sb = f.read(1024)
+    blocks = int.from_bytes(sb[4:8], "little")
+    if int.from_bytes(sb[0x60:0x64], "little") & 0x80:  # INCOMPAT_64BIT: the high half counts
+        blocks |= int.from_bytes(sb[0x150:0x154], "little") << 32
+    return blocks * (1024 << int.from_bytes(sb[24:28], "little"))
+
+
+def _grow_to_file(e: dict[str, Any]) -> None:
+    """If the image file was made bigger (a resized layer), grow its filesystem to match, before
+    it is mounted (online growth is refused on this kind of machine). A file smaller than its
+    capacity stays as it is: shrinking is not done."""
+    if os.stat(e["image"]).st_size <= filesystem_bytes(e["image"]):
+        return
+    for argv in (["e2fsck", "-f", "-p", e["image"]], ["resize2fs", e["image"]]):
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=MKFS_TIMEOUT_S, check=False)
+        if done.returncode not in (0, 1):  # e2fsck: 1 = errors corrected
+            raise OSError(f"growing {e['image']}: {argv[0]} failed: {done.stderr.strip() or done.returncode}")
 
 
 # What the guest's /run/kibo (the ready file, the agent's PID) may hold: it is writable by
 # the guest, so on the host's disk it would be one more unbounded place to write.
-RUN_TMPFS_OPTIONS = "size=1m,nr_inodes=64,mode=0755,nosuid,nodev,noexec"
+RUN_TMPFS_OPTIONS = "size=1m,nr_inodes=64,mode=0755"
+MS_NOSUID, MS_NODEV, MS_NOEXEC = 2, 4, 8
 
 
 def mount_run_dir(run_dir: str, owner: int) -> None:
     """A tiny tmpfs over the instance's run directory (in the private mount namespace)."""
     os.makedirs(run_dir, exist_ok=True)
     options = f"{RUN_TMPFS_OPTIONS},uid={owner},gid={owner}"
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", options, "kibo-run", run_dir], capture_output=True, text=True, check=False
-    )
-    if done.returncode != 0:
-        raise OSError(f"mounting a tmpfs on {run_dir} failed: {done.stderr.strip() or done.returncode}")
+    libc = ctypes.CDLL(None, use_errno=True)
+    flags = MS_NOSUID | MS_NODEV | MS_NOEXEC
+    if libc.mount(b"kibo-run", run_dir.encode(), b"tmpfs", flags, options.encode()) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mounting a tmpfs on {run_dir}: {os.strerror(err)}")
 
 
 # -- sync, attachment, destruction -----------------------------------------------------
