@@ -10,9 +10,13 @@ so a test writes little real data."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import os
 import secrets
+import sqlite3
 import subprocess
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
@@ -388,3 +392,25 @@ async def test_a_volume_deletion_interrupted_by_a_crash_resumes_at_start(
     async with Client.connect(storage_server.address) as again:
         await again.delete(wid)
         await wait_until(lambda: not (data_dir / "layers" / wid).exists(), within=20)
+
+
+async def test_on_the_simulator_a_deleted_volume_is_released_through_the_same_interface(
+    server_factory: Callable[..., ServerProcess],
+) -> None:
+    # The node agent drives Runtime.delete_volumes on every runtime; the store records when.
+    server = server_factory("--runtime", "sim", "--sim-step-ms", "1")
+    async with Client.connect(server.address) as sim_client:
+        volume = await sim_client.create_volume(capacity_gib=1)
+        before = time.time()
+        await sim_client.vol.DeleteVolume(vol.DeleteVolumeRequest(metadata=meta(), volume_id=volume.volume_id))
+
+        def record() -> dict[str, object]:
+            with contextlib.closing(sqlite3.connect(server.data_dir / "kibo.db")) as db:
+                row = db.execute("SELECT data FROM volumes WHERE id = ?", (volume.volume_id,)).fetchone()
+            data: dict[str, object] = json.loads(row[0])
+            return data
+
+        await wait_until(lambda: record().get("storage_pending") is False)
+        released = record()["storage_release_time"]
+        assert isinstance(released, float) and released >= before - 1
+    server.stop()
