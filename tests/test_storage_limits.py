@@ -185,6 +185,10 @@ async def test_a_guest_cannot_write_past_its_volume_or_its_writable_layer(
     code, _, err = await shell(data, credential, "head -c 8M /dev/zero > /run/kibo/junk")
     assert code != 0 and NO_SPACE in err, (code, err)
     assert not (instance_dir(storage_server, workspace) / "run" / "junk").exists()
+    # Nor is its init's stdout (the supervisor's log, on the data dir): bounded.
+    log = instance_dir(storage_server, workspace) / "supervisor.log"
+    await shell(data, credential, "head -c 3M /dev/zero > /proc/1/fd/1; head -c 3M /dev/zero > /proc/2/fd/2")
+    assert log.stat().st_size <= (1 << 20) + 64 * 1024
 
     # The host gave the two full filesystems at most their capacity, and really much less:
     # they are sparse images and the fills were mostly fallocated.

@@ -49,6 +49,9 @@ MS_REC = 0x4000
 MS_PRIVATE = 1 << 18
 TICK = 0.25
 EXIT_BUSY = 75
+# What of the guest's own stdout/stderr goes into supervisor.log (per supervisor): the rest is
+# dropped, or a guest could fill the host's disk by writing to its init's stdout (/proc/1/fd/1).
+GUEST_OUTPUT_LIMIT = 1 << 20
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -130,6 +133,8 @@ class Supervisor:
         self.stop_waiters: list[socket.socket] = []
         self.sync_error = ""
         self.exit_status: int | None = None
+        self.output_fd = -1
+        self.output_logged = 0
 
     # -- setup ------------------------------------------------------------------------
 
@@ -194,11 +199,41 @@ class Supervisor:
             env=self.spec["env"],
             cwd=self.spec["cwd"],
             stdin=subprocess.DEVNULL,
+            stdout=(output := self.guest_output()),
+            stderr=output,
             preexec_fn=self._enter_cgroup,
         )
+        os.close(output)
         self.pidfd = os.pidfd_open(self.guest.pid)
         self.selector.register(self.pidfd, selectors.EVENT_READ, "guest")
         self.save_state()
+
+    def guest_output(self) -> int:
+        """The write end of a pipe for the guest's stdout and stderr, drained into our log
+        up to GUEST_OUTPUT_LIMIT bytes (`drain_output`)."""
+        read, write = os.pipe()
+        os.set_blocking(read, False)
+        self.output_fd = read
+        self.selector.register(read, selectors.EVENT_READ, "output")
+        return write
+
+    def drain_output(self) -> None:
+        try:
+            chunk = os.read(self.output_fd, 65536)
+        except BlockingIOError:
+            return
+        if not chunk:  # every writer is gone
+            self.selector.unregister(self.output_fd)
+            os.close(self.output_fd)
+            self.output_fd = -1
+            return
+        room = GUEST_OUTPUT_LIMIT - self.output_logged
+        if room > 0:
+            sys.stdout.buffer.write(chunk[:room])
+            if len(chunk) >= room:
+                sys.stdout.buffer.write(b"\n[the guest's further output is dropped]\n")
+            sys.stdout.buffer.flush()
+        self.output_logged += len(chunk)
 
     def save_state(self) -> None:
         write_json(
@@ -413,6 +448,8 @@ class Supervisor:
                     self.read(key.fileobj)  # type: ignore[arg-type]
                 elif key.data == "guest":
                     self.on_guest_exit()
+                elif key.data == "output":
+                    self.drain_output()
             now = time.monotonic()
             if self.state == "starting" and self.guest_alive():
                 self.check_ready()
