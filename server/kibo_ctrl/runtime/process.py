@@ -7,14 +7,20 @@ workspace's CPU and memory limits (`cgroups.py`). The supervisor is started in i
 session, so a kill -9 of the control plane leaves it running, and `adopt` re-attaches.
 
 Files, under the data directory:
-    layers/<workspace>/upper/     the retained writable layer: the guest's root (kept across
-                                  stop, deleted with the workspace); work/ for the overlay
-    volumes/<volume>/             a volume: bound at its mount path (/data)
+    layers/<workspace>/layer.img  the retained writable layer (kept across stop, deleted with
+                                  the workspace): an ext4 image of `writable_layer_gib`, with
+                                  upper/ (the guest's root) and work/ (for the overlay)
+    volumes/<volume>/volume.img   a volume: an ext4 image of its capacity, bound at its mount
+                                  path (/data); both loop-mounted at <dir>/mnt only inside the
+                                  supervisor's mount namespace (storage.py)
     instances/<instance>/         spec.json (what the supervisor runs), state.json (the
                                   supervisor's and guest's PIDs), exit.json (why it exited),
                                   supervisor.log, lock (held by the live supervisor), run/
-                                  (the guest's /run/kibo: the ready file)
+                                  (the guest's /run/kibo, a 1 MiB tmpfs: the ready file)
     runtime/bin/                  the guest agent and its reboot/poweroff helpers
+Without images (`--sandbox none`, no mkfs.ext4 or loop devices, or a layer/volume made by
+an older kibo: layers/<workspace>/upper/, volumes/<volume>/ with files) they are plain
+directories, and their sizes are not enforced.
 
 Readiness: `launch` returns once the guest answers: the guest agent (the default entry)
 writes /run/kibo/ready when it runs; a custom `--guest-command` must do the same.
@@ -52,8 +58,7 @@ The data plane's hands: `guest_job` runs guest_exec.py, which joins the guest's 
 and namespaces and runs a command or reads/writes a file as the guest sees it.
 
 Not (yet) done here: the guest has loopback networking only, whatever the network
-policy; writable_layer_gib and volume capacities are not enforced (plain directories);
-the guest runs as uid 0 without capabilities; the cgroup v2 path is written but was not
+policy; the guest runs as uid 0 without capabilities; the cgroup v2 path is written but was not
 exercised on the (cgroup v1) machine this was built on.
 """
 
@@ -91,8 +96,6 @@ _SAFE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 FORCE_TIMEOUT_S = 5.0
 # How long a graceful stop waits for the sync after the grace period before its outcome is unknown.
 SYNC_TIMEOUT_S = 60.0
-# How long a release waits for a gone VMM's images to be unmounted (their loop devices freed).
-DETACH_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -501,7 +504,7 @@ class ProcessRuntime:
         if not (info.get("reason") == "stopped" and info.get("synced")):
             # The VMM was already gone: what its guest handed the kernel can still be synced.
             spec = read_json(directory / "spec.json") or {}
-            error = await asyncio.to_thread(_sync_instance, spec)
+            error = await asyncio.to_thread(storage.sync_instance, spec)
             if error:
                 raise SyncError(f"the filesystem sync failed: {error}; the instance was not stopped")
         await asyncio.to_thread(self._release_sync, directory)
@@ -509,7 +512,7 @@ class ProcessRuntime:
 
     async def _bounded_sync(self, spec: dict[str, Any], seconds: float) -> None:
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(asyncio.to_thread(_sync_instance, spec, seconds)), seconds)
+            await asyncio.wait_for(asyncio.shield(asyncio.to_thread(storage.sync_instance, spec, seconds)), seconds)
 
     def _release_sync(self, directory: Path) -> bool:
         """Release what a stopped instance holds on the machine: its cgroup (killing whatever
@@ -527,7 +530,7 @@ class ProcessRuntime:
         # The images' filesystems go with the last process of the supervisor's namespaces:
         # wait for that, then what their unmount wrote into the image files is made durable.
         images = storage.image_files(spec.get("storage") or [])
-        if storage.wait_detached(images, DETACH_TIMEOUT_S):
+        if storage.wait_detached(images, storage.DETACH_TIMEOUT_S):
             log.warning("%s: its layer or volume images are still mounted", directory.name)
         storage.fsync_files(images)
         return released
@@ -716,44 +719,3 @@ class ProcessRuntime:
             with contextlib.suppress(BaseException):
                 await supervised.task
         self.cgroups.close()
-
-
-def _sync_instance(spec: dict[str, Any], wait_s: float = 0.0) -> str:
-    """Sync what a gone VMM's guest wrote: its images once their filesystems are unmounted
-    (the namespaces die with the last guest process), and the plain-directory parts."""
-    images = storage.image_files(spec.get("storage") or [])
-    still = storage.wait_detached(images, wait_s or DETACH_TIMEOUT_S)
-    mounts = {e["mount"] for e in spec.get("storage") or []}
-    # An image's mount point is an empty directory on the host: its files are in the image.
-    plain = [p for p in spec.get("sync_paths") or () if not any(p == m or p.startswith(m + "/") for m in mounts)]
-    errors = [error for error in (storage.fsync_files(images), _sync_paths(plain)) if error]
-    if still:
-        errors.append(f"{', '.join(still)} is still mounted")
-    return "; ".join(errors)
-
-
-def _sync_paths(paths: list[str]) -> str:
-    errors = []
-    for path in paths:
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-        except OSError as error:
-            errors.append(f"{path}: {error.strerror}")
-            continue
-        try:
-            os.fsync(fd)
-            _syncfs(fd)
-        except OSError as error:
-            errors.append(f"{path}: {error.strerror}")
-        finally:
-            os.close(fd)
-    return "; ".join(errors)
-
-
-def _syncfs(fd: int) -> None:
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.syncfs(fd) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err))

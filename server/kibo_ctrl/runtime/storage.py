@@ -63,6 +63,8 @@ MKFS_EXTENDED = "lazy_itable_init=1,lazy_journal_init=1,nodiscard"
 # write ~1.5 % of the capacity into the sparse file for nothing.
 MOUNT_OPTIONS = "loop,nosuid,nodev,noinit_itable"
 MKFS_TIMEOUT_S = 60.0
+# How long a release waits for a gone VMM's images to be unmounted (their loop devices freed).
+DETACH_TIMEOUT_S = 10.0
 
 _admission = threading.Lock()
 
@@ -370,3 +372,42 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def sync_instance(spec: dict[str, Any], wait_s: float = 0.0) -> str:
+    """Sync what a gone VMM's guest wrote: its images once their filesystems are unmounted
+    (the namespaces die with the last guest process), and the plain-directory parts."""
+    images = image_files(spec.get("storage") or [])
+    still = wait_detached(images, wait_s or DETACH_TIMEOUT_S)
+    mounts = {e["mount"] for e in spec.get("storage") or []}
+    # An image's mount point is an empty directory on the host: its files are in the image.
+    plain = [p for p in spec.get("sync_paths") or () if not any(p == m or p.startswith(m + "/") for m in mounts)]
+    errors = [error for error in (fsync_files(images), sync_paths(plain)) if error]
+    if still:
+        errors.append(f"{', '.join(still)} is still mounted")
+    return "; ".join(errors)
+
+
+def sync_paths(paths: list[str]) -> str:
+    errors = []
+    for path in paths:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError as error:
+            errors.append(f"{path}: {error.strerror}")
+            continue
+        try:
+            os.fsync(fd)
+            syncfs(fd)
+        except OSError as error:
+            errors.append(f"{path}: {error.strerror}")
+        finally:
+            os.close(fd)
+    return "; ".join(errors)
+
+
+def syncfs(fd: int) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.syncfs(fd) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
