@@ -37,7 +37,20 @@ SUCCEEDED = command_pb2.COMMAND_STATE_SUCCEEDED
 CONFIRMED = wp.STOP_DURABILITY_CONFIRMED
 UNCONFIRMED = wp.STOP_DURABILITY_UNCONFIRMED
 # Sandboxes take real time to start and stop; the default settle window is for the simulator.
-FLAGS = ("--runtime", "process", "--sandbox", "bwrap", "--settle-ms", "3000", "--stop-grace-ms", "2000")
+# Tests hold several default-size workspaces (10 GiB layer + 10 GiB volume, sparse) at once while
+# writing little: let their capacities promise more than the free disk (storage.py).
+FLAGS = (
+    "--runtime",
+    "process",
+    "--sandbox",
+    "bwrap",
+    "--settle-ms",
+    "3000",
+    "--stop-grace-ms",
+    "2000",
+    "--storage-overcommit",
+    "100",
+)
 SMALL = wp.Resources(vcpus=1, memory_mib=128)
 
 

@@ -123,7 +123,8 @@ def host_mounts(data_dir: Path) -> list[str]:
 @pytest.fixture
 def storage_server(server_factory: Callable[..., ServerProcess]) -> Iterator[ServerProcess]:
     _require_sandbox()
-    server = server_factory(*FLAGS)
+    # Not overcommitted (the default): new storage must fit on the disk.
+    server = server_factory(*FLAGS, "--storage-overcommit", "1")
     yield server
     server.kill()
     reap(server.data_dir)
