@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import secrets
+import shutil
 import sqlite3
 import subprocess
 import time
@@ -24,6 +25,7 @@ import pytest
 from kibo.ctrl.v1 import volume_service_pb2 as vol
 from kibo.ctrl.v1 import workspace_pb2 as wp
 from kibo.ctrl.v1 import workspace_service_pb2 as ws
+from kibo_ctrl.runtime.sandbox import seed_layer
 
 from tests.client import Client, S, meta
 from tests.server import ServerProcess
@@ -311,6 +313,34 @@ async def test_a_writable_layer_resized_while_stopped_grows_at_the_next_start(
     assert code != 0 and NO_SPACE in err, (code, err)
     await client.delete(wid)
     await wait_until(lambda: not (storage_server.data_dir / "layers" / wid).exists(), within=20)
+
+
+async def test_a_layer_and_a_volume_from_before_images_keep_working_unlimited(
+    client: Client, storage_server: ServerProcess
+) -> None:
+    # Made by an older kibo: plain directories (layers/<ws>/upper/, volumes/<vol>/ with files).
+    # They are used as they are, not converted, and not limited (the runtime logs it).
+    workspace = await create_small(client)
+    wid = workspace.workspace_id
+    await client.stop(wid)
+    await client.wait_for(wid, S.WORKSPACE_STATE_STOPPED)
+    layer, volume = storage_server.data_dir / "layers" / wid, volume_dir(storage_server, workspace)
+    for directory in (layer, volume):
+        shutil.rmtree(directory)
+    seed_layer(layer / "upper", host_usr=True)
+    (layer / "upper" / "root" / "old.txt").write_text("old layer\n")
+    volume.mkdir()
+    (volume / "old.txt").write_text("old volume\n")
+    started = await client.start(wid)
+    assert started.workspace.state == S.WORKSPACE_STATE_AVAILABLE, started.workspace
+    data = DataPlane(client)
+    credential = await data.credential(wid)
+    assert await shell(data, credential, "cat /root/old.txt /data/old.txt") == (0, b"old layer\nold volume\n", b"")
+    assert (await shell(data, credential, "echo new > /data/new.txt"))[0] == 0
+    assert (volume / "new.txt").read_text() == "new\n"  # still the plain directory
+    assert not list(layer.glob("*.img*")) and not list(volume.glob("*.img*"))
+    await client.delete(wid)
+    await wait_until(lambda: not layer.exists() and not volume.exists(), within=20)
 
 
 # -- finding 8: a deleted volume's data is destroyed ----------------------------------------------
