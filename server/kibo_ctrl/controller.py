@@ -237,6 +237,8 @@ def apply_storage(tx: Tx, report: StorageReleased) -> None:
         if volume is not None:
             volume.state = VolumeState.DELETED
             volume.workspace_id = None
+            volume.storage_pending = False
+            volume.storage_release_time = tx.now
             tx.put_volume(volume)
     workspace.storage.layer = False
     workspace.storage.volume_ids = []
