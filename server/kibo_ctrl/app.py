@@ -79,6 +79,7 @@ class Config:
     base_image: Path | None = None
     guest_command: tuple[str, ...] = ()
     stop_grace_ms: float = 10_000.0
+    storage_overcommit: float = 1.0
 
 
 class App:
@@ -129,6 +130,7 @@ class App:
                 base_image=config.base_image,
                 guest_command=config.guest_command,
                 grace_s=config.stop_grace_ms / 1000,
+                storage_overcommit=config.storage_overcommit,
             )
             self.runtimes = {nodes[0].id: await asyncio.to_thread(ProcessRuntime, nodes[0].id, options)}
         liveness = Liveness(self.store, [n.id for n in nodes], config.node_timeout_ms / 1000)

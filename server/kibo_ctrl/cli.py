@@ -102,6 +102,14 @@ def serve(
     stop_grace_ms: Annotated[
         float, typer.Option(min=0, help="Process runtime: how long a graceful stop waits after SIGTERM.")
     ] = 10_000.0,
+    storage_overcommit: Annotated[
+        float,
+        typer.Option(
+            min=1.0,
+            help="Process runtime: how many times the data dir's free space (minus a reserve) the capacities "
+            "of new layers and volumes may promise; 1: never overcommitted, so guests cannot fill the disk.",
+        ),
+    ] = 1.0,
     sim_backend: Annotated[Backend, typer.Option(help="Backend personality of the simulator.")] = Backend.FIRECRACKER,
     sim_step_ms: Annotated[float, typer.Option(min=0, help="Simulated time each lifecycle step takes.")] = 20.0,
     sim_nodes: Annotated[int, typer.Option(min=1, max=64, help="How many simulated nodes.")] = 1,
@@ -162,6 +170,7 @@ def serve(
         base_image=base_image,
         guest_command=tuple(shlex.split(guest_command)),
         stop_grace_ms=stop_grace_ms,
+        storage_overcommit=storage_overcommit,
         auth=not insecure_no_auth,
         rate_limit_rps=rate_limit_rps,
         quotas=Quotas(workspaces=quota_workspaces, vcpus=quota_vcpus, memory_mib=quota_memory_mib),

@@ -7,14 +7,20 @@ workspace's CPU and memory limits (`cgroups.py`). The supervisor is started in i
 session, so a kill -9 of the control plane leaves it running, and `adopt` re-attaches.
 
 Files, under the data directory:
-    layers/<workspace>/upper/     the retained writable layer: the guest's root (kept across
-                                  stop, deleted with the workspace); work/ for the overlay
-    volumes/<volume>/             a volume: bound at its mount path (/data)
+    layers/<workspace>/layer.img  the retained writable layer (kept across stop, deleted with
+                                  the workspace): an ext4 image of `writable_layer_gib`, with
+                                  upper/ (the guest's root) and work/ (for the overlay)
+    volumes/<volume>/volume.img   a volume: an ext4 image of its capacity, bound at its mount
+                                  path (/data); both loop-mounted at <dir>/mnt only inside the
+                                  supervisor's mount namespace (storage.py)
     instances/<instance>/         spec.json (what the supervisor runs), state.json (the
                                   supervisor's and guest's PIDs), exit.json (why it exited),
                                   supervisor.log, lock (held by the live supervisor), run/
-                                  (the guest's /run/kibo: the ready file)
+                                  (the guest's /run/kibo, a 1 MiB tmpfs: the ready file)
     runtime/bin/                  the guest agent and its reboot/poweroff helpers
+Without images (`--sandbox none`, no mkfs.ext4 or loop devices, or a layer/volume made by
+an older kibo: layers/<workspace>/upper/, volumes/<volume>/ with files) they are plain
+directories, and their sizes are not enforced.
 
 Readiness: `launch` returns once the guest answers: the guest agent (the default entry)
 writes /run/kibo/ready when it runs; a custom `--guest-command` must do the same.
@@ -53,8 +59,7 @@ and namespaces and runs a command or reads/writes a file as the guest sees it; i
 comes through bounded queues (guest_jobs.py: back-pressure down to the guest's pipe).
 
 Not (yet) done here: the guest has loopback networking only, whatever the network
-policy; writable_layer_gib and volume capacities are not enforced (plain directories);
-the guest runs as uid 0 without capabilities; the cgroup v2 path is written but was not
+policy; the guest runs as uid 0 without capabilities; the cgroup v2 path is written but was not
 exercised on the (cgroup v1) machine this was built on.
 """
 
@@ -77,7 +82,7 @@ from typing import Any
 
 from ..model import Backend, Component, Instance, Phase, StopDurability, VolumeState
 from ..reports import ExitReason, Report, VmmExited
-from . import sandbox
+from . import sandbox, storage
 from .base import DestroyError, LaunchError, LaunchSpec, RestartError, SyncError
 from .cgroups import Cgroups
 from .guest_jobs import Exit, GuestRefused, Output, run_guest_exec
@@ -104,6 +109,8 @@ class ProcessOptions:
     grace_s: float = 10.0
     force_sync_s: float = 1.0
     ready_timeout_s: float = 30.0
+    # New images may promise this many times the free disk (1: no overcommit; see storage.py).
+    storage_overcommit: float = 1.0
 
 
 @dataclass
@@ -112,6 +119,8 @@ class _Layout:
     upper: Path
     work: Path
     volumes: list[tuple[Path, str]] = field(default_factory=list)
+    # The size-capped images the supervisor formats and mounts (storage.py); empty: plain dirs.
+    images: list[dict[str, Any]] = field(default_factory=list)
 
 
 class ProcessRuntime:
@@ -148,6 +157,9 @@ class ProcessRuntime:
         for sub in ("instances", "layers", "volumes"):
             (self.data_dir / sub).mkdir(exist_ok=True)
         self._supervised: dict[str, Supervised] = {}
+        self.images = storage.usable(self.isolation)
+        if not self.images:
+            log.warning("writable layers and volumes are plain directories: their sizes are NOT enforced")
         log.info(
             "process runtime: isolation %s, limits %s, base image %s, personality %s",
             self.isolation,
@@ -183,6 +195,7 @@ class ProcessRuntime:
             f"runtime.process.{self.backend.value}",
             f"runtime.process.isolation.{self.isolation}",
             f"runtime.process.limits.{self.cgroups.mode}",
+            f"runtime.process.storage.{'images' if self.images else 'unlimited'}",
         ]
         if self.isolation == "none":
             caps.append("runtime.process.unisolated")
@@ -254,12 +267,7 @@ class ProcessRuntime:
 
     def _provision(self, spec: LaunchSpec) -> tuple[_Layout, tuple[str, ...]]:
         workspace_id = spec.instance.workspace_id
-        layer = self.layer_dir(workspace_id)
-        layout = _Layout(layer=layer, upper=layer / "upper", work=layer / "work")
-        layout.upper.mkdir(parents=True, exist_ok=True)
-        if self.options.base_image is not None:
-            layout.work.mkdir(exist_ok=True)
-        sandbox.seed_layer(layout.upper, host_usr=self.options.base_image is None)
+        layout = self._layer_layout(workspace_id, spec.resources.writable_layer_gib)
         created = []
         mounts = {b.volume_id: b.mount_path for b in spec.bindings}
         for volume in spec.volumes:
@@ -268,8 +276,40 @@ class ProcessRuntime:
             if volume.state is VolumeState.PENDING:
                 created.append(volume.id)
             if volume.id in mounts:
+                if self.images and not storage.legacy_volume(path):
+                    layout.images.append(storage.entry(path, storage.VOLUME_IMAGE, volume.capacity_gib, None))
+                    path = path / "mnt"
+                    path.mkdir(exist_ok=True)
                 layout.volumes.append((path, mounts[volume.id]))
+        # The sparse files of new images, if the disk can hold them all (else NoSpace).
+        storage.admit(self.data_dir, layout.images, self.options.storage_overcommit)
         return layout, tuple(created)
+
+    def _layer_layout(self, workspace_id: str, capacity_gib: int) -> _Layout:
+        """The writable layer: an image (new layers), or a directory (layers from before images)."""
+        layer = self.layer_dir(workspace_id)
+        host_usr = self.options.base_image is None
+        if not self.images or storage.legacy_layer(layer):
+            layout = _Layout(layer=layer, upper=layer / "upper", work=layer / "work")
+            layout.upper.mkdir(parents=True, exist_ok=True)
+            if not host_usr:
+                layout.work.mkdir(exist_ok=True)
+            sandbox.seed_layer(layout.upper, host_usr=host_usr)
+            return layout
+        mnt = layer / "mnt"
+        layout = _Layout(layer=layer, upper=mnt / "upper", work=mnt / "work")
+        mnt.mkdir(parents=True, exist_ok=True)
+        seed = None
+        if not (layer / storage.LAYER_IMAGE).exists():
+            # Formatted with this skeleton by the supervisor (mkfs -d): made fresh here, so no
+            # guest ever had a hand in it; the layer's files are never touched from here again.
+            seed = layer / "seed"
+            shutil.rmtree(seed, ignore_errors=True)
+            (seed / "upper").mkdir(parents=True)
+            (seed / "work").mkdir()
+            sandbox.seed_layer(seed / "upper", host_usr=host_usr)
+        layout.images.append(storage.entry(layer, storage.LAYER_IMAGE, capacity_gib, seed))
+        return layout
 
     def _write_spec(self, instance: Instance, layout: _Layout, plan: sandbox.GuestPlan) -> None:
         directory = self.instance_dir(instance.id)
@@ -316,6 +356,7 @@ class ProcessRuntime:
             if self.isolation == "none"
             else {"PATH": sandbox.GUEST_PATH, "HOME": "/root", "TERM": "dumb", **plan.env},
             "overlay": overlay,
+            "storage": layout.images,
             "sync_paths": [str(layout.upper)] + [str(path) for path, _ in layout.volumes],
             "grace_s": self.options.grace_s,
             "force_sync_s": self.options.force_sync_s,
@@ -434,21 +475,21 @@ class ProcessRuntime:
         if force:
             spec = read_json(directory / "spec.json") or {}
             if info.get("reason") != "stopped":
-                await self._bounded_sync(list(spec.get("sync_paths") or ()), self.options.force_sync_s)
+                await self._bounded_sync(spec, self.options.force_sync_s)
             await asyncio.to_thread(self._release_sync, directory)
             return StopDurability.UNCONFIRMED
         if not (info.get("reason") == "stopped" and info.get("synced")):
             # The VMM was already gone: what its guest handed the kernel can still be synced.
             spec = read_json(directory / "spec.json") or {}
-            error = await asyncio.to_thread(_sync_paths, list(spec.get("sync_paths") or ()))
+            error = await asyncio.to_thread(storage.sync_instance, spec)
             if error:
                 raise SyncError(f"the filesystem sync failed: {error}; the instance was not stopped")
         await asyncio.to_thread(self._release_sync, directory)
         return StopDurability.CONFIRMED
 
-    async def _bounded_sync(self, paths: list[str], seconds: float) -> None:
+    async def _bounded_sync(self, spec: dict[str, Any], seconds: float) -> None:
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(asyncio.to_thread(_sync_paths, paths)), seconds)
+            await asyncio.wait_for(asyncio.shield(asyncio.to_thread(storage.sync_instance, spec, seconds)), seconds)
 
     def _release_sync(self, directory: Path) -> bool:
         """Release what a stopped instance holds on the machine: its cgroup (killing whatever
@@ -463,6 +504,12 @@ class ProcessRuntime:
         for name in ("ready", "agent.pid"):
             with contextlib.suppress(OSError):
                 (directory / "run" / name).unlink()
+        # The images' filesystems go with the last process of the supervisor's namespaces:
+        # wait for that, then what their unmount wrote into the image files is made durable.
+        images = storage.image_files(spec.get("storage") or [])
+        if storage.wait_detached(images, storage.DETACH_TIMEOUT_S):
+            log.warning("%s: its layer or volume images are still mounted", directory.name)
+        storage.fsync_files(images)
         return released
 
     async def destroy(self, instance: Instance) -> None:
@@ -490,9 +537,17 @@ class ProcessRuntime:
                 if not lock_held(old):
                     self._release_sync(old)
                     shutil.rmtree(old, ignore_errors=True)
-            shutil.rmtree(self.layer_dir(workspace_id), ignore_errors=True)
+            # Durably gone, or OSError (an image still mounted): the node agent tries again.
+            storage.destroy(self.layer_dir(workspace_id))
             for volume_id in volume_ids:
-                shutil.rmtree(self.volume_dir(volume_id), ignore_errors=True)
+                storage.destroy(self.volume_dir(volume_id))
+
+        await asyncio.to_thread(remove)
+
+    async def delete_volumes(self, volume_ids: tuple[str, ...]) -> None:
+        def remove() -> None:
+            for volume_id in volume_ids:
+                storage.destroy(self.volume_dir(volume_id))
 
         await asyncio.to_thread(remove)
 
@@ -506,9 +561,14 @@ class ProcessRuntime:
         without cgroups, VOLUME_DELETION without volumes, the execution parts without an
         instance. `volume_ids`: the volumes deleted with the workspace."""
         try:
-            seen: dict[Component, bool] = {Component.RETAINED_LAYER: self.layer_dir(workspace_id).is_dir()}
+            layer = self.layer_dir(workspace_id)
+            # An image whose loop device is still attached holds its blocks even once unlinked.
+            layer_mounted = bool(storage.attached(storage.images_in(layer)))
+            seen: dict[Component, bool] = {Component.RETAINED_LAYER: layer.is_dir() or layer_mounted}
             if volume_ids:
-                seen[Component.VOLUME_DELETION] = any(self.volume_dir(v).is_dir() for v in volume_ids)
+                volumes = [self.volume_dir(v) for v in volume_ids]
+                images = [image for v in volumes for image in storage.images_in(v)]
+                seen[Component.VOLUME_DELETION] = any(v.is_dir() for v in volumes) or bool(storage.attached(images))
             if instance_id is None:
                 return seen
             state = read_json(self.instance_dir(instance_id) / "state.json") or {}
@@ -527,6 +587,7 @@ class ProcessRuntime:
         # The guest's mount and network namespaces and its volume bind mounts live as long as its processes.
         for part in (Component.LAYER_MOUNT, Component.NETWORK, Component.VOLUME_ATTACHMENT):
             seen[part] = guest_alive
+        seen[Component.LAYER_MOUNT] = guest_alive or layer_mounted
         if self.cgroups.parents:
             seen[Component.RESERVATION] = any((parent / instance_id).is_dir() for parent in self.cgroups.parents)
         return seen
@@ -565,30 +626,3 @@ class ProcessRuntime:
             with contextlib.suppress(BaseException):
                 await supervised.task
         self.cgroups.close()
-
-
-def _sync_paths(paths: list[str]) -> str:
-    errors = []
-    for path in paths:
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-        except OSError as error:
-            errors.append(f"{path}: {error.strerror}")
-            continue
-        try:
-            os.fsync(fd)
-            _syncfs(fd)
-        except OSError as error:
-            errors.append(f"{path}: {error.strerror}")
-        finally:
-            os.close(fd)
-    return "; ".join(errors)
-
-
-def _syncfs(fd: int) -> None:
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.syncfs(fd) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err))

@@ -49,6 +49,9 @@ MS_REC = 0x4000
 MS_PRIVATE = 1 << 18
 TICK = 0.25
 EXIT_BUSY = 75
+# What of the guest's own stdout/stderr goes into supervisor.log (per supervisor): the rest is
+# dropped, or a guest could fill the host's disk by writing to its init's stdout (/proc/1/fd/1).
+GUEST_OUTPUT_LIMIT = 1 << 20
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -130,6 +133,8 @@ class Supervisor:
         self.stop_waiters: list[socket.socket] = []
         self.sync_error = ""
         self.exit_status: int | None = None
+        self.output_fd = -1
+        self.output_logged = 0
 
     # -- setup ------------------------------------------------------------------------
 
@@ -148,6 +153,22 @@ class Supervisor:
             _libc.mount(b"overlay", overlay["merged"].encode(), b"overlay", 0, options.encode()),
             "mount overlay",
         )
+
+    def prepare_storage(self) -> None:
+        """Format new layer/volume images and mount them all (storage.py), in a mount namespace
+        of our own: they are unmounted when we and the guest are gone, whatever kills us."""
+        entries = self.spec.get("storage") or []
+        if not entries:
+            return
+        _check(_libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+        _check(_libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "mount --make-rprivate /")
+        storage = _load_storage()
+        # A previous supervisor's namespace may still be going (a guest reset): same image.
+        storage.wait_detached(storage.image_files(entries), 5.0)
+        # The guest's uid 0 on the host (its user namespace's base; 0 without one).
+        owner = int(self.spec.get("host_id_base", 0))
+        storage.prepare(entries, owner)
+        storage.mount_run_dir(self.spec["run_dir"], owner)
 
     def listen(self) -> socket.socket:
         server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -178,11 +199,41 @@ class Supervisor:
             env=self.spec["env"],
             cwd=self.spec["cwd"],
             stdin=subprocess.DEVNULL,
+            stdout=(output := self.guest_output()),
+            stderr=output,
             preexec_fn=self._enter_cgroup,
         )
+        os.close(output)
         self.pidfd = os.pidfd_open(self.guest.pid)
         self.selector.register(self.pidfd, selectors.EVENT_READ, "guest")
         self.save_state()
+
+    def guest_output(self) -> int:
+        """The write end of a pipe for the guest's stdout and stderr, drained into our log
+        up to GUEST_OUTPUT_LIMIT bytes (`drain_output`)."""
+        read, write = os.pipe()
+        os.set_blocking(read, False)
+        self.output_fd = read
+        self.selector.register(read, selectors.EVENT_READ, "output")
+        return write
+
+    def drain_output(self) -> None:
+        try:
+            chunk = os.read(self.output_fd, 65536)
+        except BlockingIOError:
+            return
+        if not chunk:  # every writer is gone
+            self.selector.unregister(self.output_fd)
+            os.close(self.output_fd)
+            self.output_fd = -1
+            return
+        room = GUEST_OUTPUT_LIMIT - self.output_logged
+        if room > 0:
+            sys.stdout.buffer.write(chunk[:room])
+            if len(chunk) >= room:
+                sys.stdout.buffer.write(b"\n[the guest's further output is dropped]\n")
+            sys.stdout.buffer.flush()
+        self.output_logged += len(chunk)
 
     def save_state(self) -> None:
         write_json(
@@ -380,6 +431,7 @@ class Supervisor:
         return pid
 
     def run(self) -> None:
+        self.prepare_storage()
         self.mount_overlay()
         self.listen()
         try:
@@ -396,6 +448,8 @@ class Supervisor:
                     self.read(key.fileobj)  # type: ignore[arg-type]
                 elif key.data == "guest":
                     self.on_guest_exit()
+                elif key.data == "output":
+                    self.drain_output()
             now = time.monotonic()
             if self.state == "starting" and self.guest_alive():
                 self.check_ready()
@@ -409,6 +463,17 @@ class Supervisor:
             if self.stop_force is False and self.guest_alive() and now > self.stop_deadline:
                 self.log("graceful stop: the grace period is over: SIGKILL")
                 self.kill_guest()
+
+
+def _load_storage() -> Any:
+    """storage.py, beside this file (run with -I: the package is not on sys.path)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("kibo_runtime_storage", Path(__file__).with_name("storage.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def main() -> None:
