@@ -158,7 +158,7 @@ class InternalError(KiboError):
 
     @property
     def error_id(self) -> str:
-        return self.info.metadata.get("error_id", "")
+        return str(self.info.metadata.get("error_id", ""))
 
 
 class DeadlineExceededError(KiboError):
