@@ -285,15 +285,19 @@ class Api:
         LIST_COST.request of them with what it has (fewer than `size`, or none, with a page
         token: AIP-158 allows a short page)."""
         terms = 1 + len(query.labels) + len(query.states)
-        rows_per_slice = max(16, LIST_COST.slice // terms)
+        largest = max(16, LIST_COST.slice // terms)
         scanned = 0
         found: list[Workspace] = []
         after = query.after_seq
+        # Slices start at what the page still needs (a dense match is one read) and double up
+        # to `largest` (a sparse one takes few reads).
+        rows = min(largest, size + 1)
         while True:
             sliced = replace(query, after_seq=after)
-            part = await self._store.scan(partial(Reader.scan_workspaces, query=sliced, max_rows=rows_per_slice))
+            want = size + 1 - len(found)
+            part = await self._store.scan(partial(Reader.scan_workspaces, query=sliced, max_rows=rows, want=want))
             found.extend(part.workspaces)
-            scanned += rows_per_slice
+            scanned += rows
             if len(found) > size:
                 return found[:size], found[size - 1].seq
             if part.exhausted:
@@ -301,6 +305,7 @@ class Api:
             after = part.last_seq
             if len(found) == size or scanned * terms >= LIST_COST.request:
                 return found, after
+            rows = min(largest, rows * 2)
 
     async def get_workspace_command(
         self, request: ws_pb2.GetWorkspaceCommandRequest, caller: Caller

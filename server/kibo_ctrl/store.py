@@ -211,17 +211,24 @@ class Reader:
         data = self._one("SELECT data FROM volumes WHERE id = ?", (volume_id,))
         return None if data is None else _VOLUME.decode(data)
 
-    def scan_workspaces(self, query: WorkspaceQuery, max_rows: int) -> WorkspaceSlice:
+    def scan_workspaces(self, query: WorkspaceQuery, max_rows: int, want: int) -> WorkspaceSlice:
         """The tenant's next `max_rows` workspaces after `query.after_seq`, matched against the
-        query: a read whose cost is bounded by `max_rows` whatever the filter, so a list can
-        run as many short reads (others' reads and the writer's checkpoints go between them)."""
+        query, up to `want` matches: a read whose cost is bounded by `max_rows` whatever the
+        filter, so a list can run as many short reads (others' reads and the writer's
+        checkpoints go between them)."""
         where, args = _conditions(query)
         sql = (
             f"SELECT seq, CASE WHEN {where} THEN data END FROM "
             "(SELECT seq, state, deleted, data FROM workspaces WHERE tenant = ? AND seq > ? ORDER BY seq LIMIT ?)"
         )
         rows = self._conn.execute(sql, [*args, query.tenant, query.after_seq, max_rows]).fetchall()
-        matched = [_WORKSPACE.decode(bytes(row[1])) for row in rows if row[1] is not None]
+        matched: list[Workspace] = []
+        for seq, data in rows:
+            if data is not None:
+                matched.append(_WORKSPACE.decode(bytes(data)))
+                if len(matched) == want:
+                    # The rest of the slice is left for the next page: stop where the page ends.
+                    return WorkspaceSlice(matched, int(seq), False)
         return WorkspaceSlice(matched, int(rows[-1][0]) if rows else 0, len(rows) < max_rows)
 
     def count_workspaces(self) -> int:
