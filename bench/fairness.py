@@ -1,11 +1,12 @@
 """One tenant's heavy lists against another tenant's point reads (issue 10, finding 11).
 
 Starts a real `kibo-ctrl serve --runtime sim` with tokens, gives tenant `heavy` WORKSPACES
-workspaces with labels, and measures tenant `light`'s GetWorkspaceCommand latency alone,
-then while `heavy` runs LISTERS concurrent ListWorkspaces loops with a filter of N terms
-that every row must evaluate (`labels.kI != "x"` ... and a last term that matches nothing).
-Prints medians. Run it against another checkout's server with `--server-path DIR`
-(prepended to PYTHONPATH, e.g. /work/main/server:/work/main/gen) to compare before/after:
+workspaces with labels, and measures tenant `light`'s GetWorkspaceCommand latency and its
+CreateWorkspace latency (the writer) alone, then while `heavy` runs LISTERS concurrent
+ListWorkspaces loops with a filter of N terms that every row must evaluate
+(`labels.kI != "x"` ... and a last term that matches nothing). Prints medians. Run it
+against another checkout's server with `--server-path DIR` (prepended to PYTHONPATH, e.g.
+/work/main/server:/work/main/gen) to compare before/after:
 
     .venv/bin/python -m bench.fairness --terms 990 --terms 32
 """
@@ -92,6 +93,20 @@ async def latencies(
     return times
 
 
+async def create_latencies(
+    stub: ws_grpc.WorkspaceServiceStub, metadata: tuple[tuple[str, str], ...], samples: int
+) -> list[float]:
+    """The writer's side: CreateWorkspace answered once recorded (--settle-ms 0)."""
+    times = []
+    for _ in range(samples):
+        request = ws.CreateWorkspaceRequest(metadata=wp.CommandMetadata(command_id=f"light-{uuid.uuid4().hex}"))
+        begin = time.perf_counter()
+        await stub.CreateWorkspace(request, metadata=metadata)
+        times.append((time.perf_counter() - begin) * 1000)
+        await asyncio.sleep(0.005)
+    return times
+
+
 async def lister(
     stub: ws_grpc.WorkspaceServiceStub, metadata: tuple[tuple[str, str], ...], text: str, stop: asyncio.Event
 ) -> tuple[int, dict[str, int]]:
@@ -121,13 +136,16 @@ async def measure(args: argparse.Namespace, address: str, heavy_token: str, ligh
         command_id = created.command.command_id
         await latencies(stub, light, command_id, 20)  # warm up
         alone = await latencies(stub, light, command_id, args.samples)
+        writes = await create_latencies(stub, light, args.samples // 4)
         print(f"light GetWorkspaceCommand alone: p50 {statistics.median(alone):.2f} ms")
+        print(f"light CreateWorkspace alone: p50 {statistics.median(writes):.2f} ms")
         for terms in args.terms:
             stop = asyncio.Event()
             text = heavy_filter(terms)
             tasks = [asyncio.create_task(lister(stub, heavy, text, stop)) for _ in range(args.listers)]
             await asyncio.sleep(0.5)
             loaded = await latencies(stub, light, command_id, args.samples)
+            writes = await create_latencies(stub, light, args.samples // 4)
             stop.set()
             results = await asyncio.gather(*tasks)
             outcomes: dict[str, int] = {}
@@ -137,7 +155,8 @@ async def measure(args: argparse.Namespace, address: str, heavy_token: str, ligh
             print(
                 f"light GetWorkspaceCommand with {args.listers} heavy lists of {terms} terms "
                 f"({len(text)} chars): p50 {statistics.median(loaded):.2f} ms, "
-                f"p90 {statistics.quantiles(loaded, n=10)[-1]:.2f} ms; heavy lists answered: {outcomes}"
+                f"p90 {statistics.quantiles(loaded, n=10)[-1]:.2f} ms; CreateWorkspace p50 "
+                f"{statistics.median(writes):.2f} ms; heavy lists answered: {outcomes}"
             )
 
 
