@@ -426,3 +426,13 @@ async def _assert_internal(server: ServerProcess, error: grpc.aio.AioRpcError, n
     message = error.details() or ""
     for leak in ("Unexpected", "class", "JSON", "msgspec", "Decode", "sqlite", "SELECT"):
         assert leak not in message, (name, message)
+
+
+async def test_the_sdk_raises_internal_error_with_its_error_id(server_factory: Factory) -> None:
+    server = server_factory()
+    broken = _corrupt_row(server)
+    async with kibotos.AsyncClient(server.address) as sdk:
+        with pytest.raises(kibotos.InternalError) as caught:
+            await sdk.get_workspace(broken)
+        assert re.fullmatch(r"[0-9a-f]{16}", caught.value.error_id)
+        assert caught.value.error_id in caught.value.message
