@@ -358,7 +358,9 @@ class Client:
         return response.volume
 
     def inject_fault(self, workspace_id: str, fault: int) -> None:
-        """kibo.sim.v1.SimulatorService/InjectFault (servers running the simulated runtime)."""
+        """kibo.sim.v1.SimulatorService/InjectFault (only servers with `--runtime sim` have it).
+        An empty `workspace_id`, node silence and a lost storage pool reach every workspace on
+        the node: they need an operator token (`kibo-ctrl token create --role operator`)."""
         self._call(self.simulator.InjectFault, build.fault(workspace_id, fault))
 
     # -- data plane (see kibotos.data_plane) ------------------------------------------------

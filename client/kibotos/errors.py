@@ -20,6 +20,7 @@ __all__ = [
     "CommandIdReusedError",
     "ConflictError",
     "DeadlineExceededError",
+    "InternalError",
     "InvalidArgumentError",
     "KiboError",
     "KiboTimeoutError",
@@ -151,6 +152,15 @@ class RateLimitedError(ResourceExhaustedError):
     """RESOURCE_EXHAUSTED with reason RATE_LIMITED: retry after `retry_delay` (nothing was recorded)."""
 
 
+class InternalError(KiboError):
+    """INTERNAL: a bug in the server. Not retried: the same request would meet it again.
+    `error_id` is what the server logged with the details; quote it in a bug report."""
+
+    @property
+    def error_id(self) -> str:
+        return str(self.info.metadata.get("error_id", ""))
+
+
 class DeadlineExceededError(KiboError):
     """DEADLINE_EXCEEDED: the call ran out of time; the command may or may not have been recorded."""
 
@@ -212,6 +222,7 @@ _BY_CODE: dict[grpc.StatusCode, type[KiboError]] = {
     grpc.StatusCode.UNAUTHENTICATED: UnauthenticatedError,
     grpc.StatusCode.PERMISSION_DENIED: PermissionDeniedError,
     grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceExhaustedError,
+    grpc.StatusCode.INTERNAL: InternalError,
 }
 # Reasons that pick a finer class than the code does.
 _BY_REASON: dict[str, type[KiboError]] = {

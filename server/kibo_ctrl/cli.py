@@ -122,7 +122,14 @@ def serve(
     insecure_no_auth: Annotated[
         bool, typer.Option(help="No tokens: anyone who reaches the server is admin. Local experiments only.")
     ] = False,
-    rate_limit_rps: Annotated[float, typer.Option(min=0, help="Requests per second per tenant; 0: no limit.")] = 0.0,
+    rate_limit_rps: Annotated[
+        float | None,
+        typer.Option(
+            min=0,
+            help="Requests per second per tenant (burst: twice as many); 0: no limit. "
+            "Default: 1000 with tokens, none with --insecure-no-auth.",
+        ),
+    ] = None,
     quota_workspaces: Annotated[int, typer.Option(min=0, help="Workspaces per tenant; 0: no limit.")] = 0,
     quota_vcpus: Annotated[int, typer.Option(min=0, help="vCPUs per tenant; 0: no limit.")] = 0,
     quota_memory_mib: Annotated[int, typer.Option(min=0, help="Memory MiB per tenant; 0: no limit.")] = 0,
@@ -219,7 +226,13 @@ def _with_store(data_dir: Path | None, work: Callable[[SqliteStore], Awaitable[T
 @token_cli.command("create")
 def token_create(
     tenant: Annotated[str, typer.Option(help="The tenant (project) the token acts for.")],
-    role: Annotated[Role, typer.Option(help="admin: everything; reader: read-only.")] = Role.ADMIN,
+    role: Annotated[
+        Role,
+        typer.Option(
+            help="admin: everything in the tenant; reader: read-only; operator: admin plus node-wide faults "
+            "(--runtime sim), for whoever runs the machine, never for a tenant."
+        ),
+    ] = Role.ADMIN,
     data_dir: DataDir = None,
 ) -> None:
     """Print a new token. It is shown once: only its hash is stored."""
