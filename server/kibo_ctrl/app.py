@@ -156,11 +156,12 @@ class App:
             )
             return Authenticator(None, rate)
         existing = await self.store.read(lambda r: r.list_tokens())
+        path = self.config.data_dir / tokens.ADMIN_TOKEN_FILE
         if not existing:
             record, token = await tokens.create(self.store, DEFAULT_TENANT, Role.ADMIN)
-            path = self.config.data_dir / tokens.ADMIN_TOKEN_FILE
             tokens.write_private(path, token)
             log.warning("first start: created admin token %s (tenant %s) in %s", record.id, DEFAULT_TENANT, path)
+        tokens.point_clients_at(self.config.listen, path)
 
         async def lookup(digest: str) -> TokenRecord | None:
             return await self.store.read(lambda r: r.find_token(digest))
