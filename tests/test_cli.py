@@ -152,7 +152,9 @@ def test_tokens_and_quotas_exit_12_and_13(
 ) -> None:
     server = server_factory("--quota-workspaces", "1", auth=True)
     try:
-        monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))  # no local admin token yet
+        # Neither the server's pointer nor a default admin token: nothing to find.
+        monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
+        monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
         monkeypatch.delenv("KIBO_TOKEN", raising=False)
         refused = kibo(server, "workspace", "list")
         assert refused.exit_code == ExitCode.NOT_ALLOWED and "UNAUTHENTICATED" in refused.stderr
@@ -181,6 +183,49 @@ def test_tokens_and_quotas_exit_12_and_13(
         assert workspace_id in ok(runner.invoke(app, [*read_only, "workspace", "get", workspace_id])).stdout
         denied = runner.invoke(app, [*read_only, "workspace", "stop", workspace_id])
         assert denied.exit_code == ExitCode.NOT_ALLOWED and "PERMISSION_DENIED" in denied.stderr
+    finally:
+        server.stop()
+
+
+def test_the_token_of_a_local_server_is_found_whatever_its_data_dir(
+    server_factory: Callable[..., ServerProcess], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Issue 11 item 5: the server runs with --data-dir elsewhere than the default; `kibo`
+    finds its admin token through the pointer the server wrote, and says where it was."""
+    monkeypatch.delenv("KIBO_TOKEN", raising=False)
+    server = server_factory(data_dir=tmp_path / "elsewhere", auth=True)
+    try:
+        workspace_id = ok(kibo(server, "workspace", "create", "-q")).stdout.strip()
+        assert workspace_id in ok(kibo(server, "workspace", "list")).stdout
+        # $KIBO_TOKEN comes before the local token: a wrong one is refused and named.
+        monkeypatch.setenv("KIBO_TOKEN", "not-a-token")
+        refused = kibo(server, "workspace", "list")
+        assert refused.exit_code == ExitCode.NOT_ALLOWED, refused.output
+        assert "the token came from $KIBO_TOKEN" in refused.stderr
+        assert "DIR/admin.token" in refused.stderr
+        monkeypatch.delenv("KIBO_TOKEN")
+        # The flag comes first of all.
+        flagged = runner.invoke(app, ["--server", server.address, "--token", "wrong", "workspace", "list"])
+        assert flagged.exit_code == ExitCode.NOT_ALLOWED and "the token came from --token" in flagged.stderr
+    finally:
+        server.stop()
+
+
+def test_unauthenticated_says_where_it_looked_for_a_token(
+    server_factory: Callable[..., ServerProcess], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    server = server_factory(auth=True)
+    try:
+        monkeypatch.delenv("KIBO_TOKEN", raising=False)
+        monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+        monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+        refused = kibo(server, "workspace", "list")
+        assert refused.exit_code == ExitCode.NOT_ALLOWED
+        pointer = tmp_path / "state" / "kibo" / "servers" / f"127.0.0.1_{server.port}"
+        for place in ("--token (not given)", "$KIBO_TOKEN (not set)", f"{pointer} (no pointer)"):
+            assert place in refused.stderr, refused.stderr
+        assert f"{tmp_path / 'data' / 'kibo' / 'admin.token'} (missing)" in refused.stderr
+        assert "DATA_DIR/admin.token" in refused.stderr
     finally:
         server.stop()
 

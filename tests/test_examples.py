@@ -1,11 +1,14 @@
-"""The examples under examples/python/, run as a user would: `python X.py --server HOST:PORT`."""
+"""The examples under examples/python/, run as a user would: `python X.py --server HOST:PORT`,
+against a server with authentication on (its default) and nothing but the SDK's token
+discovery to find the token: the server's pointer to its admin token, whatever its --data-dir."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import kibotos
@@ -19,6 +22,13 @@ S = wp.WorkspaceState
 EXAMPLES = Path(__file__).parent.parent / "examples" / "python"
 
 
+@pytest.fixture(scope="module")
+def firecracker(server_factory: Callable[..., ServerProcess]) -> ServerProcess:
+    """A server with tokens required, like `kibo-ctrl serve` without flags (module scope: the
+    shared session servers run without auth)."""
+    return server_factory("--sim-backend", "firecracker", auth=True)
+
+
 @pytest.fixture
 def sdk(firecracker: ServerProcess) -> Iterator[kibotos.Client]:
     with kibotos.Client(firecracker.address) as client:
@@ -26,12 +36,22 @@ def sdk(firecracker: ServerProcess) -> Iterator[kibotos.Client]:
 
 
 def run(server: ServerProcess, name: str, *args: str) -> subprocess.CompletedProcess[str]:
+    environment = {k: v for k, v in os.environ.items() if k != "KIBO_TOKEN"}
     return subprocess.run(
         [sys.executable, str(EXAMPLES / name), "--server", server.address, *args],
         capture_output=True,
         text=True,
         timeout=120,
+        env=environment,
     )
+
+
+def test_the_examples_server_refuses_calls_without_a_token(firecracker: ServerProcess) -> None:
+    with (
+        kibotos.Client(firecracker.address, token="not-a-token") as client,
+        pytest.raises(kibotos.UnauthenticatedError),
+    ):
+        client.get_capabilities()
 
 
 def test_every_example_is_tested() -> None:
