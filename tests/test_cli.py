@@ -334,14 +334,84 @@ def test_stop_and_start_print_durability_and_json(firecracker: ServerProcess) ->
     assert started["workspace"]["executionGeneration"] == "2"
 
 
-def test_force_stop_asks_for_confirmation(firecracker: ServerProcess, sdk: kibotos.Client) -> None:
+def test_force_stop_needs_yes_without_a_terminal(firecracker: ServerProcess, sdk: kibotos.Client) -> None:
+    """Issue 11 item 8: `echo y | kibo workspace stop --force` went ahead; like delete, a piped
+    answer is not a confirmation."""
     workspace_id = new_workspace(firecracker)
-    declined = kibo(firecracker, "workspace", "stop", "--force", workspace_id, input="n\n")
-    assert declined.exit_code == ExitCode.NOT_CONFIRMED and "Force stop" in declined.stderr
+    piped = kibo(firecracker, "workspace", "stop", "--force", workspace_id, input="y\n")
+    assert piped.exit_code == ExitCode.USAGE and "pass --yes" in piped.stderr, piped.output
     assert sdk.get_workspace(workspace_id).state == S.WORKSPACE_STATE_AVAILABLE
-    confirmed = ok(kibo(firecracker, "workspace", "stop", "--force", workspace_id, input="y\n"))
+    confirmed = ok(kibo(firecracker, "workspace", "stop", "--force", "--yes", workspace_id))
     assert "not confirmed on disk" in confirmed.stdout
     assert sdk.get_workspace(workspace_id).last_stop.durability == wp.STOP_DURABILITY_UNCONFIRMED
+
+
+@pytest.mark.parametrize(("answer", "code"), [("y", ExitCode.OK), ("n", ExitCode.NOT_CONFIRMED)])
+def test_force_stop_confirms_on_a_terminal(
+    firecracker: ServerProcess, sdk: kibotos.Client, answer: str, code: ExitCode
+) -> None:
+    workspace_id = new_workspace(firecracker)
+    controller, terminal = pty.openpty()
+    try:
+        process = _spawn(firecracker, "workspace", "stop", "--force", workspace_id, stdin=terminal)
+        os.write(controller, f"{answer}\n".encode())
+        _, err = process.communicate(timeout=60)
+    finally:
+        os.close(terminal)
+        os.close(controller)
+    assert process.returncode == code, err
+    assert f"Force stop {workspace_id}?" in err
+    expected = S.WORKSPACE_STATE_STOPPED if code == ExitCode.OK else S.WORKSPACE_STATE_AVAILABLE
+    assert sdk.get_workspace(workspace_id).state == expected
+
+
+def test_a_deleted_workspace_gets_no_volume_lines_and_no_delete_again_hint(firecracker: ServerProcess) -> None:
+    """Issue 11 item 8: delete of a DELETED workspace listed its volumes as "will be deleted"
+    before the refusal, and stop said "delete again to finish the delete"."""
+    workspace_id = new_workspace(firecracker)
+    ok(kibo(firecracker, "workspace", "delete", "--yes", "--command-id", f"cli/del/{workspace_id}", workspace_id))
+    again = kibo(firecracker, "workspace", "delete", "--yes", workspace_id)
+    assert again.exit_code == ExitCode.CONFLICT, again.output
+    assert "Volume" not in again.stderr and "will be deleted" not in again.stderr
+    assert "it can only be read" in again.stderr
+    stopped = kibo(firecracker, "workspace", "stop", workspace_id)
+    assert stopped.exit_code == ExitCode.CONFLICT
+    assert "delete again" not in stopped.stderr and "it can only be read" in stopped.stderr
+    # The same delete resent with its command ID still answers its result, without a question.
+    resent = kibo(firecracker, "workspace", "delete", "--command-id", f"cli/del/{workspace_id}", workspace_id)
+    assert f"{workspace_id} is DELETED" in ok(resent).stdout
+
+
+def test_an_empty_command_id_is_invalid_argument(firecracker: ServerProcess, sdk: kibotos.Client) -> None:
+    workspace_id = new_workspace(firecracker)
+    for command in (["stop"], ["start"], ["delete", "--yes"]):
+        refused = kibo(firecracker, "workspace", *command, "--command-id", "", workspace_id)
+        assert refused.exit_code == ExitCode.INVALID_ARGUMENT, refused.output
+        assert "is not a command ID" in refused.stderr and "field: command_id" in refused.stderr
+    created = kibo(firecracker, "workspace", "create", "--command-id", "")
+    assert created.exit_code == ExitCode.INVALID_ARGUMENT
+    assert sdk.get_workspace(workspace_id).state == S.WORKSPACE_STATE_AVAILABLE
+
+
+def test_exec_without_dashes_says_where_they_go(firecracker: ServerProcess) -> None:
+    refused = kibo(firecracker, "workspace", "exec", "ws-any", "ls", "-l")
+    assert refused.exit_code == ExitCode.USAGE
+    assert "No such option: -l" in refused.output and "put -- before it" in refused.output
+
+
+@pytest.mark.parametrize(
+    ("argv", "option"),
+    [
+        ([*KIBO, "--help"], "--token"),
+        ([*KIBO, "workspace", "create", "--help"], "--delete-with-workspace"),
+        ([sys.executable, "-m", "kibo_ctrl", "serve", "--help"], "--insecure-no-auth / --no-insecure-no-auth"),
+    ],
+)
+def test_help_piped_to_a_file_is_not_cut(argv: list[str], option: str) -> None:
+    """Issue 11 item 8: piped help was rich's 80-column boxes, cutting `--insecure-no-au…`."""
+    shown = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True).stdout
+    assert option in shown and "…" not in shown, shown
+    assert "Exit codes:" not in shown or "\n     10  gave up waiting" in shown
 
 
 def test_a_stalled_stop_settles_with_progress_lines(
@@ -567,7 +637,7 @@ def test_the_installed_kibo_command_runs_the_seed_command_lines(firecracker: Ser
     workspace_id = created.stdout.strip()
     assert created.returncode == 0, created.stderr
     forced = subprocess.run(
-        [kibo_bin, "workspace", "stop", "--force", workspace_id], input="y\n", env=env, capture_output=True, text=True
+        [kibo_bin, "workspace", "stop", "--force", "--yes", workspace_id], env=env, capture_output=True, text=True
     )
     assert forced.returncode == 0, forced.stderr
     assert "not confirmed on disk" in forced.stdout

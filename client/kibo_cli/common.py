@@ -135,7 +135,10 @@ def report(error: kibotos.KiboError) -> None:
     note(f"kibo: {code_name}: {error.message}{extra}")
     if error.field:
         note(f"      field: {error.field}")
-    if error.hint:
+    if isinstance(error, kibotos.ConflictError) and error.workspace_state == "DELETED":
+        # The server's hint for a DELETED workspace speaks of a delete in progress; this one is done.
+        note("next: the workspace is DELETED: it can only be read (kibo workspace get, events)")
+    elif error.hint:
         note(f"next: {error.hint}")
     elif isinstance(error, kibotos.UnavailableError):
         note(f"next: is a kibo server running at {settings().server}? (--server or KIBO_SERVER)")
@@ -162,8 +165,9 @@ def handle(fn: Callable[P, T]) -> Callable[P, T]:
 
 
 def command_id_or_new(command_id: str | None) -> str:
-    """The --command-id given (checked), else a new `kibo/<uuid>`."""
-    return kibotos.check_command_id(command_id) if command_id else kibotos.new_command_id("kibo")
+    """The --command-id given (checked like the server does: '' is INVALID_ARGUMENT, exit 5),
+    else a new `kibo/<uuid>`."""
+    return kibotos.check_command_id(command_id) if command_id is not None else kibotos.new_command_id("kibo")
 
 
 def timeout_seconds(text: str) -> float:

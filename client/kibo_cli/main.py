@@ -11,6 +11,7 @@ from kibotos.token_discovery import discover
 
 from . import exit_codes, other, workspace
 from .common import Settings, use
+from .help import command_of
 
 HELP = (
     "kibo: drive workspaces from a terminal.\n\n"
@@ -67,4 +68,5 @@ def _global(
 
 
 def main() -> None:
-    app()
+    # Plain help when stdout is not a terminal, so that piped help is never cut (kibo_cli.help).
+    command_of(app)(prog_name="kibo")

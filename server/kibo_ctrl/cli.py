@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Annotated, TypeVar
 
 import typer
+from kibo_cli.help import command_of
 
 from . import tokens
 from .app import App, Config
@@ -223,4 +224,5 @@ async def _serve(config: Config) -> None:
 
 
 def main() -> None:
-    cli()
+    # Plain help when piped (rich's boxes cut option names at 80 columns); shared with `kibo`.
+    command_of(cli)(prog_name="kibo-ctrl")
