@@ -219,7 +219,7 @@ def test_the_readmes_give_up_and_pick_up_delete_exits_10_then_0(tmp_path: Path) 
         )
         assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
         assert "exit 10" in done.stdout and "gave up waiting" in done.stderr, done.stdout + done.stderr
-        assert "is DELETED" in done.stdout, done.stdout
+        assert re.search(r"^State +DELETED", done.stdout, re.M), done.stdout
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(30)
