@@ -92,17 +92,23 @@ def readme() -> str:
     return (Path(__file__).parent.parent / "README.md").read_text()
 
 
-def test_the_readme_tour_runs_as_written(firecracker: ServerProcess) -> None:
-    text = readme()
-    start = text.index("```sh\nexport KIBO_SERVER=")
-    script = text[start + len("```sh\n") : text.index("```", start + 5)]
-    script = script.replace("KIBO_SERVER=127.0.0.1:50051", f"KIBO_SERVER={firecracker.address}")
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"}
-    run = subprocess.run(
-        ["bash", "-euo", "pipefail", "-c", script], env=env, capture_output=True, text=True, timeout=120
-    )
-    assert run.returncode == 0, f"{run.stdout}\n{run.stderr}"
-    assert "not confirmed on disk" in run.stdout and "Writes: confirmed on disk." in run.stdout
+def test_the_readme_tour_runs_as_written(server_factory: Callable[..., ServerProcess]) -> None:
+    """Against a server with auth on, as in the README, with no token given: `kibo` finds it."""
+    server = server_factory(auth=True)
+    try:
+        text = readme()
+        start = text.index("```sh\nexport KIBO_SERVER=")
+        script = text[start + len("```sh\n") : text.index("```", start + 5)]
+        script = script.replace("KIBO_SERVER=127.0.0.1:50051", f"KIBO_SERVER={server.address}")
+        env = {k: v for k, v in os.environ.items() if k != "KIBO_TOKEN"}
+        env["PATH"] = f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"
+        run = subprocess.run(
+            ["bash", "-euo", "pipefail", "-c", script], env=env, capture_output=True, text=True, timeout=120
+        )
+        assert run.returncode == 0, f"{run.stdout}\n{run.stderr}"
+        assert "not confirmed on disk" in run.stdout and "Writes: confirmed on disk." in run.stdout
+    finally:
+        server.stop()
 
 
 def test_usage_errors_exit_2(firecracker: ServerProcess) -> None:
