@@ -276,3 +276,29 @@ def test_the_readmes_anchors_exist() -> None:
     }
     for anchor in re.findall(r"\]\(#([^)]+)\)", text):
         assert anchor in headings, f"README.md links to #{anchor}, which no heading makes"
+
+
+def test_the_readmes_stop_it_all_snippet_stops_every_available_workspace(
+    server_factory: Callable[..., ServerProcess],
+) -> None:
+    server = server_factory(auth=True)
+    try:
+        environment = {k: v for k, v in os.environ.items() if k != "KIBO_TOKEN"}
+        environment["KIBO_SERVER"] = server.address
+        environment["PATH"] = f"{Path(sys.executable).parent}:{environment.get('PATH', '')}"
+        kibo = [str(Path(sys.executable).parent / "kibo")]
+        created = [
+            subprocess.run(
+                [*kibo, "workspace", "create", "-q"], env=environment, capture_output=True, text=True, check=True
+            ).stdout.strip()
+            for _ in range(2)
+        ]
+        snippet = block_after(section("What keeps running"), "To stop it all")
+        done = subprocess.run(
+            ["bash", "-euo", "pipefail", "-c", snippet], env=environment, capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0, done.stderr
+        for workspace_id in created:
+            assert f"{workspace_id} is STOPPED" in done.stdout, done.stdout
+    finally:
+        server.stop()
