@@ -3,7 +3,8 @@
     python -m kibo_cli.docs                 # print the reference (Markdown)
     python -m kibo_cli.docs --write README.md   # replace it between the README's markers
 
-Every command's plain help (kibo_cli.help), in the order `kibo --help` lists them.
+Every command's plain help (kibo_cli.help), in the order `kibo --help` lists them, then the
+server's (`kibo-ctrl`).
 tests/test_readme.py fails when the README's copy differs from what this prints."""
 
 from __future__ import annotations
@@ -36,10 +37,14 @@ def _walk(command: click_core.Command, ctx: click_core.Context) -> Iterator[tupl
 
 
 def reference() -> str:
-    root = command_of(app, plain=True)
+    """`kibo` and every subcommand, then `kibo-ctrl` (the server) and its subcommands."""
+    from kibo_ctrl.cli import cli as server_cli  # the server's command line, documented alongside
+
     parts = []
-    for path, text in _walk(root, _context(root, "kibo", None)):
-        parts.append(f"#### `{path}`\n\n```text\n{text}\n```\n")
+    for app_, name in ((app, "kibo"), (server_cli, "kibo-ctrl")):
+        root = command_of(app_, plain=True)
+        for path, text in _walk(root, _context(root, name, None)):
+            parts.append(f"#### `{path}`\n\n```text\n{text}\n```\n")
     return "\n".join(parts)
 
 
