@@ -133,7 +133,16 @@ class UnavailableError(KiboError):
 
 
 class UnauthenticatedError(KiboError):
-    """UNAUTHENTICATED: the server needs a valid token (`authorization: Bearer TOKEN`)."""
+    """UNAUTHENTICATED: the server needs a valid token (`authorization: Bearer TOKEN`).
+
+    `token_discovery` says where the client's token came from, or every place it looked
+    (kibotos.token_discovery); it is part of the message."""
+
+    token_discovery: str = ""
+
+    def __str__(self) -> str:
+        text = super().__str__()
+        return f"{text} ({self.token_discovery})" if self.token_discovery else text
 
 
 class PermissionDeniedError(KiboError):

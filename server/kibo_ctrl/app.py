@@ -182,14 +182,15 @@ class App:
             )
             return Authenticator(None, rate)
         existing = await self.store.read(lambda r: r.list_tokens())
+        path = self.config.data_dir / tokens.ADMIN_TOKEN_FILE
         if not existing:
             # A tenant admin, not an operator: this token is the one handed to the first user,
             # and node-wide powers are minted on purpose, on this machine, with
             # `kibo-ctrl token create --role operator`.
             record, token = await tokens.create(self.store, DEFAULT_TENANT, Role.ADMIN)
-            path = self.config.data_dir / tokens.ADMIN_TOKEN_FILE
             tokens.write_private(path, token)
             log.warning("first start: created admin token %s (tenant %s) in %s", record.id, DEFAULT_TENANT, path)
+        tokens.point_clients_at(self.config.listen, path)
 
         async def lookup(digest: str) -> TokenRecord | None:
             return await self.store.read(lambda r: r.find_token(digest))

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Annotated, TypeVar
 
 import typer
+from kibo_cli.help import command_of
 
 from . import log_limit, tokens
 from .app import MAX_HTTP_BODY_BYTES, App, Config
@@ -43,9 +44,13 @@ def default_data_dir() -> Path:
 
 @cli.command()
 def serve(
-    listen: Annotated[str, typer.Option(help="gRPC address, HOST:PORT.")] = "127.0.0.1:50051",
+    listen: Annotated[str, typer.Option(envvar="KIBO_LISTEN", help="gRPC address, HOST:PORT.")] = "127.0.0.1:50051",
     http_listen: Annotated[
-        str, typer.Option(help="Connect, gRPC-Web and plain HTTP JSON address, HOST:PORT; empty to disable.")
+        str,
+        typer.Option(
+            envvar="KIBO_HTTP_LISTEN",
+            help="Connect, gRPC-Web and plain HTTP JSON address, HOST:PORT; empty to disable.",
+        ),
     ] = "127.0.0.1:8080",
     http_server: Annotated[
         str, typer.Option(help="uvicorn (HTTP/1.1, fastest here) or hypercorn (adds h2c and gRPC over h2c).")
@@ -78,7 +83,10 @@ def serve(
     grpc_max_connections: Annotated[
         int, typer.Option(min=0, help="Open connections on the gRPC port. 0: a quarter of the open-file limit.")
     ] = 0,
-    data_dir: Annotated[Path | None, typer.Option(help="Where the embedded store keeps its files.")] = None,
+    data_dir: Annotated[
+        Path | None,
+        typer.Option(envvar="KIBO_DATA_DIR", help="Where the embedded store keeps its files.", show_default=False),
+    ] = None,
     runtime: Annotated[
         str,
         typer.Option(help="What runs workspaces: process (real sandboxes on this machine) or sim (simulated, faults)."),
@@ -209,7 +217,9 @@ def _tls(cert: Path | None, key: Path | None, client_ca: Path | None) -> Tls | N
 
 token_cli = typer.Typer(help="Make, list and revoke API tokens (works while the server runs).", no_args_is_help=True)
 cli.add_typer(token_cli, name="token")
-DataDir = Annotated[Path | None, typer.Option(help="The server's data dir (default: the per-user one).")]
+DataDir = Annotated[
+    Path | None, typer.Option(envvar="KIBO_DATA_DIR", help="The server's data dir (default: the per-user one).")
+]
 
 
 def _with_store(data_dir: Path | None, work: Callable[[SqliteStore], Awaitable[T]]) -> T:
@@ -288,4 +298,5 @@ async def _serve(config: Config) -> None:
 
 
 def main() -> None:
-    cli()
+    # Plain help when piped (rich's boxes cut option names at 80 columns); shared with `kibo`.
+    command_of(cli)(prog_name="kibo-ctrl")
