@@ -294,6 +294,17 @@ async def test_connect_json_with_an_unknown_name_is_invalid_argument(
     assert (await client.get(ready.workspace_id)).state == S.WORKSPACE_STATE_AVAILABLE
 
 
+async def test_a_connect_json_error_says_the_next_step_in_its_message(
+    firecracker: ServerProcess, client: Client
+) -> None:
+    """Issue 11, item 9: a Connect JSON client (curl) read the hint only inside base64 details."""
+    ready = await client.create()
+    body = {"metadata": {"commandId": f"again-{uuid.uuid4().hex}"}, "workspaceId": ready.workspace_id}
+    status, error = await asyncio.to_thread(_post_json, firecracker, "StartWorkspace", body)
+    assert status == 400 and error.get("code") == "failed_precondition", (status, error)
+    assert error["message"].endswith("(next: the workspace is already running)"), error
+
+
 @pytest.mark.parametrize("transport", TRANSPORTS)
 async def test_pages_of_large_workspaces_fit_in_a_message(firecracker: ServerProcess, transport: str) -> None:
     """The attack: a default-size list of 60 workspaces with 64 KiB annotations each was

@@ -26,7 +26,7 @@ from kibo.sim.v1 import simulator_connect
 from protobuf.wkt import Any as ConnectAny
 
 from ..auth import OPEN, Authenticator
-from ..errors import InvalidArgument
+from ..errors import InvalidArgument, KiboError
 from .errors import status_of
 
 ASGIApp = Callable[[dict[str, Any], Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]], Awaitable[None]]
@@ -40,7 +40,11 @@ def connect_error(error: Exception) -> ConnectError:
     name = "CANCELED" if code.name == "CANCELLED" else code.name
     # connectrpc's details are its own runtime's Any: hand over type URL and bytes as they are.
     details = [ErrorDetail(ConnectAny(type_url=packed.type_url, value=packed.value)) for packed in status.details]
-    return ConnectError(Code[name], status.message, details=details)
+    # Connect's JSON clients (curl, browsers) read the message, not base64 details: the hint
+    # (the next step) goes into the message too; gRPC clients read it from ErrorDetail.
+    hint = error.hint if isinstance(error, KiboError) else ""
+    message = f"{status.message} (next: {hint})" if hint and hint not in status.message else status.message
+    return ConnectError(Code[name], message, details=details)
 
 
 class StrictJsonCodec:
