@@ -34,6 +34,7 @@ from .errors import Conflict, GuestError, InvalidArgument, NotFound, Unauthentic
 from .model import Phase, WorkspaceState
 from .runtime.base import Runtime
 from .runtime.process import Exit, GuestRefused, ProcessRuntime
+from .runtime.safepath import UnsafePath, guest_file_path
 from .store import Reader, Store
 
 SERVICE = dp.DESCRIPTOR.services_by_name["DataPlaneService"]
@@ -201,9 +202,10 @@ class DataPlane:
 
 
 def _check_path(path: str, mounts: list[str]) -> None:
-    inside = any(path.startswith(m.rstrip("/") + "/") for m in mounts)
-    if not path.startswith("/") or not inside or "\0" in path:
-        raise InvalidArgument(f"path {path!r} is not under a volume mount ({', '.join(mounts)})", field="path")
+    try:
+        guest_file_path(path, mounts)
+    except UnsafePath as error:
+        raise InvalidArgument(str(error), field="path") from None
 
 
 def _refused(refused: GuestRefused) -> Exception:

@@ -1,8 +1,10 @@
 """The process runtime: workspaces as isolated process trees on this machine.
 
 An instance is one supervisor process (`supervisor.py`, the "VMM") that runs the guest's
-process tree in its own PID, mount, UTS, IPC and network namespaces (bubblewrap, else
-unshare, else, said loudly, no isolation: see `sandbox.py`), in a cgroup with the
+process tree in its own user, PID, mount, UTS, IPC and network namespaces (bubblewrap;
+only with an explicit `--sandbox none`, said loudly, no isolation: see `sandbox.py`), as
+an unprivileged host uid range (`idmap.py`) without capabilities and under a seccomp
+filter (`seccomp.py`), in a cgroup with the
 workspace's CPU and memory limits (`cgroups.py`). The supervisor is started in its own
 session, so a kill -9 of the control plane leaves it running, and `adopt` re-attaches.
 
@@ -53,7 +55,8 @@ and namespaces and runs a command or reads/writes a file as the guest sees it.
 
 Not (yet) done here: the guest has loopback networking only, whatever the network
 policy; writable_layer_gib and volume capacities are not enforced (plain directories);
-the guest runs as uid 0 without capabilities; the cgroup v2 path is written but was not
+the guest runs as uid 0 of its own user namespace (host uid `--guest-id-base`) without
+capabilities; the cgroup v2 path is written but was not
 exercised on the (cgroup v1) machine this was built on.
 """
 
@@ -77,9 +80,10 @@ from typing import Any
 
 from ..model import Backend, Component, Instance, Phase, StopDurability, VolumeState
 from ..reports import ExitReason, Report, VmmExited
-from . import sandbox
+from . import sandbox, seccomp
 from .base import DestroyError, LaunchError, LaunchSpec, RestartError, SyncError
 from .cgroups import Cgroups
+from .idmap import IdRange, shift_tree
 from .supervised import Supervised, exit_report, kill_supervisor, lock_held, parent_pid, read_json, running
 
 log = logging.getLogger(__name__)
@@ -104,6 +108,7 @@ class ProcessOptions:
     grace_s: float = 10.0
     force_sync_s: float = 1.0
     ready_timeout_s: float = 30.0
+    guest_ids: IdRange = field(default_factory=IdRange)  # the host ids guests' ids map to
 
 
 @dataclass(frozen=True)
@@ -148,13 +153,19 @@ class ProcessRuntime:
         self.reachable = asyncio.Event()
         self.reachable.set()
         self.data_dir = options.data_dir.resolve()
-        self.isolation = sandbox.detect(options.sandbox)
+        self.host_ids = options.guest_ids
+        (self.data_dir / "runtime").mkdir(parents=True, exist_ok=True)
+        self.seccomp_filter = self.data_dir / "runtime" / "seccomp.bpf"
+        if options.sandbox != "none":
+            seccomp.write_filter(self.seccomp_filter)
+        self.isolation = sandbox.detect(options.sandbox, self.host_ids, self.seccomp_filter)
+        if self.isolation == "bwrap":
+            sandbox.make_stage_dir()
         if self.isolation == "none":
-            why = "--sandbox none" if options.sandbox == "none" else "neither bubblewrap nor unshare works here"
             log.warning(
-                "!!! NO ISOLATION (%s): guests run as plain host processes with the control plane's "
-                "privileges and see the host's files. Install bubblewrap (apt-get install bubblewrap).",
-                why,
+                "!!! NO ISOLATION (--sandbox none): THIS IS NOT A SECURITY BOUNDARY. Guests run as plain "
+                "host processes with the control plane's privileges (root) and see the host's files: "
+                "run only code you would run on this host yourself."
             )
         tag = hashlib.sha256(str(self.data_dir).encode()).hexdigest()[:10]
         self.cgroups = Cgroups(tag, options.limits)
@@ -172,8 +183,10 @@ class ProcessRuntime:
             (self.data_dir / sub).mkdir(exist_ok=True)
         self._supervised: dict[str, Supervised] = {}
         log.info(
-            "process runtime: isolation %s, limits %s, base image %s, personality %s",
+            "process runtime: isolation %s (guest ids: host %d+%d), limits %s, base image %s, personality %s",
             self.isolation,
+            self.host_ids.base,
+            self.host_ids.count,
             self.cgroups.mode,
             options.base_image or "host /usr (read-only)",
             self.backend.value,
@@ -282,17 +295,29 @@ class ProcessRuntime:
         layout.upper.mkdir(parents=True, exist_ok=True)
         if self.options.base_image is not None:
             layout.work.mkdir(exist_ok=True)
-        sandbox.seed_layer(layout.upper, host_usr=self.options.base_image is None)
+        self._own_tree(layout.upper)
+        sandbox.seed_layer(layout.upper, host_usr=self.options.base_image is None, owner=self._guest_root())
         created = []
         mounts = {b.volume_id: b.mount_path for b in spec.bindings}
         for volume in spec.volumes:
             path = self.volume_dir(volume.id)
             path.mkdir(parents=True, exist_ok=True)
+            self._own_tree(path)
             if volume.state is VolumeState.PENDING:
                 created.append(volume.id)
             if volume.id in mounts:
                 layout.volumes.append((path, mounts[volume.id]))
         return layout, tuple(created)
+
+    def _guest_root(self) -> tuple[int, int] | None:
+        """Who owns what the runtime creates in a guest's tree: the guest's root on the host."""
+        return self.host_ids.root if self.isolation == "bwrap" else None
+
+    def _own_tree(self, tree: Path) -> None:
+        """A layer or volume belongs to the guest's ids (once: trees from before the guests
+        had their own ids are owned by real root). Only while no guest uses it (provisioning)."""
+        if self.isolation == "bwrap":
+            shift_tree(tree, self.host_ids)
 
     def _write_spec(self, instance: Instance, layout: _Layout, plan: sandbox.GuestPlan) -> None:
         directory = self.instance_dir(instance.id)
@@ -304,6 +329,9 @@ class ProcessRuntime:
                 self._release_sync(old)
                 shutil.rmtree(old, ignore_errors=True)
         (directory / "run").mkdir(parents=True, exist_ok=True)
+        if self._guest_root() is not None:
+            # The guest's /run/kibo (its agent writes the ready file there).
+            os.chown(directory / "run", *self.host_ids.root, follow_symlinks=False)
         for stale in ("exit.json", "state.json"):
             with contextlib.suppress(FileNotFoundError):
                 (directory / stale).unlink()
@@ -334,6 +362,14 @@ class ProcessRuntime:
             "run_dir": str(plan.run_dir),
             "isolation": self.isolation,
             "mounts": [[str(path), target] for path, target in layout.volumes],
+            # The guest's user namespace: guest ids 0..count-1 are host ids base..base+count-1.
+            "host_id_base": self.host_ids.base,
+            "host_id_count": self.host_ids.count,
+            "seccomp_filter": str(self.seccomp_filter),
+            "bin_dir": str(plan.bin_dir),
+            # Staged by the supervisor where the guest's uid reaches them (the guest's trees).
+            "stage_dir": sandbox.STAGE_DIR,
+            "staged": [str(plan.root), str(plan.run_dir)] + [str(path) for path, _ in layout.volumes],
             # The environment of data-plane commands: the guest's (unisolated: with the KIBO_* paths).
             "guest_env": command.env
             if self.isolation == "none"

@@ -23,7 +23,16 @@ code), `oom` (the OOM killer killed in the guest's cgroup: the whole guest is ki
 supervisor running and idle (`{"state": "idle", "why": "poweroff"}`), like a VMM whose
 guest halted. A graceful stop whose sync fails also leaves it idle (`why: sync-failed`).
 
-INSTANCE_DIR/state.json records the supervisor's and the guest's PIDs."""
+INSTANCE_DIR/state.json records the supervisor's and the guest's PIDs.
+
+With bubblewrap isolation (`prepare_guest`, `_start_guest`) the guest runs in its own user
+namespace mapped to the node's unprivileged id range (spec `host_id_base`, `host_id_count`):
+bwrap is started as that namespace's root with an empty bounding set (userns.py), gets its
+options through a file descriptor (no host path in the guest's /proc/1/cmdline) and the
+seccomp filter (seccomp.py) through another. The stage (`stage_dir`) is a small tmpfs of the supervisor's
+own mount namespace where the guest's trees (layer or overlay root, volumes, run directory)
+are bound, since the guest's uid cannot traverse the data directory, and where the agent
+scripts are copied (the guest's mount table shows no host path for them)."""
 
 from __future__ import annotations
 
@@ -43,10 +52,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).parent))  # run as a script: its sibling modules
+import userns
+
 PR_SET_PDEATHSIG = 1
 CLONE_NEWNS = 0x00020000
 MS_REC = 0x4000
 MS_PRIVATE = 1 << 18
+MS_NOSUID = 2
+MS_NODEV = 4
+MS_BIND = 4096
 TICK = 0.25
 EXIT_BUSY = 75
 
@@ -130,6 +145,7 @@ class Supervisor:
         self.stop_waiters: list[socket.socket] = []
         self.sync_error = ""
         self.exit_status: int | None = None
+        self.namespace: userns.GuestNamespace | None = None
 
     # -- setup ------------------------------------------------------------------------
 
@@ -166,6 +182,9 @@ class Supervisor:
         for name, value in self.spec.get("rlimits", []):
             limit = getattr(resource, name)
             resource.setrlimit(limit, (value, value))
+        if self.namespace is not None:
+            self.namespace.enter()
+        # After the credential change, which would clear it.
         _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
     def spawn(self) -> None:
@@ -173,16 +192,72 @@ class Supervisor:
             with contextlib.suppress(FileNotFoundError):
                 (Path(self.spec["run_dir"]) / stale).unlink()
         self.oom_base = oom_kills(self.spec["oom_file"])
-        self.guest = subprocess.Popen(
-            self.spec["argv"],
-            env=self.spec["env"],
-            cwd=self.spec["cwd"],
-            stdin=subprocess.DEVNULL,
-            preexec_fn=self._enter_cgroup,
-        )
+        self.guest = self._start_guest()
         self.pidfd = os.pidfd_open(self.guest.pid)
         self.selector.register(self.pidfd, selectors.EVENT_READ, "guest")
         self.save_state()
+
+    # -- the guest's isolation (bubblewrap) ---------------------------------------------
+
+    def prepare_guest(self) -> None:
+        """The guest's user namespace, and its trees staged where its uid can reach them
+        (bubblewrap isolation only; see the module docstring)."""
+        if self.spec["isolation"] != "bwrap":
+            return
+        base, count = int(self.spec["host_id_base"]), int(self.spec["host_id_count"])
+        self.namespace = userns.GuestNamespace(base, count)
+        self.namespace.create()
+        _check(_libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+        _check(_libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "mount --make-rprivate /")
+        # A fresh tmpfs over the stage directory: nothing in it the guest could have planted.
+        stage = self.spec["stage_dir"]
+        options = b"size=1m,nr_inodes=1024,mode=0755"
+        _check(_libc.mount(b"kibo-stage", stage.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, options), "mount tmpfs")
+        # The agent scripts, host root's (nobody's in the guest: it cannot change its agent).
+        scripts = f"{stage}/bin"
+        os.mkdir(scripts, 0o755)
+        for name in sorted(os.listdir(self.spec["bin_dir"])):
+            with open(os.path.join(self.spec["bin_dir"], name), "rb") as source:
+                script = source.read()
+            fd = os.open(f"{scripts}/{name}", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o755)
+            with os.fdopen(fd, "wb") as target:
+                target.write(script)
+        staged = {os.path.join(self.spec["run_dir"], "bin"): scripts}
+        for i, source in enumerate(self.spec["staged"]):
+            target = f"{stage}/t{i}"
+            os.mkdir(target, 0o700)
+            _check(_libc.mount(source.encode(), target.encode(), None, MS_BIND | MS_REC, None), f"bind {source}")
+            staged[source] = target
+        argv = list(self.spec["argv"])
+        for i, arg in enumerate(argv[:-1]):
+            if arg in ("--bind", "--ro-bind") and argv[i + 1] in staged:
+                argv[i + 1] = staged[argv[i + 1]]
+        self.spec["argv"] = argv
+
+    def _start_guest(self) -> subprocess.Popen[bytes]:
+        argv, fds = list(self.spec["argv"]), []
+        if self.namespace is not None:
+            # bwrap OPTIONS -- ENTRY: the options (host paths) go through a memfd.
+            split = argv.index("--")
+            program = os.open(self.spec["seccomp_filter"], os.O_RDONLY)
+            options = os.memfd_create("bwrap-args", 0)
+            fds = [program, options]
+            bwrap_options = [*argv[1:split], "--seccomp", str(program)]
+            os.write(options, b"".join(arg.encode() + b"\0" for arg in bwrap_options))
+            os.lseek(options, 0, os.SEEK_SET)
+            argv = [argv[0], "--args", str(options), *argv[split:]]
+        try:
+            return subprocess.Popen(
+                argv,
+                env=self.spec["env"],
+                cwd=self.spec["cwd"],
+                stdin=subprocess.DEVNULL,
+                pass_fds=fds,
+                preexec_fn=self._enter_cgroup,
+            )
+        finally:
+            for fd in fds:
+                os.close(fd)
 
     def save_state(self) -> None:
         write_json(
@@ -383,6 +458,7 @@ class Supervisor:
         self.mount_overlay()
         self.listen()
         try:
+            self.prepare_guest()
             self.spawn()
         except OSError as error:
             self.exit("spawn-failed", error=f"cannot start the guest: {error}")
