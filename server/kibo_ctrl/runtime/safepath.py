@@ -20,7 +20,6 @@ from the package here."""
 from __future__ import annotations
 
 import ctypes
-import errno
 import os
 import posixpath
 
@@ -67,13 +66,18 @@ def _parent(root_fd: int, path: str) -> tuple[int, str]:
     return open_beneath(root_fd, parent, os.O_RDONLY | os.O_DIRECTORY), name
 
 
-def make_dirs(root_fd: int, path: str, mode: int = 0o755, owner: tuple[int, int] | None = None) -> None:
-    """mkdir -p beneath the root; a component the guest made a symlink is resolved in its tree."""
+def make_dirs(root_fd: int, path: str, mode: int = 0o755, owner: tuple[int, int] | None = None) -> bool:
+    """mkdir -p beneath the root; a component the guest made a symlink is resolved in its
+    tree. False (nothing more made) where the guest put something that leads nowhere: its
+    tree, its choice."""
     done = ""
     for part in [p for p in path.split("/") if p]:
         if part == "..":
             raise UnsafePath(f"{path!r}: '..' is not allowed here")
-        dir_fd, name = _parent(root_fd, f"{done}/{part}")
+        try:
+            dir_fd, name = _parent(root_fd, f"{done}/{part}")
+        except (FileNotFoundError, NotADirectoryError):
+            return False
         try:
             os.mkdir(name, mode, dir_fd=dir_fd)
         except FileExistsError:
@@ -84,11 +88,16 @@ def make_dirs(root_fd: int, path: str, mode: int = 0o755, owner: tuple[int, int]
         finally:
             os.close(dir_fd)
         done = f"{done}/{part}"
+    return True
 
 
 def create_file(root_fd: int, path: str, content: bytes, owner: tuple[int, int] | None = None) -> bool:
-    """Create `path` with `content` unless something (even a dangling symlink) is there already."""
-    dir_fd, name = _parent(root_fd, path)
+    """Create `path` with `content` unless something (even a dangling symlink) is there
+    already, or its directory is not there (the guest's choice)."""
+    try:
+        dir_fd, name = _parent(root_fd, path)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
     try:
         try:
             fd = os.open(
@@ -109,7 +118,10 @@ def create_file(root_fd: int, path: str, content: bytes, owner: tuple[int, int] 
 
 def create_symlink(root_fd: int, path: str, target: str, owner: tuple[int, int] | None = None) -> bool:
     """Create the symlink `path -> target` unless `path` exists (a symlink is never followed)."""
-    dir_fd, name = _parent(root_fd, path)
+    try:
+        dir_fd, name = _parent(root_fd, path)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
     try:
         try:
             os.symlink(target, name, dir_fd=dir_fd)
@@ -131,8 +143,3 @@ def guest_file_path(path: str, mounts: list[str]) -> str:
     if not any(clean.startswith(m.rstrip("/") + "/") for m in mounts):
         raise UnsafePath(f"path {path!r} is not under a volume mount ({', '.join(mounts)})")
     return clean
-
-
-def is_refused_resolution(error: OSError) -> bool:
-    """Whether openat2 refused a resolution (a symlink where none is allowed, or a cross-device jump)."""
-    return error.errno in (errno.ELOOP, errno.EXDEV)

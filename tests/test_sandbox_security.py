@@ -1,0 +1,230 @@
+"""The sandbox as a security boundary (issue 10, findings 1-3): each attack replayed in a real guest.
+
+A real `kibo-ctrl serve --runtime process` (bubblewrap) runs the guests; the attacks run
+inside them through the data plane's exec (what a holder of the exec credential, or the
+tenant's own code, can do), or at the guest's next boot after it replaced its /bin/sh.
+Needs root and bubblewrap, like tests/test_process_runtime.py (whose helpers it uses)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+
+import pytest
+from kibo.ctrl.v1 import workspace_pb2 as wp
+
+from tests.client import Client, S
+from tests.server import ServerProcess
+from tests.test_process_runtime import (
+    FLAGS,
+    DataPlane,
+    _require_sandbox,
+    agent_pid,
+    create,
+    delete,
+    instance_dir,
+    reap,
+    state,
+    volume_dir,
+    wait_workspace,
+)
+
+CAP_SETS = ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")
+
+
+@pytest.fixture(scope="module")
+def secure_server(server_factory: Callable[..., ServerProcess]) -> Iterator[ServerProcess]:
+    _require_sandbox()
+    server = server_factory(*FLAGS, "--backend", "firecracker")
+    yield server
+    server.stop()
+    reap(server.data_dir)
+
+
+@pytest.fixture
+async def sc(secure_server: ServerProcess) -> AsyncIterator[Client]:
+    async with Client.connect(secure_server.address) as connected:
+        yield connected
+
+
+def status_fields(text: str) -> dict[str, str]:
+    return {key: value.strip() for key, _, value in (line.partition(":") for line in text.splitlines())}
+
+
+def guest_pids(server: ServerProcess, workspace: wp.Workspace) -> list[int]:
+    """Every process in the guest's cgroup (host PIDs): bwrap, the agent, what runs in the guest."""
+    import json
+
+    spec = json.loads((instance_dir(server, workspace) / "spec.json").read_text())
+    pids: set[int] = set()
+    for procs in spec["cgroup_procs"]:
+        pids |= {int(p) for p in Path(procs).read_text().split()}
+    return sorted(pids)
+
+
+async def sh(data: DataPlane, credential: str, script: str) -> tuple[int, str, str]:
+    code, out, err = await data.exec(credential, "sh", "-c", script)
+    return code, out.decode(errors="replace"), err.decode(errors="replace")
+
+
+# The "shocker" attack: a file handle of the filesystem's root inode (ext4: inode 2), opened
+# through the volume's mount, lists the host filesystem's root from inside the guest.
+FILE_HANDLE_ATTACK = r"""
+import ctypes, errno, os, struct, sys
+libc = ctypes.CDLL(None, use_errno=True)
+NAME_TO_HANDLE_AT, OPEN_BY_HANDLE_AT = 303, 304
+buf = ctypes.create_string_buffer(struct.pack("II", 128, 0) + b"\0" * 128)
+mount_id = ctypes.c_int()
+r = libc.syscall(NAME_TO_HANDLE_AT, -100, b"/data", buf, ctypes.byref(mount_id), 0)
+print("name_to_handle_at", r, errno.errorcode.get(ctypes.get_errno(), "0") if r < 0 else "ok")
+handle = ctypes.create_string_buffer(struct.pack("IiII", 8, 1, 2, 0))  # FILEID_INO32_GEN: ino 2, gen 0
+mount_fd = os.open("/data", os.O_RDONLY | os.O_DIRECTORY)
+fd = libc.syscall(OPEN_BY_HANDLE_AT, mount_fd, handle, os.O_RDONLY | os.O_DIRECTORY)
+if fd < 0:
+    print("open_by_handle_at", fd, errno.errorcode.get(ctypes.get_errno(), "?"))
+else:
+    print("open_by_handle_at", fd, "ok", sorted(os.listdir(fd)))
+"""
+
+# A /bin/sh of the guest's own making: the guest's init at its next boot. It records what it
+# holds, then goes on as the real shell.
+FAKE_SHELL = """#!/usr/bin/python3
+import os, sys
+with open("/data/boot-status", "w") as f:
+    f.write(open("/proc/self/status").read())
+os.execv("/usr/bin/dash", ["sh", *sys.argv[1:]])
+"""
+
+
+async def test_no_guest_process_holds_a_capability_not_even_after_a_reboot(
+    sc: Client, secure_server: ServerProcess
+) -> None:
+    workspace = await create(sc)
+    data = DataPlane(sc)
+    credential = await data.credential(workspace.workspace_id)
+    # Every process in the guest, as it sees them, and the data plane's command itself.
+    script = "for s in /proc/[0-9]*/status; do grep -E '^(Cap|NoNewPrivs|Seccomp:)' $s; echo; done"
+    code, out, _ = await sh(data, credential, script)
+    assert code == 0
+    blocks = [status_fields(block) for block in out.split("\n\n") if block.strip()]
+    assert len(blocks) >= 3  # bwrap, the agent, its sleep, this shell
+    for fields in blocks:
+        assert all(int(fields[cap], 16) == 0 for cap in CAP_SETS), fields
+        assert fields["NoNewPrivs"] == "1" and fields["Seccomp"] == "2", fields
+    # Its ids are its own: guest root is an unprivileged host uid.
+    code, out, _ = await sh(data, credential, "cat /proc/self/uid_map /proc/self/gid_map")
+    maps = [line.split() for line in out.splitlines()]
+    assert maps == [["0", "100000", "65536"], ["0", "100000", "65536"]]
+    # From the host: every process in the guest's cgroup is host uid 100000 without capabilities.
+    for pid in guest_pids(secure_server, workspace):
+        fields = status_fields(Path(f"/proc/{pid}/status").read_text())
+        assert fields["Uid"].split() == ["100000"] * 4, (pid, fields["Uid"])
+        assert all(int(fields[cap], 16) == 0 for cap in CAP_SETS), (pid, fields)
+
+    # The reboot trick: the guest replaces /bin/sh in its layer and reboots.
+    fake = FAKE_SHELL.replace("'", "'\\''")
+    code, _, err = await sh(
+        data, credential, f"rm /bin && mkdir /bin && printf '%s' '{fake}' > /bin/sh && chmod 755 /bin/sh"
+    )
+    assert code == 0, err
+    await data.exec(credential, "/usr/bin/dash", "/run/kibo/bin/reboot")
+    await wait_workspace(sc, workspace.workspace_id, lambda w: w.guest.reset_count == 1 and w.guest.responding, 20)
+    boot = status_fields((volume_dir(secure_server, workspace) / "boot-status").read_text())
+    assert all(int(boot[cap], 16) == 0 for cap in CAP_SETS), boot
+    assert boot["NoNewPrivs"] == "1" and boot["Seccomp"] == "2"
+    assert boot["Uid"].split() == ["0"] * 4  # root of its own namespace, and nothing more
+    await delete(sc, await sc.get(workspace.workspace_id), secure_server)
+
+
+async def test_file_handles_cannot_open_host_files(sc: Client, secure_server: ServerProcess) -> None:
+    workspace = await create(sc)
+    data = DataPlane(sc)
+    credential = await data.credential(workspace.workspace_id)
+    code, out, err = await data.exec(credential, "python3", "-c", FILE_HANDLE_ATTACK)
+    assert code == 0, err
+    lines = dict(line.split(" ", 1) for line in out.decode().splitlines())
+    assert lines["name_to_handle_at"].split()[-1] in ("EPERM", "ENOSYS"), out
+    assert lines["open_by_handle_at"].split()[-1] in ("EPERM", "ENOSYS"), out
+    await delete(sc, workspace, secure_server)
+
+
+async def test_kernel_tunables_and_sys_are_not_writable(sc: Client, secure_server: ServerProcess) -> None:
+    workspace = await create(sc)
+    data = DataPlane(sc)
+    credential = await data.credential(workspace.workspace_id)
+    before = Path("/proc/sys/kernel/core_pattern").read_text()
+    code, _, err = await sh(data, credential, "echo '|/tmp/pwn' > /proc/sys/kernel/core_pattern")
+    assert code != 0 and ("Read-only" in err or "Permission denied" in err), err
+    assert Path("/proc/sys/kernel/core_pattern").read_text() == before
+    # Not one sysctl is writable (the issue found 777), nor /proc/sysrq-trigger, nor /sys.
+    code, out, _ = await sh(data, credential, "find /proc/sys -type f -writable 2>/dev/null | wc -l")
+    assert code == 0 and int(out) == 0
+    for target in ("/proc/sysrq-trigger", "/sys/kernel/uevent_helper", "/sys/fs/cgroup/cgroup.procs"):
+        code, _, _ = await sh(data, credential, f"echo x > {target}")
+        assert code != 0, target
+    code, _, _ = await sh(data, credential, "mount -o remount,rw /proc/sys")
+    assert code != 0
+    # Host-wide kernel state is hidden.
+    code, out, _ = await sh(data, credential, "cat /proc/keys /proc/timer_list 2>/dev/null | wc -c")
+    assert int(out) == 0
+    await delete(sc, workspace, secure_server)
+
+
+async def test_the_guest_sees_no_host_path_of_the_control_plane(sc: Client, secure_server: ServerProcess) -> None:
+    workspace = await create(sc)
+    data = DataPlane(sc)
+    credential = await data.credential(workspace.workspace_id)
+    data_dir = str(secure_server.data_dir.resolve())
+    _, cmdline, _ = await sh(data, credential, "tr '\\0' ' ' < /proc/1/cmdline; tr '\\0' ' ' < /proc/1/environ")
+    assert cmdline.startswith("bwrap --args")
+    assert data_dir not in cmdline and "/run/kibo-stage" not in cmdline, cmdline
+    _, mountinfo, _ = await sh(data, credential, "cat /proc/self/mountinfo")
+    # What of the host shows: the source paths (within their filesystems) of the guest's own
+    # bind-mounted trees, and only those (none once they are images of their own).
+    layer = secure_server.data_dir / "layers" / workspace.workspace_id / "upper"
+    own = {
+        str(p.resolve())
+        for p in (layer, volume_dir(secure_server, workspace), instance_dir(secure_server, workspace) / "run")
+    }
+    sources = {line.split()[3] for line in mountinfo.splitlines()}
+    leaked = {source for source in sources if data_dir in source}
+    assert leaked <= own, leaked - own
+    assert not any("runtime/bin" in source for source in sources)
+    await delete(sc, workspace, secure_server)
+
+
+async def test_symlinks_planted_in_the_layer_are_not_followed_by_the_server(
+    sc: Client, secure_server: ServerProcess
+) -> None:
+    workspace = await create(sc)
+    data = DataPlane(sc)
+    credential = await data.credential(workspace.workspace_id)
+    with tempfile.TemporaryDirectory(prefix="kibo-host-") as host:
+        os.chmod(host, 0o755)
+        code, _, err = await sh(
+            data,
+            credential,
+            f"rm -f /etc/hosts /etc/passwd && ln -s {host}/hosts /etc/hosts && ln -s {host}/passwd /etc/passwd"
+            f" && rm -rf /var /root && ln -s {host}/var /var && ln -s {host} /root && ln -sfn {host} /home",
+        )
+        assert code == 0, err
+        stopped = (await sc.stop(workspace.workspace_id)).workspace
+        assert stopped.state == S.WORKSPACE_STATE_STOPPED
+        started = (await sc.start(workspace.workspace_id)).workspace
+        assert started.state == S.WORKSPACE_STATE_AVAILABLE
+        # The server (root) wrote nothing at the host paths the guest pointed to.
+        assert os.listdir(host) == []
+        # The guest's links are its own business: they stand, resolved inside its tree.
+        assert os.readlink(f"/proc/{agent_pid(secure_server, started)}/root/etc/hosts") == f"{host}/hosts"
+        assert state(secure_server, started)["state"] == "ready"
+    await delete(sc, await sc.get(workspace.workspace_id), secure_server)
+
+
+async def test_no_isolation_is_never_picked_silently(server_factory: Callable[..., ServerProcess]) -> None:
+    """The removed unshare mode is refused by name; only an explicit `--sandbox none` runs unisolated."""
+    _require_sandbox()
+    with pytest.raises(RuntimeError) as failed:
+        server_factory(*FLAGS[:2], "--sandbox", "unshare", *FLAGS[4:])
+    assert "unknown sandbox 'unshare'" in str(failed.value)
