@@ -27,6 +27,7 @@ from tests.test_process_runtime import (
     instance_dir,
     reap,
     state,
+    text,
     volume_dir,
     wait_workspace,
 )
@@ -62,6 +63,10 @@ def guest_pids(server: ServerProcess, workspace: wp.Workspace) -> list[int]:
     for procs in spec["cgroup_procs"]:
         pids |= {int(p) for p in Path(procs).read_text().split()}
     return sorted(pids)
+
+
+def write_host(path: str, value: str) -> None:
+    Path(path).write_text(value)
 
 
 async def sh(data: DataPlane, credential: str, script: str) -> tuple[int, str, str]:
@@ -119,7 +124,7 @@ async def test_no_guest_process_holds_a_capability_not_even_after_a_reboot(
     assert maps == [["0", "100000", "65536"], ["0", "100000", "65536"]]
     # From the host: every process in the guest's cgroup is host uid 100000 without capabilities.
     for pid in guest_pids(secure_server, workspace):
-        fields = status_fields(Path(f"/proc/{pid}/status").read_text())
+        fields = status_fields(text(f"/proc/{pid}/status"))
         assert fields["Uid"].split() == ["100000"] * 4, (pid, fields["Uid"])
         assert all(int(fields[cap], 16) == 0 for cap in CAP_SETS), (pid, fields)
 
@@ -131,7 +136,7 @@ async def test_no_guest_process_holds_a_capability_not_even_after_a_reboot(
     assert code == 0, err
     await data.exec(credential, "/usr/bin/dash", "/run/kibo/bin/reboot")
     await wait_workspace(sc, workspace.workspace_id, lambda w: w.guest.reset_count == 1 and w.guest.responding, 20)
-    boot = status_fields((volume_dir(secure_server, workspace) / "boot-status").read_text())
+    boot = status_fields(text(volume_dir(secure_server, workspace) / "boot-status"))
     assert all(int(boot[cap], 16) == 0 for cap in CAP_SETS), boot
     assert boot["NoNewPrivs"] == "1" and boot["Seccomp"] == "2"
     assert boot["Uid"].split() == ["0"] * 4  # root of its own namespace, and nothing more
@@ -154,10 +159,14 @@ async def test_kernel_tunables_and_sys_are_not_writable(sc: Client, secure_serve
     workspace = await create(sc)
     data = DataPlane(sc)
     credential = await data.credential(workspace.workspace_id)
-    before = Path("/proc/sys/kernel/core_pattern").read_text()
-    code, _, err = await sh(data, credential, "echo '|/tmp/pwn' > /proc/sys/kernel/core_pattern")
-    assert code != 0 and ("Read-only" in err or "Permission denied" in err), err
-    assert Path("/proc/sys/kernel/core_pattern").read_text() == before
+    before = text("/proc/sys/kernel/core_pattern")
+    try:
+        code, _, err = await sh(data, credential, "echo '|/tmp/pwn' > /proc/sys/kernel/core_pattern")
+        assert code != 0 and ("Read-only" in err or "Permission denied" in err), err
+        assert text("/proc/sys/kernel/core_pattern") == before
+    finally:
+        if text("/proc/sys/kernel/core_pattern") != before:  # the attack worked: undo it on the host
+            write_host("/proc/sys/kernel/core_pattern", before)
     # Not one sysctl is writable (the issue found 777), nor /proc/sysrq-trigger, nor /sys.
     code, out, _ = await sh(data, credential, "find /proc/sys -type f -writable 2>/dev/null | wc -l")
     assert code == 0 and int(out) == 0
