@@ -28,11 +28,14 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-sys.path.insert(0, str(Path(__file__).parent))  # run as a script: its sibling modules
-import safepath
-import userns
+if TYPE_CHECKING:
+    from kibo_ctrl.runtime import safepath, userns
+else:
+    sys.path.insert(0, str(Path(__file__).parent))  # run as a script: its sibling modules
+    import safepath
+    import userns
 
 PR_SET_PDEATHSIG = 1
 PR_CAPBSET_DROP = 24

@@ -62,7 +62,7 @@ def _marker(tree: Path) -> Path:
 
 def shifted(tree: Path, ids: IdRange) -> bool:
     try:
-        return json.loads(_marker(tree).read_text()) == {"base": ids.base, "count": ids.count}
+        return bool(json.loads(_marker(tree).read_text()) == {"base": ids.base, "count": ids.count})
     except (OSError, ValueError):
         return False
 

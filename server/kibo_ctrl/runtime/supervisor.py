@@ -50,10 +50,13 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-sys.path.insert(0, str(Path(__file__).parent))  # run as a script: its sibling modules
-import userns
+if TYPE_CHECKING:
+    from kibo_ctrl.runtime import userns
+else:
+    sys.path.insert(0, str(Path(__file__).parent))  # run as a script: its sibling modules
+    import userns
 
 PR_SET_PDEATHSIG = 1
 CLONE_NEWNS = 0x00020000
@@ -220,8 +223,8 @@ class Supervisor:
             with open(os.path.join(self.spec["bin_dir"], name), "rb") as source:
                 script = source.read()
             fd = os.open(f"{scripts}/{name}", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o755)
-            with os.fdopen(fd, "wb") as target:
-                target.write(script)
+            with os.fdopen(fd, "wb") as copy:
+                copy.write(script)
         staged = {os.path.join(self.spec["run_dir"], "bin"): scripts}
         for i, source in enumerate(self.spec["staged"]):
             target = f"{stage}/t{i}"
