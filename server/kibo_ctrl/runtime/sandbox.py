@@ -122,7 +122,7 @@ class Command:
     entry_depth: int
 
 
-def _proc_protection() -> list[str]:
+def proc_protection() -> list[str]:
     """bwrap options that make kernel tunables read-only and hide host-wide /proc entries
     (only those this kernel has: bwrap cannot mount over a missing file)."""
     options: list[str] = []
@@ -164,7 +164,7 @@ def command(mode: str, plan: GuestPlan) -> Command:
         ]
         if plan.base is None:
             argv += ["--ro-bind", "/usr", "/usr"]
-        argv += ["--proc", "/proc", *_proc_protection(), "--dev", "/dev", "--tmpfs", "/tmp"]
+        argv += ["--proc", "/proc", *proc_protection(), "--dev", "/dev", "--tmpfs", "/tmp"]
         for source, target in plan.binds:
             argv += ["--bind", str(source), target]
         argv += ["--bind", str(plan.run_dir), GUEST_RUN, "--ro-bind", str(plan.run_dir / "bin"), GUEST_BIN]
