@@ -120,7 +120,8 @@ def main() -> None:
         with open(procs, "w") as f:
             f.write(str(os.getpid()))
     last_cap = int(Path("/proc/sys/kernel/cap_last_cap").read_text())
-    own_userns = spec["isolation"] == "bwrap"
+    # Guests started before they had their own user namespace (no host_id_base) run on as they were.
+    own_userns = spec["isolation"] == "bwrap" and "host_id_base" in spec
     program = Path(spec["seccomp_filter"]).read_bytes() if own_userns else b""
     env = {**spec["guest_env"], **job.get("env", {})}
     cwd = str(job.get("cwd") or "/")
