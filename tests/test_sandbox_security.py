@@ -28,6 +28,7 @@ from tests.test_process_runtime import (
     reap,
     state,
     text,
+    tiny_image,
     volume_dir,
     wait_workspace,
 )
@@ -237,3 +238,34 @@ async def test_no_isolation_is_never_picked_silently(server_factory: Callable[..
     with pytest.raises(RuntimeError) as failed:
         server_factory(*FLAGS[:2], "--sandbox", "unshare", *FLAGS[4:])
     assert "unknown sandbox 'unshare'" in str(failed.value)
+
+
+async def test_a_base_image_is_the_guests_own_and_shows_no_host_path(
+    server_factory: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
+    """Over an overlaid base image (root's files on the host), the guest's root may change
+    them (an idmapped lower layer: copied up into its layer), and its mount table names no
+    host path of the image or the layer."""
+    _require_sandbox()
+    image = tiny_image(tmp_path / "image")
+    server = server_factory(*FLAGS, "--base-image", str(image))
+    try:
+        async with Client.connect(server.address) as client:
+            workspace = await create(client)
+            data = DataPlane(client)
+            credential = await data.credential(workspace.workspace_id)
+            code, out, err = await data.exec(
+                credential, "sh", "-c", "echo mine > /etc/image-release; cat /etc/image-release"
+            )
+            assert (code, out) == (0, b"mine\n"), err
+            assert text(image / "etc" / "image-release") == "tiny\n"  # the image is untouched
+            code, out, _ = await data.exec(credential, "cat", "/proc/self/mountinfo")
+            assert code == 0
+            assert str(image) not in out.decode()
+            overlay = next(line for line in out.decode().splitlines() if " - overlay " in line)
+            assert "lowerdir=lower," in overlay and str(tmp_path) not in overlay, overlay
+            await delete(client, workspace, server)
+        server.stop()
+    finally:
+        server.kill()
+        reap(server.data_dir)

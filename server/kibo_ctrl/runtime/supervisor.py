@@ -162,11 +162,36 @@ class Supervisor:
         # Our own mount namespace: the overlay disappears with us, no mount is left behind.
         _check(_libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
         _check(_libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "mount --make-rprivate /")
-        options = f"lowerdir={overlay['lower']},upperdir={overlay['upper']},workdir={overlay['work']}"
+        lower, upper, work = overlay["lower"], overlay["upper"], overlay["work"]
+        if self.namespace is not None:
+            lower, upper, work = self._overlay_layers(lower, upper, work)
+        options = f"lowerdir={lower},upperdir={upper},workdir={work}"
         _check(
             _libc.mount(b"overlay", overlay["merged"].encode(), b"overlay", 0, options.encode()),
             "mount overlay",
         )
+        os.chdir("/")
+
+    def _overlay_layers(self, lower: str, upper: str, work: str) -> tuple[str, str, str]:
+        """The base image idmapped to the guest's ids (its root's files are the guest root's,
+        so the guest may change them: copied up into its layer), and relative names for the
+        layers, so that the guest's mount table shows no host path. Leaves the cwd in the
+        instance directory, for the relative names."""
+        os.chdir(self.dir)
+        assert self.namespace is not None
+        for name in ("lower", "layer"):
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(name, 0o700)
+        try:
+            idmapped = userns.idmapped_clone(lower, self.namespace.fd)
+        except OSError as error:
+            self.log(f"base image not idmapped ({error}): its files are nobody's in the guest")
+            _check(_libc.mount(lower.encode(), b"lower", None, MS_BIND | MS_REC, None), "bind the base image")
+        else:
+            userns.move_mount(idmapped, "lower")
+        layer = os.path.dirname(upper)
+        _check(_libc.mount(layer.encode(), b"layer", None, MS_BIND, None), "bind the layer")
+        return "lower", f"layer/{os.path.basename(upper)}", f"layer/{os.path.basename(work)}"
 
     def listen(self) -> socket.socket:
         server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -202,14 +227,18 @@ class Supervisor:
 
     # -- the guest's isolation (bubblewrap) ---------------------------------------------
 
+    def create_namespace(self) -> None:
+        """The guest's user namespace (bubblewrap isolation only), held by this process."""
+        if self.spec["isolation"] != "bwrap":
+            return
+        self.namespace = userns.GuestNamespace(int(self.spec["host_id_base"]), int(self.spec["host_id_count"]))
+        self.namespace.create()
+
     def prepare_guest(self) -> None:
         """The guest's user namespace, and its trees staged where its uid can reach them
         (bubblewrap isolation only; see the module docstring)."""
-        if self.spec["isolation"] != "bwrap":
+        if self.namespace is None:
             return
-        base, count = int(self.spec["host_id_base"]), int(self.spec["host_id_count"])
-        self.namespace = userns.GuestNamespace(base, count)
-        self.namespace.create()
         _check(_libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
         _check(_libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "mount --make-rprivate /")
         # A fresh tmpfs over the stage directory: nothing in it the guest could have planted.
@@ -458,6 +487,7 @@ class Supervisor:
         return pid
 
     def run(self) -> None:
+        self.create_namespace()
         self.mount_overlay()
         self.listen()
         try:

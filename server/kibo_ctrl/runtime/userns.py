@@ -109,6 +109,55 @@ class GuestNamespace:
             f.write("0")
 
 
+SYS_OPEN_TREE = 428
+SYS_MOVE_MOUNT = 429
+SYS_MOUNT_SETATTR = 442
+OPEN_TREE_CLONE = 1
+AT_RECURSIVE = 0x8000
+AT_EMPTY_PATH = 0x1000
+MOUNT_ATTR_IDMAP = 0x00100000
+MOVE_MOUNT_F_EMPTY_PATH = 0x4
+AT_FDCWD = -100
+
+
+class _MountAttr(ctypes.Structure):
+    _fields_ = [
+        ("attr_set", ctypes.c_uint64),
+        ("attr_clr", ctypes.c_uint64),
+        ("propagation", ctypes.c_uint64),
+        ("userns_fd", ctypes.c_uint64),
+    ]
+
+
+def _syscall(number: int, *args: object) -> int:
+    result = int(_libc.syscall(number, *args))
+    if result < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    return result
+
+
+def idmapped_clone(path: str, userns_fd: int) -> int:
+    """A detached copy of the mount at `path` whose files' ids are shifted by the user
+    namespace's mapping (host 0 appears as the namespace's root): an idmapped mount."""
+    tree = _syscall(SYS_OPEN_TREE, AT_FDCWD, os.fsencode(path), OPEN_TREE_CLONE | os.O_CLOEXEC)
+    attr = _MountAttr(MOUNT_ATTR_IDMAP, 0, 0, userns_fd)
+    try:
+        _syscall(SYS_MOUNT_SETATTR, tree, b"", AT_EMPTY_PATH, ctypes.byref(attr), ctypes.sizeof(attr))
+    except OSError:
+        os.close(tree)
+        raise
+    return tree
+
+
+def move_mount(tree: int, target: str) -> None:
+    """Attach a detached mount (from idmapped_clone) at `target`; closes `tree`."""
+    try:
+        _syscall(SYS_MOVE_MOUNT, tree, b"", AT_FDCWD, os.fsencode(target), MOVE_MOUNT_F_EMPTY_PATH)
+    finally:
+        os.close(tree)
+
+
 def become_root() -> None:
     """Become uid/gid 0 of the user namespace just joined (host: its base id), no groups."""
     os.setgroups([])
