@@ -190,6 +190,9 @@ async def test_the_guest_sees_no_host_path_of_the_control_plane(sc: Client, secu
     _, cmdline, _ = await sh(data, credential, "tr '\\0' ' ' < /proc/1/cmdline; tr '\\0' ' ' < /proc/1/environ")
     assert cmdline.startswith("bwrap --args")
     assert data_dir not in cmdline and "/run/kibo-stage" not in cmdline, cmdline
+    # Nor do the guest's open files (its output goes to the log through a pipe).
+    _, fds, _ = await sh(data, credential, "for p in /proc/[0-9]*; do ls -l $p/fd/; done")
+    assert data_dir not in fds and "supervisor.log" not in fds, fds
     _, mountinfo, _ = await sh(data, credential, "cat /proc/self/mountinfo")
     # What of the host shows: the source paths (within their filesystems) of the guest's own
     # bind-mounted trees, and only those (none once they are images of their own).

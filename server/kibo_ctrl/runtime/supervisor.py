@@ -67,6 +67,7 @@ MS_NODEV = 4
 MS_BIND = 4096
 TICK = 0.25
 EXIT_BUSY = 75
+GUEST_LOG_LIMIT = 1 << 20
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -149,6 +150,8 @@ class Supervisor:
         self.sync_error = ""
         self.exit_status: int | None = None
         self.namespace: userns.GuestNamespace | None = None
+        self.logged = 0  # bytes of the guest's output in the log
+        self.output_fd = -1  # the guest's output pipe
 
     # -- setup ------------------------------------------------------------------------
 
@@ -278,18 +281,50 @@ class Supervisor:
             os.write(options, b"".join(arg.encode() + b"\0" for arg in bwrap_options))
             os.lseek(options, 0, os.SEEK_SET)
             argv = [argv[0], "--args", str(options), *argv[split:]]
+        # The guest's output reaches the log through a pipe: no host file (nor its path) in the guest.
+        output, guest_output = os.pipe()
+        os.set_blocking(output, False)
         try:
-            return subprocess.Popen(
+            guest = subprocess.Popen(
                 argv,
                 env=self.spec["env"],
                 cwd=self.spec["cwd"],
                 stdin=subprocess.DEVNULL,
+                stdout=guest_output,
+                stderr=guest_output,
                 pass_fds=fds,
                 preexec_fn=self._enter_cgroup,
             )
+        except BaseException:
+            os.close(output)
+            raise
         finally:
+            os.close(guest_output)
             for fd in fds:
                 os.close(fd)
+        self.selector.register(output, selectors.EVENT_READ, "output")
+        self.output_fd = output
+        return guest
+
+    def relay_output(self, fd: int) -> None:
+        """Copy the guest's output into the log, at most GUEST_LOG_LIMIT bytes per boot (the
+        rest is read and dropped, so the guest never blocks on it)."""
+        try:
+            chunk = os.read(fd, 65536)
+        except BlockingIOError:
+            return
+        if not chunk:
+            self.selector.unregister(fd)
+            os.close(fd)
+            self.output_fd = -1
+            return
+        room = GUEST_LOG_LIMIT - self.logged
+        if room > 0:
+            sys.stdout.buffer.write(chunk[:room])
+            if len(chunk) >= room:
+                sys.stdout.buffer.write(b"\n[guest output beyond this is not logged]\n")
+            sys.stdout.buffer.flush()
+        self.logged += len(chunk)
 
     def save_state(self) -> None:
         write_json(
@@ -433,6 +468,14 @@ class Supervisor:
         self.pidfd = -1
         # Whatever the guest left behind in its cgroup (the unisolated mode) goes with it.
         self.kill_guest()
+        # Its last words (a guest "kernel panic" message) before the exit is reported.
+        for _ in range(64):
+            if self.output_fd < 0 or self.logged >= GUEST_LOG_LIMIT:
+                break
+            before = self.logged
+            self.relay_output(self.output_fd)
+            if self.logged == before:
+                break
         code = status if status >= 0 else None
         killed = -status if status < 0 else None
         self.log(f"the guest exited: code {code} signal {killed}")
@@ -505,6 +548,8 @@ class Supervisor:
                     self.read(key.fileobj)  # type: ignore[arg-type]
                 elif key.data == "guest":
                     self.on_guest_exit()
+                elif key.data == "output":
+                    self.relay_output(key.fd)
             now = time.monotonic()
             if self.state == "starting" and self.guest_alive():
                 self.check_ready()
