@@ -272,3 +272,52 @@ async def test_a_base_image_is_the_guests_own_and_shows_no_host_path(
     finally:
         server.kill()
         reap(server.data_dir)
+
+
+# -- the helpers, without a sandbox ---------------------------------------------------------
+
+
+def test_shifting_an_old_layer_follows_no_symlink_and_keeps_outside_links(tmp_path: Path) -> None:
+    """A layer from before the guests had their own ids (root's files) is chowned into the
+    range once; a symlink to a host file and a hard link of one are not a way to chown it."""
+    from kibo_ctrl.runtime.idmap import IdRange, shift_tree, shifted
+
+    host_file = tmp_path / "host-secret"
+    host_file.write_text("host")
+    tree = tmp_path / "layer" / "upper"
+    (tree / "etc").mkdir(parents=True)
+    (tree / "etc" / "hosts").write_text("guest")
+    (tree / "link").symlink_to(host_file)
+    os.link(host_file, tree / "hardlink")
+    (tree / "own-a").write_text("x")
+    os.link(tree / "own-a", tree / "etc" / "own-b")  # both links inside: shifted
+    os.chown(tree / "etc" / "hosts", 1000, 1000)
+    ids = IdRange(200000, 65536)
+    shift_tree(tree, ids)
+    assert shifted(tree, ids)
+    assert (os.stat(tree).st_uid, os.stat(tree / "etc").st_uid) == (200000, 200000)
+    assert os.stat(tree / "etc" / "hosts").st_uid == 201000
+    assert os.lstat(tree / "link").st_uid == 200000
+    assert os.stat(tree / "own-a").st_uid == 200000
+    assert os.stat(host_file).st_uid == 0  # neither through the symlink nor the hard link
+
+
+def test_seeding_a_layer_never_leaves_it(tmp_path: Path) -> None:
+    """The layer's skeleton is made beneath it: a guest's absolute symlinks resolve inside
+    its tree, what it put at a name stays, and nothing is made at a host path."""
+    from kibo_ctrl.runtime import sandbox
+
+    host = tmp_path / "host"
+    host.mkdir()
+    layer = tmp_path / "upper"
+    layer.mkdir()
+    (layer / "etc").mkdir()
+    (layer / "etc" / "hosts").symlink_to(host / "hosts")
+    (layer / "var").symlink_to(host / "var")
+    (layer / "root").symlink_to("/../../../../..")
+    sandbox.seed_layer(layer, host_usr=True, owner=(100000, 100000))
+    assert list(host.iterdir()) == []
+    assert os.readlink(layer / "etc" / "hosts") == str(host / "hosts")
+    assert (layer / "etc" / "passwd").read_text().startswith("root:x:0:0:")
+    assert os.stat(layer / "etc" / "passwd").st_uid == 100000
+    assert os.lstat(layer / "bin").st_uid == 100000 and os.readlink(layer / "bin") == "usr/bin"
