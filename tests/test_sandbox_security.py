@@ -97,9 +97,11 @@ else:
 # A /bin/sh of the guest's own making: the guest's init at its next boot. It records what it
 # holds, then goes on as the real shell.
 FAKE_SHELL = """#!/usr/bin/python3
-import os, sys
+import os, subprocess, sys
 with open("/data/boot-status", "w") as f:
     f.write(open("/proc/self/status").read())
+with open("/data/boot-handles", "w") as f:
+    subprocess.run([sys.executable, "/data/attack.py"], stdout=f, stderr=subprocess.STDOUT)
 os.execv("/usr/bin/dash", ["sh", *sys.argv[1:]])
 """
 
@@ -129,7 +131,9 @@ async def test_no_guest_process_holds_a_capability_not_even_after_a_reboot(
         assert fields["Uid"].split() == ["100000"] * 4, (pid, fields["Uid"])
         assert all(int(fields[cap], 16) == 0 for cap in CAP_SETS), (pid, fields)
 
-    # The reboot trick: the guest replaces /bin/sh in its layer and reboots.
+    # The reboot trick: the guest replaces /bin/sh in its layer and reboots; its init then
+    # tries the file-handle attack too.
+    (volume_dir(secure_server, workspace) / "attack.py").write_text(FILE_HANDLE_ATTACK)
     fake = FAKE_SHELL.replace("'", "'\\''")
     code, _, err = await sh(
         data, credential, f"rm /bin && mkdir /bin && printf '%s' '{fake}' > /bin/sh && chmod 755 /bin/sh"
@@ -141,6 +145,8 @@ async def test_no_guest_process_holds_a_capability_not_even_after_a_reboot(
     assert all(int(boot[cap], 16) == 0 for cap in CAP_SETS), boot
     assert boot["NoNewPrivs"] == "1" and boot["Seccomp"] == "2"
     assert boot["Uid"].split() == ["0"] * 4  # root of its own namespace, and nothing more
+    handles = text(volume_dir(secure_server, workspace) / "boot-handles")
+    assert "open_by_handle_at -1 EPERM" in handles and "name_to_handle_at -1 EPERM" in handles, handles
     await delete(sc, await sc.get(workspace.workspace_id), secure_server)
 
 
