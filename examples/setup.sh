@@ -17,6 +17,7 @@ PACKAGES=(
   golang-google-grpc-dev
   golang-github-golang-protobuf-1-5-dev
   golang-google-protobuf-dev
+  libseccomp2
   protobuf-compiler
   protoc-gen-go
   protoc-gen-go-grpc
