@@ -301,6 +301,7 @@ def test_shifting_an_old_layer_follows_no_symlink_and_keeps_outside_links(tmp_pa
     ids = IdRange(200000, 65536)
     shift_tree(tree, ids)
     assert shifted(tree, ids)
+    assert os.listdir(tree.parent) == ["upper"]  # the mark is on the tree (nothing left when it goes)
     assert (os.stat(tree).st_uid, os.stat(tree / "etc").st_uid) == (200000, 200000)
     assert os.stat(tree / "etc" / "hosts").st_uid == 201000
     assert os.lstat(tree / "link").st_uid == 200000

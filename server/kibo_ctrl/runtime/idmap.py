@@ -11,7 +11,9 @@ plane's jobs and the storage code (which makes the root of a volume's image owne
 A layer or volume made before the guests had their own ids (owned by real root) is shifted
 once into the range (`shift_tree`): lchown through directory fds, never following a
 symlink, and a file with hard links outside the tree is left alone (the guest might have
-linked a host file in). A marker file next to the tree says which range it is in."""
+linked a host file in). A `trusted.` extended attribute on the tree's root (which only host
+root can set: not the guest) says which range it is in; where the filesystem has no such
+attributes, a marker file next to the tree does."""
 
 from __future__ import annotations
 
@@ -56,15 +58,33 @@ class IdRange:
         return self.base + (host_id if host_id < self.count else NOBODY)
 
 
+MARK = "trusted.kibo.idmap"
+
+
 def _marker(tree: Path) -> Path:
     return tree.parent / f".{tree.name}.idmap"
 
 
+def _mark_value(ids: IdRange) -> bytes:
+    return f"{ids.base}:{ids.count}".encode()
+
+
 def shifted(tree: Path, ids: IdRange) -> bool:
+    try:
+        return os.getxattr(tree, MARK, follow_symlinks=False) == _mark_value(ids)
+    except OSError:
+        pass
     try:
         return bool(json.loads(_marker(tree).read_text()) == {"base": ids.base, "count": ids.count})
     except (OSError, ValueError):
         return False
+
+
+def _mark(tree: Path, ids: IdRange) -> None:
+    try:
+        os.setxattr(tree, MARK, _mark_value(ids), follow_symlinks=False)
+    except OSError:
+        _mark(tree, ids)
 
 
 def shift_tree(tree: Path, ids: IdRange) -> None:
@@ -97,7 +117,7 @@ def shift_tree(tree: Path, ids: IdRange) -> None:
                 os.close(dir_fd)
     finally:
         os.close(root_fd)
-    _marker(tree).write_text(json.dumps({"base": ids.base, "count": ids.count}))
+    _mark(tree, ids)
 
 
 def _shift_entry(dir_fd: int, name: str, ids: IdRange, linked: dict[tuple[int, int], list[tuple[int, str]]]) -> None:
