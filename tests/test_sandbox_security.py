@@ -256,7 +256,7 @@ async def test_no_isolation_is_never_picked_silently(server_factory: Callable[..
     _require_sandbox()
     with pytest.raises(RuntimeError) as failed:
         server_factory(*FLAGS[:2], "--sandbox", "unshare", *FLAGS[4:])
-    assert "unknown sandbox 'unshare'" in str(failed.value)
+    assert "sandbox 'unshare' was removed" in str(failed.value)
 
 
 async def test_a_base_image_is_the_guests_own_and_shows_no_host_path(

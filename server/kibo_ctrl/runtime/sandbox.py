@@ -225,6 +225,8 @@ def detect(wanted: str, ids: IdRange, seccomp_filter: Path) -> str:
     """The isolation mode to use. `auto` is bwrap, or an error: it never falls back to none."""
     if wanted == "none":
         return "none"
+    if wanted == "unshare":
+        raise ValueError("sandbox 'unshare' was removed: it ran guests as host root in a chroot; use bwrap")
     if wanted not in ("auto", "bwrap"):
         raise ValueError(f"unknown sandbox {wanted!r}; choose auto, bwrap or none (no isolation)")
     why = probe_bwrap(ids, seccomp_filter)
