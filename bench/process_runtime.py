@@ -69,7 +69,10 @@ class Server:
 
     @property
     def flags(self) -> list[str]:
-        return ["--runtime", "process", "--insecure-no-auth", "--http-listen", "", "--log-level", "warning"]
+        # Hundreds of idle default-size workspaces (10 + 10 GiB, sparse, nearly empty): the
+        # density run lets their capacities promise more than the free disk.
+        flags = ["--runtime", "process", "--insecure-no-auth", "--http-listen", "", "--log-level", "warning"]
+        return [*flags, "--storage-overcommit", "1000"]
 
     def start(self) -> Server:
         log = open(self.data_dir.parent / "server.log", "ab")  # noqa: SIM115 - handed to the child

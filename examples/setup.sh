@@ -12,6 +12,7 @@ cd "$(dirname "$0")"
 
 PACKAGES=(
   bubblewrap
+  e2fsprogs
   curl
   golang-go
   golang-google-grpc-dev

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -48,6 +49,8 @@ class ServerProcess:
     # For a server started with --tls-cert: how the health check connects.
     credentials: grpc.ChannelCredentials | None = None
     process: subprocess.Popen[bytes] | None = None
+    # RLIMIT_NOFILE (soft and hard) of the server process; None: inherited.
+    nofile: int | None = None
     log_path: Path | None = None
 
     @property
@@ -77,9 +80,15 @@ class ServerProcess:
             *(() if self.auth else ("--insecure-no-auth",)),
             *self.flags,
         ]
-        self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ})
+        self.process = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ}, preexec_fn=self._limit_files
+        )
         self._wait_serving(timeout)
         return self
+
+    def _limit_files(self) -> None:
+        if self.nofile is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (self.nofile, self.nofile))
 
     def _wait_serving(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout

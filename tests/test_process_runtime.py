@@ -37,7 +37,20 @@ SUCCEEDED = command_pb2.COMMAND_STATE_SUCCEEDED
 CONFIRMED = wp.STOP_DURABILITY_CONFIRMED
 UNCONFIRMED = wp.STOP_DURABILITY_UNCONFIRMED
 # Sandboxes take real time to start and stop; the default settle window is for the simulator.
-FLAGS = ("--runtime", "process", "--sandbox", "bwrap", "--settle-ms", "3000", "--stop-grace-ms", "2000")
+# Tests hold several default-size workspaces (10 GiB layer + 10 GiB volume, sparse) at once while
+# writing little: let their capacities promise more than the free disk (storage.py).
+FLAGS = (
+    "--runtime",
+    "process",
+    "--sandbox",
+    "bwrap",
+    "--settle-ms",
+    "3000",
+    "--stop-grace-ms",
+    "2000",
+    "--storage-overcommit",
+    "100",
+)
 SMALL = wp.Resources(vcpus=1, memory_mib=128)
 
 
@@ -101,6 +114,16 @@ def guest_path(server: ServerProcess, workspace: wp.Workspace, path: str) -> Pat
 def volume_dir(server: ServerProcess, workspace: wp.Workspace) -> Path:
     data = next(b for b in workspace.spec.volumes if b.mount_path == "/data")
     return server.data_dir / "volumes" / data.volume_id
+
+
+def on_volume(server: ServerProcess, workspace: wp.Workspace) -> Path:
+    """The /data volume's files from the host: in its image, mounted in the supervisor's
+    mount namespace (seen through /proc/PID/root); a plain directory without images."""
+    volume = volume_dir(server, workspace)
+    if not (volume / "volume.img").exists():
+        return volume
+    [supervisor] = supervisors(server, workspace)
+    return Path(f"/proc/{supervisor}/root") / str(volume / "mnt").lstrip("/")
 
 
 def reap(data_dir: Path) -> None:
@@ -280,7 +303,10 @@ async def test_sandbox_data_survives_stop_and_start(pc: Client, process_server: 
     workspace = await create(pc)
     # AVAILABLE means the guest answered: its agent runs and wrote the ready file.
     pid = agent_pid(process_server, workspace)
-    assert (instance_dir(process_server, workspace) / "run" / "ready").exists()
+    # (in the supervisor's mount namespace: a small tmpfs over the instance's run directory)
+    [supervisor_pid] = supervisors(process_server, workspace)
+    run_dir = instance_dir(process_server, workspace) / "run"
+    assert (Path(f"/proc/{supervisor_pid}/root") / str(run_dir).lstrip("/") / "ready").exists()
     # Its own namespaces: PID, mount, UTS, network; its own root with the volume at /data.
     for ns in ("pid", "mnt", "uts", "net"):
         assert os.readlink(f"/proc/{pid}/ns/{ns}") != os.readlink(f"/proc/self/ns/{ns}"), ns
@@ -294,8 +320,8 @@ async def test_sandbox_data_survives_stop_and_start(pc: Client, process_server: 
     # What the guest writes to /data and to its root is real files under --data-dir.
     guest_path(process_server, workspace, "/data/notes.txt").write_text("written in the guest\n")
     guest_path(process_server, workspace, "/etc/motd").write_text("layer\n")
-    assert (volume_dir(process_server, workspace) / "notes.txt").read_text() == "written in the guest\n"
-    (volume_dir(process_server, workspace) / "from-host.txt").write_text("put on the volume\n")
+    assert (on_volume(process_server, workspace) / "notes.txt").read_text() == "written in the guest\n"
+    (on_volume(process_server, workspace) / "from-host.txt").write_text("put on the volume\n")
     assert guest_path(process_server, workspace, "/data/from-host.txt").read_text() == "put on the volume\n"
     supervisor = supervisors(process_server, workspace)
     assert len(supervisor) == 1
@@ -555,7 +581,7 @@ async def test_data_plane_commands_files_and_credentials(pc: Client, process_ser
     assert (await data.exec(credential, "sleep", "30", limit=1))[0] == 124
     # Files under /data, as the guest sees them; nothing outside the volumes.
     await data.write(credential, "/data/dir-less.txt", b"through the data plane")
-    assert (volume_dir(process_server, workspace) / "dir-less.txt").read_bytes() == b"through the data plane"
+    assert (on_volume(process_server, workspace) / "dir-less.txt").read_bytes() == b"through the data plane"
     assert await data.exec(credential, "cat", "/data/dir-less.txt") == (0, b"through the data plane", b"")
     assert await data.read(credential, "/data/dir-less.txt") == b"through the data plane"
     assert await refused(data.read(credential, "/etc/passwd")) == grpc.StatusCode.INVALID_ARGUMENT

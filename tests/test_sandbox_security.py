@@ -24,6 +24,7 @@ from tests.test_process_runtime import (
     agent_pid,
     create,
     delete,
+    guest_path,
     instance_dir,
     reap,
     state,
@@ -143,7 +144,7 @@ async def test_no_guest_process_holds_a_capability_not_even_after_a_reboot(
 
     # The reboot trick: the guest replaces /bin/sh in its layer and reboots; its init then
     # tries the file-handle attack too.
-    (volume_dir(secure_server, workspace) / "attack.py").write_text(FILE_HANDLE_ATTACK)
+    await data.write(credential, "/data/attack.py", FILE_HANDLE_ATTACK.encode())
     fake = FAKE_SHELL.replace("'", "'\\''")
     code, _, err = await sh(
         data, credential, f"rm /bin && mkdir /bin && printf '%s' '{fake}' > /bin/sh && chmod 755 /bin/sh"
@@ -151,11 +152,12 @@ async def test_no_guest_process_holds_a_capability_not_even_after_a_reboot(
     assert code == 0, err
     await data.exec(credential, "/usr/bin/dash", "/run/kibo/bin/reboot")
     await wait_workspace(sc, workspace.workspace_id, lambda w: w.guest.reset_count == 1 and w.guest.responding, 20)
-    boot = status_fields(text(volume_dir(secure_server, workspace) / "boot-status"))
+    rebooted = await sc.get(workspace.workspace_id)
+    boot = status_fields(text(guest_path(secure_server, rebooted, "/data/boot-status")))
     assert all(int(boot[cap], 16) == 0 for cap in CAP_SETS), boot
     assert boot["NoNewPrivs"] == "1" and boot["Seccomp"] == "2"
     assert boot["Uid"].split() == ["0"] * 4  # root of its own namespace, and nothing more
-    handles = text(volume_dir(secure_server, workspace) / "boot-handles")
+    handles = text(guest_path(secure_server, rebooted, "/data/boot-handles"))
     assert "open_by_handle_at -1 EPERM" in handles and "name_to_handle_at -1 EPERM" in handles, handles
     await delete(sc, await sc.get(workspace.workspace_id), secure_server)
 

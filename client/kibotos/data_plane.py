@@ -9,6 +9,11 @@ running workspace. What kibotos.Client and kibotos.AsyncClient share.
 A credential is issued while the workspace is AVAILABLE (a control-plane call: it needs
 an admin token when the server checks tokens) and is refused (UnauthenticatedError) after
 a stop, force stop, revoke, delete or new start; a firecracker guest reboot keeps it.
+A command still running at such a revoke, stop or delete is killed, and its stream ends
+with UnauthenticatedError ("revoked while the call ran"). A file error in the guest has
+the code of its cause: a name too long is InvalidArgumentError, a read-only file system or
+a directory where a file is wanted ConflictError (reason GUEST_ERROR), a full file system
+ResourceExhaustedError, the guest's own file permissions PermissionDeniedError.
 Meanwhile (the guest restarting) calls fail with UnavailableError: issuing, reading and
 writing retry it for `retry_unavailable` seconds; running a command never does (see
 `exec_workspace_command`). Files are read and written in one message each (the server

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import resource
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -33,11 +34,18 @@ from .store import SqliteStore
 from .tls import Tls
 from .transport.connect import application
 from .transport.grpc import service_handler
-from .transport.http import SERVERS, HttpServer
+from .transport.http import SERVERS, HttpLimits, HttpServer, open_file_limit
+from .transport.http_guard import BodyLimits, guard
 
 log = logging.getLogger("kibo")
 
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+# The Connect JSON of a 4 MiB message (bytes fields in base64) fits with room to spare.
+MAX_HTTP_BODY_BYTES = 8 * 1024 * 1024
+# gRPC port: a connection that has not finished its HTTP/2 (and TLS) handshake by then is
+# closed, and one with no call for this long is sent GOAWAY (clients reconnect unseen).
+GRPC_HANDSHAKE_TIMEOUT_MS = 20_000
+GRPC_MAX_CONNECTION_IDLE_MS = 5 * 60 * 1000
 
 
 @dataclass(frozen=True)
@@ -47,6 +55,10 @@ class Config:
     # Connect, gRPC-Web and JSON; empty to serve gRPC only.
     http_listen: str = "127.0.0.1:8080"
     http_server: str = "uvicorn"
+    http_limits: HttpLimits = field(default_factory=HttpLimits)
+    http_body: BodyLimits = field(default_factory=lambda: BodyLimits(MAX_HTTP_BODY_BYTES, 30.0))
+    # Open connections on the gRPC port; 0: a quarter of the open-file limit.
+    grpc_max_connections: int = 0
     runtime: str = "process"
     sim_backend: Backend = Backend.FIRECRACKER
     sim_step_ms: float = 20.0
@@ -69,6 +81,7 @@ class Config:
     guest_command: tuple[str, ...] = ()
     stop_grace_ms: float = 10_000.0
     guest_id_base: int = 100_000  # host uids/gids base..base+65535 are the guests'
+    storage_overcommit: float = 1.0
 
 
 class App:
@@ -90,6 +103,7 @@ class App:
         if config.runtime not in ("sim", "process"):
             raise ValueError(f"unknown runtime {config.runtime!r}; this build has: sim, process")
         _check_writable(config.data_dir)
+        _raise_open_file_limit()
         self.store = await SqliteStore.open(config.data_dir / "kibo.db")
         self.hub = Hub()
         self.store.subscribe(self.hub.publish)
@@ -119,6 +133,7 @@ class App:
                 guest_command=config.guest_command,
                 grace_s=config.stop_grace_ms / 1000,
                 guest_ids=IdRange(base=config.guest_id_base),
+                storage_overcommit=config.storage_overcommit,
             )
             self.runtimes = {nodes[0].id: await asyncio.to_thread(ProcessRuntime, nodes[0].id, options)}
         liveness = Liveness(self.store, [n.id for n in nodes], config.node_timeout_ms / 1000)
@@ -146,6 +161,8 @@ class App:
         self.api = Api(self.store, self.hub, self.service, capabilities, config.settle_ms / 1000, observer)
         self.sim_api = SimulatorApi(self.store, self.board, self.sim_nodes, self._pool_lost)
         self.data_plane = data_plane.DataPlane(self.store, self.runtimes, config.data_dir)
+        # Revoke, stop and delete end the data-plane calls running under the old credential.
+        self.hub.listen(self.data_plane.on_changes)
         for coroutine in (scheduler.run(), expiry.run(), liveness.run(), *(a.run() for a in agents)):
             self._tasks.append(asyncio.create_task(self._supervise(coroutine)))
         await self._serve()
@@ -193,6 +210,11 @@ class App:
             # Its default (1,000) cancels new calls when thousands arrive at once, e.g. every
             # watcher reconnecting after a restart.
             ("grpc.server.max_pending_requests", 20_000),
+            # Its own share of descriptors, whatever the HTTP port's clients do (the HTTP
+            # port's cap leaves these free); past it new connections are closed.
+            ("grpc.max_allowed_incoming_connections", self._grpc_connection_cap()),
+            ("grpc.server_handshake_timeout_ms", GRPC_HANDSHAKE_TIMEOUT_MS),
+            ("grpc.max_connection_idle_ms", GRPC_MAX_CONNECTION_IDLE_MS),
         ]
         self.server = grpc.aio.server(options=options)
         # (service, implementation, methods authorized by a credential instead of a token)
@@ -223,9 +245,18 @@ class App:
             asgi = application(
                 [(d.full_name, impl, open_) for d, impl, open_ in services], MAX_MESSAGE_BYTES, self.authenticator
             )
+            # Health, and the methods a data-plane credential in the body authorizes, need no token.
+            open_paths = frozenset(
+                ["/healthz", *(f"/{d.full_name}/{method}" for d, _, open_ in services for method in open_)]
+            )
+            guarded = guard(asgi, self.authenticator, open_paths, self.config.http_body)
             http_server = SERVERS[self.config.http_server]
-            self.http = http_server(asgi, self.config.http_listen, self.config.shutdown_grace_s, self.config.tls)
             try:
+                # Binds the port (an OSError if it is taken), then serves.
+                config = self.config
+                self.http = http_server(
+                    guarded, config.http_listen, config.shutdown_grace_s, config.tls, config.http_limits
+                )
                 await self.http.start()
             except OSError:
                 await self.server.stop(None)
@@ -233,6 +264,11 @@ class App:
         # SERVING only once both listeners accept calls.
         for name in ["", *(d.full_name for d, _, _ in services)]:
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+
+    def _grpc_connection_cap(self) -> int:
+        if self.config.grpc_max_connections > 0:
+            return self.config.grpc_max_connections
+        return max(16, open_file_limit() // 4)
 
     async def stop(self) -> None:
         """Finish in-flight calls, stop the loops, close the store."""
@@ -253,6 +289,20 @@ class App:
             if isinstance(runtime, ProcessRuntime):
                 await runtime.close()
         await self.store.close()
+
+
+def _raise_open_file_limit() -> None:
+    """Soft RLIMIT_NOFILE up to the hard limit: the connection caps are shares of it."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    # An unlimited hard limit is not a valid soft one for open files: take the kernel's usual ceiling.
+    target = 1 << 20 if hard == resource.RLIM_INFINITY else hard
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (OSError, ValueError) as error:
+            log.warning("cannot raise the open-file limit from %d to %d: %s", soft, target, error)
+            return
+        log.info("open-file limit raised from %d to %d", soft, target)
 
 
 def _check_writable(data_dir: Path) -> None:

@@ -83,11 +83,13 @@ class Authenticator:
         return self._lookup is not None
 
     async def authenticate(self, authorization: str | None) -> Caller:
-        caller = await self._caller(authorization)
+        caller = await self.identify(authorization)
         self._limiter.take(caller.tenant)
         return caller
 
-    async def _caller(self, authorization: str | None) -> Caller:
+    async def identify(self, authorization: str | None) -> Caller:
+        """Who sent this header, without taking from the rate limit: the HTTP listener's
+        guard asks before it reads a request's body, the handler asks again (cached)."""
         if self._lookup is None:
             return LOCAL_ADMIN
         if not authorization:

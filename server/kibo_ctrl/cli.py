@@ -15,14 +15,16 @@ from typing import Annotated, TypeVar
 
 import typer
 
-from . import tokens
-from .app import App, Config
+from . import log_limit, tokens
+from .app import MAX_HTTP_BODY_BYTES, App, Config
 from .auth import Role, tenant_name
 from .errors import KiboError
 from .model import Backend
 from .service import Quotas
 from .store import SqliteStore
 from .tls import Tls
+from .transport.http import HttpLimits
+from .transport.http_guard import BodyLimits
 
 T = TypeVar("T")
 
@@ -48,6 +50,34 @@ def serve(
     http_server: Annotated[
         str, typer.Option(help="uvicorn (HTTP/1.1, fastest here) or hypercorn (adds h2c and gRPC over h2c).")
     ] = "uvicorn",
+    http_max_connections: Annotated[
+        int,
+        typer.Option(
+            min=0, help="Open connections on the HTTP port; more are closed at once. 0: half the open-file limit."
+        ),
+    ] = 0,
+    http_max_connections_per_client: Annotated[
+        int, typer.Option(min=1, help="Open connections on the HTTP port from one client IP address.")
+    ] = 256,
+    http_header_timeout: Annotated[
+        float,
+        typer.Option(min=0.1, help="Seconds a client has to send a request's headers; then the connection is closed."),
+    ] = 10.0,
+    http_idle_timeout: Annotated[
+        float, typer.Option(min=1, help="Seconds an idle keep-alive HTTP connection is kept open.")
+    ] = 5.0,
+    http_max_body_bytes: Annotated[
+        int,
+        typer.Option(
+            min=1024, help="Largest HTTP request body, bytes: refused from Content-Length, or cut off as it streams in."
+        ),
+    ] = MAX_HTTP_BODY_BYTES,
+    http_body_timeout: Annotated[
+        float, typer.Option(min=0.1, help="Longest pause, seconds, while an HTTP request body is being received.")
+    ] = 30.0,
+    grpc_max_connections: Annotated[
+        int, typer.Option(min=0, help="Open connections on the gRPC port. 0: a quarter of the open-file limit.")
+    ] = 0,
     data_dir: Annotated[Path | None, typer.Option(help="Where the embedded store keeps its files.")] = None,
     runtime: Annotated[
         str,
@@ -84,6 +114,14 @@ def serve(
     stop_grace_ms: Annotated[
         float, typer.Option(min=0, help="Process runtime: how long a graceful stop waits after SIGTERM.")
     ] = 10_000.0,
+    storage_overcommit: Annotated[
+        float,
+        typer.Option(
+            min=1.0,
+            help="Process runtime: how many times the data dir's free space (minus a reserve) the capacities "
+            "of new layers and volumes may promise; 1: never overcommitted, so guests cannot fill the disk.",
+        ),
+    ] = 1.0,
     sim_backend: Annotated[Backend, typer.Option(help="Backend personality of the simulator.")] = Backend.FIRECRACKER,
     sim_step_ms: Annotated[float, typer.Option(min=0, help="Simulated time each lifecycle step takes.")] = 20.0,
     sim_nodes: Annotated[int, typer.Option(min=1, max=64, help="How many simulated nodes.")] = 1,
@@ -110,13 +148,26 @@ def serve(
     """Run the control plane until SIGTERM or SIGINT.
 
     On first start it creates an admin token for tenant `default` in DATA_DIR/admin.token
-    (mode 0600); `kibo` finds it there. Make more with `kibo-ctrl token create`."""
+    (mode 0600); `kibo` finds it there. Make more with `kibo-ctrl token create`.
+
+    The HTTP port may face the internet: a request without a valid token is refused from
+    its headers (its body is never read), and the --http-* limits bound what any client
+    can hold. Log lines are rate-limited (10 of a kind per 10 s)."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log_limit.install()
     config = Config(
         data_dir=data_dir or default_data_dir(),
         listen=listen,
         http_listen=http_listen,
         http_server=http_server,
+        http_limits=HttpLimits(
+            max_connections=http_max_connections,
+            max_connections_per_client=http_max_connections_per_client,
+            header_timeout_s=http_header_timeout,
+            idle_timeout_s=http_idle_timeout,
+        ),
+        http_body=BodyLimits(max_bytes=http_max_body_bytes, stall_timeout_s=http_body_timeout),
+        grpc_max_connections=grpc_max_connections,
         runtime=runtime,
         sim_backend=sim_backend,
         sim_step_ms=sim_step_ms,
@@ -132,6 +183,7 @@ def serve(
         guest_command=tuple(shlex.split(guest_command)),
         stop_grace_ms=stop_grace_ms,
         guest_id_base=guest_id_base,
+        storage_overcommit=storage_overcommit,
         auth=not insecure_no_auth,
         rate_limit_rps=rate_limit_rps,
         quotas=Quotas(workspaces=quota_workspaces, vcpus=quota_vcpus, memory_mib=quota_memory_mib),

@@ -237,12 +237,24 @@ def apply_storage(tx: Tx, report: StorageReleased) -> None:
         if volume is not None:
             volume.state = VolumeState.DELETED
             volume.workspace_id = None
+            volume.storage_pending = False
+            volume.storage_release_time = tx.now
             tx.put_volume(volume)
     workspace.storage.layer = False
     workspace.storage.volume_ids = []
     why = "the storage pool was declared lost: no readable data is left" if report.pool_lost else "files deleted"
     event(tx, workspace, EventType.STORAGE_RELEASED, message=f"retained layer and volumes released: {why}")
     save(tx, workspace, None)
+
+
+def apply_volume_released(tx: Tx, volume_id: str) -> None:
+    """A deleted volume's files are destroyed on the node of its storage pool."""
+    volume = tx.get_volume(volume_id)
+    if volume is None or not volume.storage_pending:
+        return
+    volume.storage_pending = False
+    volume.storage_release_time = tx.now
+    tx.put_volume(volume)
 
 
 def set_node_silent(tx: Tx, node_id: str, silent: bool) -> None:

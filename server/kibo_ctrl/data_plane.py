@@ -7,6 +7,11 @@ stop, revoke or delete bumps the revision and a start makes a new generation, so
 credential is refused (UNAUTHENTICATED); a firecracker guest reboot changes neither, so
 the credential stays valid and requests meanwhile get UNAVAILABLE (retryable).
 
+Calls already running when their credential is revoked (revoke, stop, force stop, delete)
+are ended at once: their command is killed in the guest and the stream ends with
+UNAUTHENTICATED, as any later request with that credential would (data_plane_sessions.py).
+Exec output reaches the client with back-pressure and bounded memory (runtime/guest_jobs.py).
+
 Issuing a credential is a control-plane call: it needs an admin token of the workspace's
 tenant (when authentication is on). The other calls are authorized by the credential
 alone, so it can be handed to whoever should use the workspace. Served over gRPC and
@@ -19,10 +24,12 @@ import binascii
 import hashlib
 import hmac
 import json
+import logging
 import os
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 
@@ -30,12 +37,26 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from kibo.ctrl.v1 import data_plane_service_pb2 as dp
 
 from .auth import Caller
-from .errors import Conflict, GuestError, InvalidArgument, NotFound, Unauthenticated, Unavailable, Unimplemented
+from .data_plane_sessions import Session, Sessions
+from .errors import (
+    Conflict,
+    GuestError,
+    InvalidArgument,
+    KiboError,
+    NotFound,
+    Unauthenticated,
+    Unavailable,
+    Unimplemented,
+)
+from .guest_errors import file_error
 from .model import Phase, WorkspaceState
 from .runtime.base import Runtime
-from .runtime.process import Exit, GuestRefused, ProcessRuntime
+from .runtime.guest_jobs import Exit, GuestRefused, JobStopped, Output
+from .runtime.process import ProcessRuntime
 from .runtime.safepath import UnsafePath, guest_file_path
-from .store import Reader, Store
+from .store import Changes, Reader, Store
+
+log = logging.getLogger(__name__)
 
 SERVICE = dp.DESCRIPTOR.services_by_name["DataPlaneService"]
 # Authorized by the data-plane credential in the request, not by a control-plane token.
@@ -43,6 +64,8 @@ CREDENTIAL_METHODS = frozenset({"ExecWorkspaceCommand", "ReadWorkspaceFile", "Wr
 TOKEN_PREFIX = "kdp1"
 # A file read or written in one message stays well under the 4 MiB message limit.
 MAX_FILE_BYTES = 3 << 20
+# PATH_MAX: a longer path can never be opened.
+MAX_PATH_BYTES = 4095
 
 
 def _b64(data: bytes) -> str:
@@ -70,6 +93,11 @@ class DataPlane:
         self._runtimes = runtimes
         data_dir.mkdir(parents=True, exist_ok=True)
         self._key = _key(data_dir / "data-plane.key")
+        self.sessions = Sessions()
+
+    def on_changes(self, changes: Changes) -> None:
+        """A hub listener: ends the calls whose credential a commit revoked."""
+        self.sessions.on_changes(changes)
 
     # -- credentials ----------------------------------------------------------------------
 
@@ -114,9 +142,9 @@ class DataPlane:
             issue_time=issued,
         )
 
-    async def _authorize(self, credential: str) -> tuple[ProcessRuntime, str, list[str]]:
+    async def _authorize(self, session: Session) -> tuple[ProcessRuntime, str, list[str]]:
         """The runtime and instance a credential gives access to, and the volume mounts."""
-        workspace_id, generation, revision = self._claims(credential)
+        workspace_id, generation, revision = session.workspace_id, session.generation, session.revision
 
         def load(reader: Reader) -> tuple[Any, Any]:
             workspace = reader.get_workspace(workspace_id)
@@ -148,27 +176,47 @@ class DataPlane:
             raise InvalidArgument("argv: give the command to run", field="argv")
         if request.timeout_seconds < 0:
             raise InvalidArgument("timeout_seconds must not be negative", field="timeout_seconds")
-        runtime, instance_id, _ = await self._authorize(request.credential)
         job = {"mode": "exec", "argv": list(request.argv), "env": dict(request.env), "cwd": request.working_dir or "/"}
-        try:
-            async for item in runtime.guest_job(instance_id, job, request.stdin, float(request.timeout_seconds)):
-                if isinstance(item, Exit):
-                    yield dp.ExecWorkspaceCommandResponse(exit_code=item.code)
-                elif item.stream == "stdout":
-                    yield dp.ExecWorkspaceCommandResponse(stdout=item.data)
-                else:
-                    yield dp.ExecWorkspaceCommandResponse(stderr=item.data)
-        except GuestRefused as refused:
-            raise _refused(refused) from None
+        with self.sessions.track(*self._claims(request.credential)) as session:
+            runtime, instance_id, _ = await self._authorize(session)
+            items = runtime.guest_job(instance_id, job, request.stdin, float(request.timeout_seconds), session.stop)
+            try:
+                async with aclosing(items):
+                    async for item in items:
+                        if isinstance(item, Exit):
+                            yield dp.ExecWorkspaceCommandResponse(exit_code=item.code)
+                        elif item.stream == "stdout":
+                            yield dp.ExecWorkspaceCommandResponse(stdout=item.data)
+                        else:
+                            yield dp.ExecWorkspaceCommandResponse(stderr=item.data)
+            except JobStopped:
+                raise _revoked(session) from None
+            except GuestRefused as refused:
+                raise _refused(refused, request.working_dir or "/", "working_dir") from None
+
+    async def _file_job(
+        self, credential: str, path: str, job: dict[str, Any], stdin: bytes = b""
+    ) -> AsyncGenerator[Output | Exit, None]:
+        """A read or write job on `path`, tracked under its credential like an exec."""
+        with self.sessions.track(*self._claims(credential)) as session:
+            runtime, instance_id, mounts = await self._authorize(session)
+            _check_path(path, mounts)
+            items = runtime.guest_job(instance_id, {**job, "path": path}, stdin, 0.0, session.stop)
+            try:
+                async with aclosing(items):
+                    async for item in items:
+                        yield item
+            except JobStopped:
+                raise _revoked(session) from None
+            except GuestRefused as refused:
+                raise _refused(refused, path, "path") from None
 
     async def read_workspace_file(
         self, request: dp.ReadWorkspaceFileRequest, caller: Caller
     ) -> dp.ReadWorkspaceFileResponse:
-        runtime, instance_id, mounts = await self._authorize(request.credential)
-        _check_path(request.path, mounts)
         content = bytearray()
-        try:
-            async for item in runtime.guest_job(instance_id, {"mode": "read", "path": request.path}):
+        async with aclosing(self._file_job(request.credential, request.path, {"mode": "read"})) as items:
+            async for item in items:
                 if isinstance(item, Exit):
                     if item.code != 0:
                         raise GuestError(f"reading {request.path} in the guest failed", field="path")
@@ -178,8 +226,6 @@ class DataPlane:
                         raise Conflict(
                             f"{request.path} is larger than {MAX_FILE_BYTES >> 20} MiB: read it in parts with exec"
                         )
-        except GuestRefused as refused:
-            raise _refused(refused) from None
         return dp.ReadWorkspaceFileResponse(content=bytes(content))
 
     async def write_workspace_file(
@@ -189,30 +235,47 @@ class DataPlane:
             raise InvalidArgument(f"content is larger than {MAX_FILE_BYTES >> 20} MiB", field="content")
         if request.mode > 0o7777:
             raise InvalidArgument("mode: permission bits only (at most 0o7777)", field="mode")
-        runtime, instance_id, mounts = await self._authorize(request.credential)
-        _check_path(request.path, mounts)
-        job = {"mode": "write", "path": request.path, "file_mode": request.mode or 0o644}
-        try:
-            async for item in runtime.guest_job(instance_id, job, request.content):
+        job = {"mode": "write", "file_mode": request.mode or 0o644}
+        async with aclosing(self._file_job(request.credential, request.path, job, request.content)) as items:
+            async for item in items:
                 if isinstance(item, Exit) and item.code != 0:
                     raise GuestError(f"writing {request.path} in the guest failed", field="path")
-        except GuestRefused as refused:
-            raise _refused(refused) from None
         return dp.WriteWorkspaceFileResponse(size=len(request.content))
 
 
 def _check_path(path: str, mounts: list[str]) -> None:
+    if len(path.encode()) > MAX_PATH_BYTES:
+        raise InvalidArgument(f"path is longer than {MAX_PATH_BYTES} bytes", field="path")
     try:
         guest_file_path(path, mounts)
     except UnsafePath as error:
         raise InvalidArgument(str(error), field="path") from None
 
 
-def _refused(refused: GuestRefused) -> Exception:
+def _revoked(session: Session) -> Unauthenticated:
+    return Unauthenticated(
+        f"the credential was revoked while the call ran ({session.why}): its command was killed",
+        field="credential",
+        hint="request a new credential (IssueDataPlaneCredential) while the workspace is AVAILABLE",
+    )
+
+
+def _refused(refused: GuestRefused, path: str, field: str) -> KiboError:
+    """The error for a job that could not run; `path` and `field`: what an OS error is about
+    (the file of a read or write, the working directory of an exec)."""
     if refused.status == "unavailable":
         return Unavailable(str(refused))
     if refused.status == "invalid":
-        return InvalidArgument(str(refused), field="path")
+        return InvalidArgument(str(refused), field=field)
     if refused.status == "not-found":
-        return NotFound(str(refused), field="path")
-    return GuestError(str(refused))
+        return NotFound(str(refused), field=field)
+    if refused.status == "os-error":
+        return file_error(refused.errno, path, str(refused), field)
+    # Entering the guest failed, or the job died (e.g. killed by the guest's memory limit):
+    # the detail names host paths, so it goes to the log, not to the caller.
+    incident = secrets.token_hex(6)
+    log.warning("data-plane job failed (incident %s): %s: %s", incident, refused.status, refused)
+    return GuestError(
+        f"the job in the guest failed or was killed (incident {incident})",
+        hint="retry; if it persists, the server log has the cause under this incident ID",
+    )

@@ -103,3 +103,11 @@ class GuestError(KiboError):
     """The guest could not do what was asked (e.g. a file it cannot write)."""
 
     reason = Reason.GUEST_ERROR
+
+
+class GuestExhausted(GuestError):
+    """The guest ran out of something (space on its file system, open files): RESOURCE_EXHAUSTED."""
+
+
+class GuestPermissionDenied(GuestError):
+    """The guest's own permissions refused (a file's mode), not the caller's: PERMISSION_DENIED."""

@@ -342,6 +342,10 @@ class Volume(msgspec.Struct):
     create_time: float
     workspace_id: str | None = None
     tenant: str = "default"
+    # Deleted, and its files may still be on a node of its storage pool: that node destroys
+    # them (storage_release_time: when they were gone).
+    storage_pending: bool = False
+    storage_release_time: float | None = None
 
 
 def command_key(tenant: str, command_id: str) -> str:

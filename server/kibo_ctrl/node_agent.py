@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import sqlite3
 import time
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 
 from . import controller
 from .hub import Wakeup
-from .model import Desired, Instance, Node, Phase, StopDurability, Workspace
+from .model import Desired, Instance, Node, Phase, StopDurability, Volume, Workspace
 from .reports import (
     Destroyed,
     DestroyFailed,
@@ -52,6 +53,9 @@ class NodeAgent:
         self._storage: dict[str, asyncio.Task[None]] = {}
         self._pending: dict[str, Instance] = {}
         self._storage_pending: set[str] = set()
+        # Deleted volumes whose files this node's storage pool may hold.
+        self._volumes: dict[str, asyncio.Task[None]] = {}
+        self._volumes_pending: set[str] = set()
 
     def on_changes(self, changes: Changes) -> None:
         woke = False
@@ -64,6 +68,10 @@ class NodeAgent:
                 workspace.storage.layer or workspace.storage.volume_ids
             ):
                 self._storage_pending.add(workspace.id)
+                woke = True
+        for volume in changes.volumes.values():
+            if volume.storage_pending and volume.storage_pool == self.node.storage_pool:
+                self._volumes_pending.add(volume.id)
                 woke = True
         if woke:
             self._wakeup.set()
@@ -87,9 +95,12 @@ class NodeAgent:
                 storage, self._storage_pending = self._storage_pending, set()
                 for workspace_id in storage:
                     self._consider_storage(workspace_id)
+                volumes, self._volumes_pending = self._volumes_pending, set()
+                for volume_id in volumes:
+                    self._consider_volume(volume_id)
 
     async def stop(self) -> None:
-        tasks = [t.task for t in self._tasks.values()] + list(self._storage.values())
+        tasks = [t.task for t in self._tasks.values()] + list(self._storage.values()) + list(self._volumes.values())
         for task in tasks:
             task.cancel()
         for task in tasks:
@@ -99,15 +110,18 @@ class NodeAgent:
     async def _resync(self) -> None:
         """Re-read everything this node owes work for (at start, and when reachable again)."""
 
-        def load(reader: Reader) -> tuple[list[Instance], list[Workspace]]:
-            return reader.node_instances(self.node.id), reader.storage_pending()
+        def load(reader: Reader) -> tuple[list[Instance], list[Workspace], list[Volume]]:
+            return reader.node_instances(self.node.id), reader.storage_pending(), reader.volumes_storage_pending()
 
-        instances, storage = await self._store.read(load)
+        instances, storage, volumes = await self._store.read(load)
         for instance in instances:
             self._consider(instance)
         for workspace in storage:
             if workspace.storage_pool == self.node.storage_pool:
                 self._consider_storage(workspace.id)
+        for volume in volumes:
+            if volume.storage_pool == self.node.storage_pool:
+                self._consider_volume(volume.id)
 
     def _consider(self, instance: Instance) -> None:
         if instance.step == instance.done_step:
@@ -173,20 +187,59 @@ class NodeAgent:
         self._storage[workspace_id] = task
 
     async def _release_storage(self, workspace_id: str) -> None:
+        delay = 0.5
         try:
-            workspace = await self._store.read(lambda r: r.get_workspace(workspace_id))
-            if workspace is None or not (workspace.storage.layer or workspace.storage.volume_ids):
+            while True:
+                workspace = await self._store.read(lambda r: r.get_workspace(workspace_id))
+                if workspace is None or not (workspace.storage.layer or workspace.storage.volume_ids):
+                    return
+                try:
+                    await self.runtime.delete_storage(workspace_id, tuple(workspace.storage.volume_ids))
+                except OSError as error:
+                    # E.g. an image still mounted while its namespace goes: try again.
+                    log.warning(
+                        "node %s: releasing storage of %s failed (%s): retrying", self.node.id, workspace_id, error
+                    )
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 30.0)
+                    continue
+                await self.runtime.reachable.wait()
+                report = StorageReleased(workspace_id, volume_ids=tuple(workspace.storage.volume_ids))
+                await self._store.transact(functools.partial(controller.apply_storage, report=report))
                 return
-            await self.runtime.delete_storage(workspace_id, tuple(workspace.storage.volume_ids))
-            await self.runtime.reachable.wait()
-            report = StorageReleased(workspace_id, volume_ids=tuple(workspace.storage.volume_ids))
-            await self._store.transact(lambda tx: controller.apply_storage(tx, report))
         except asyncio.CancelledError:
             raise
         except Exception:
             log.exception("node %s: releasing storage of %s failed", self.node.id, workspace_id)
         finally:
             self._storage.pop(workspace_id, None)
+
+    def _consider_volume(self, volume_id: str) -> None:
+        if volume_id in self._volumes:
+            return
+        self._volumes[volume_id] = asyncio.create_task(self._release_volume(volume_id))
+
+    async def _release_volume(self, volume_id: str) -> None:
+        """Destroy a deleted volume's files, then record it; retried until it works (the store
+        keeps the volume pending, so a restart in between resumes it)."""
+        delay = 0.5
+        try:
+            while True:
+                volume = await self._store.read(lambda r: r.get_volume(volume_id))
+                if volume is None or not volume.storage_pending:
+                    return
+                try:
+                    await self.runtime.delete_volumes((volume_id,))
+                    await self.runtime.reachable.wait()
+                    await self._store.transact(lambda tx: controller.apply_volume_released(tx, volume_id))
+                    log.info("node %s: deleted volume %s: its files are destroyed", self.node.id, volume_id)
+                    return
+                except (OSError, sqlite3.Error) as error:
+                    log.warning("node %s: destroying volume %s failed (%s): retrying", self.node.id, volume_id, error)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 30.0)
+        finally:
+            self._volumes.pop(volume_id, None)
 
     async def _report(self, report: Report) -> None:
         """Store a report; while the store cannot write (disk full), keep trying: a report is

@@ -426,6 +426,9 @@ class Service:
         if volume.state is VolumeState.DELETED:
             raise Conflict(f"volume {volume_id} is already deleted")
         volume.state = VolumeState.DELETED
+        # Its files (on a node of its pool, if it was ever mounted) go too: the node agent
+        # destroys them and clears this (controller.apply_volume_released).
+        volume.storage_pending = True
         tx.put_volume(volume)
         transitions.record_command(
             tx, tenant, command_id, CommandKind.DELETE_VOLUME, fingerprint, CommandState.SUCCEEDED, volume_id=volume.id

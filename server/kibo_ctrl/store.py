@@ -151,6 +151,7 @@ class Changes:
     commands: dict[str, Command] = field(default_factory=dict)
     instances: dict[str, Instance] = field(default_factory=dict)
     events: list[Event] = field(default_factory=list)
+    volumes: dict[str, Volume] = field(default_factory=dict)
     # Every snapshot of each workspace, in commit order (a watcher gets one per change).
     workspace_history: list[Workspace] = field(default_factory=list)
 
@@ -159,10 +160,11 @@ class Changes:
         self.commands.update(other.commands)
         self.instances.update(other.instances)
         self.events.extend(other.events)
+        self.volumes.update(other.volumes)
         self.workspace_history.extend(other.workspace_history)
 
     def __bool__(self) -> bool:
-        return bool(self.workspaces or self.commands or self.instances or self.events)
+        return bool(self.workspaces or self.commands or self.instances or self.events or self.volumes)
 
 
 @dataclass(frozen=True)
@@ -281,6 +283,11 @@ class Reader:
         )
         return [_WORKSPACE.decode(bytes(row[0])) for row in rows]
 
+    def volumes_storage_pending(self) -> list[Volume]:
+        """Deleted volumes whose files may still be on a node (a scan: read at node start only)."""
+        rows = self._conn.execute("SELECT data FROM volumes WHERE json_extract(data, '$.storage_pending') = 1")
+        return [_VOLUME.decode(bytes(row[0])) for row in rows]
+
     def storage_pending(self) -> list[Workspace]:
         rows = self._conn.execute("SELECT data FROM workspaces WHERE storage_pending = 1 ORDER BY seq")
         return [_WORKSPACE.decode(bytes(row[0])) for row in rows]
@@ -377,6 +384,7 @@ class Tx(Reader):
             "ON CONFLICT(id) DO UPDATE SET data = excluded.data",
             (volume.id, _ENCODER.encode(volume), volume.tenant),
         )
+        self.changes.volumes[volume.id] = msgspec.structs.replace(volume)
 
     def add_token(self, record: TokenRecord, digest: str) -> None:
         self._conn.execute(

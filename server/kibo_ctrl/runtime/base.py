@@ -77,3 +77,6 @@ class Runtime(Protocol):
 
     async def delete_storage(self, workspace_id: str, volume_ids: tuple[str, ...]) -> None:
         """Delete a deleted workspace's retained layer and the volumes that go with it."""
+
+    async def delete_volumes(self, volume_ids: tuple[str, ...]) -> None:
+        """Destroy deleted volumes' data for good (idempotent: a volume with no files here is done)."""

@@ -16,15 +16,18 @@ root (so a symlink cannot lead outside it), and paths must lie under one of the 
 volume mounts (safepath.guest_file_path, the data plane's rule).
 
 Standard streams are the command's. How it ended goes to the job's `status_fd` as one JSON line:
-{"status": "ok"|"unavailable"|"invalid"|"not-found"|"error", "code": N, "error": "..."}.
+{"status": "ok"|"unavailable"|"invalid"|"os-error"|"error", "code": N, "error": "...", "errno": "ENOSPC"}
+("os-error": a read or write failed; "errno" names the error, mapped by the server in guest_errors.py).
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import json
 import os
+import posixpath
 import signal
 import sys
 from pathlib import Path
@@ -57,9 +60,17 @@ class Refused(Exception):
 STATUS_FD = [-1]
 
 
-def report(status: str, code: int = 0, error: str = "") -> None:
+def report(status: str, code: int = 0, error: str = "", errno_name: str = "") -> None:
+    line = {"status": status, "code": code, "error": error, "errno": errno_name}
     with contextlib.suppress(OSError):
-        os.write(STATUS_FD[0], json.dumps({"status": status, "code": code, "error": error}).encode() + b"\n")
+        os.write(STATUS_FD[0], json.dumps(line).encode() + b"\n")
+
+
+def report_os_error(error: OSError) -> None:
+    """A failed read or write: the errno's name (the server maps it: guest_errors.py) and
+    the system's text only (no path: the caller knows which it gave)."""
+    name = errno.errorcode.get(error.errno or 0, "")
+    report("os-error", error=error.strerror or str(error), errno_name=name)
 
 
 def _open_guest(pid: int, start: int) -> int:
@@ -100,6 +111,23 @@ def guest_file(path: str, mounts: list[str]) -> str:
         return safepath.guest_file_path(path, mounts)
     except safepath.UnsafePath as error:
         raise Refused("invalid", str(error)) from None
+
+
+def write_atomically(path: str, mode: int) -> None:
+    """stdin to `path`, whole or not at all: a short temporary name beside it (so a name
+    near the 255-byte limit still works), removed if anything fails (ENOSPC, ...)."""
+    tmp = posixpath.join(posixpath.dirname(path), f".kibo-{os.getpid()}-{os.urandom(4).hex()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            while chunk := os.read(0, 1 << 16):
+                f.write(chunk)
+            os.fchmod(f.fileno(), mode)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def main() -> None:
@@ -168,21 +196,10 @@ def main() -> None:
                     while chunk := f.read(1 << 16):
                         os.write(1, chunk)
             else:
-                tmp = f"{path}.kibo-{os.getpid()}.tmp"
-                with open(tmp, "wb") as f:
-                    while chunk := os.read(0, 1 << 16):
-                        f.write(chunk)
-                    os.fchmod(f.fileno(), int(job.get("file_mode") or 0o644))
-                os.replace(tmp, path)
+                write_atomically(path, int(job.get("file_mode") or 0o644))
             os._exit(0)
-        except FileNotFoundError as error:
-            report("not-found", error=f"{error.filename or path}: not found")
-            os._exit(127)
-        except (IsADirectoryError, NotADirectoryError, PermissionError) as error:
-            report("invalid", error=f"{path or job.get('argv')}: {error.strerror}")
-            os._exit(126)
         except OSError as error:
-            report("error", error=str(error))
+            report_os_error(error)
             os._exit(126)
     _, status = os.waitpid(child, 0)
     code = os.waitstatus_to_exitcode(status)

@@ -6,10 +6,11 @@ base..base+count-1 (a subordinate range of this node, like /etc/subuid; default 
 and no capability it holds in its namespace counts on the host. The range is recorded in
 each instance's spec.json (`host_id_base`, `host_id_count`) for the supervisor, the data
 plane's jobs and the storage code (which makes the root of a volume's image owned by
-`base`).
+`base`). Standard library only: supervisor.py imports it by path.
 
 A layer or volume made before the guests had their own ids (owned by real root) is shifted
-once into the range (`shift_tree`): lchown through directory fds, never following a
+once into the range (`shift_tree`, by the supervisor before the guest starts, on the
+mounted image or the plain directory): lchown through directory fds, never following a
 symlink, and a file with hard links outside the tree is left alone (the guest might have
 linked a host file in). A `trusted.` extended attribute on the tree's root (which only host
 root can set: not the guest) says which range it is in; where the filesystem has no such

@@ -9,14 +9,20 @@ workspace's CPU and memory limits (`cgroups.py`). The supervisor is started in i
 session, so a kill -9 of the control plane leaves it running, and `adopt` re-attaches.
 
 Files, under the data directory:
-    layers/<workspace>/upper/     the retained writable layer: the guest's root (kept across
-                                  stop, deleted with the workspace); work/ for the overlay
-    volumes/<volume>/             a volume: bound at its mount path (/data)
+    layers/<workspace>/layer.img  the retained writable layer (kept across stop, deleted with
+                                  the workspace): an ext4 image of `writable_layer_gib`, with
+                                  upper/ (the guest's root) and work/ (for the overlay)
+    volumes/<volume>/volume.img   a volume: an ext4 image of its capacity, bound at its mount
+                                  path (/data); both loop-mounted at <dir>/mnt only inside the
+                                  supervisor's mount namespace (storage.py)
     instances/<instance>/         spec.json (what the supervisor runs), state.json (the
                                   supervisor's and guest's PIDs), exit.json (why it exited),
                                   supervisor.log, lock (held by the live supervisor), run/
-                                  (the guest's /run/kibo: the ready file)
+                                  (the guest's /run/kibo, a 1 MiB tmpfs: the ready file)
     runtime/bin/                  the guest agent and its reboot/poweroff helpers
+Without images (`--sandbox none`, no mkfs.ext4 or loop devices, or a layer/volume made by
+an older kibo: layers/<workspace>/upper/, volumes/<volume>/ with files) they are plain
+directories, and their sizes are not enforced.
 
 Readiness: `launch` returns once the guest answers: the guest agent (the default entry)
 writes /run/kibo/ready when it runs; a custom `--guest-command` must do the same.
@@ -51,11 +57,11 @@ supervisor of an instance the store no longer has active is an orphan and is kil
 e.g. systemd KillMode=process, or the supervisors go with it and are reported CRASH.)
 
 The data plane's hands: `guest_job` runs guest_exec.py, which joins the guest's cgroup
-and namespaces and runs a command or reads/writes a file as the guest sees it.
+and namespaces and runs a command or reads/writes a file as the guest sees it; its output
+comes through bounded queues (guest_jobs.py: back-pressure down to the guest's pipe).
 
 Not (yet) done here: the guest has loopback networking only, whatever the network
-policy; writable_layer_gib and volume capacities are not enforced (plain directories);
-the guest runs as uid 0 of its own user namespace (host uid `--guest-id-base`) without
+policy; the guest runs as uid 0 of its own user namespace (host uid `--guest-id-base`) without
 capabilities; the cgroup v2 path is written but was not
 exercised on the (cgroup v1) machine this was built on.
 """
@@ -70,26 +76,25 @@ import logging
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..model import Backend, Component, Instance, Phase, StopDurability, VolumeState
 from ..reports import ExitReason, Report, VmmExited
-from . import sandbox, seccomp
+from . import sandbox, seccomp, storage
 from .base import DestroyError, LaunchError, LaunchSpec, RestartError, SyncError
 from .cgroups import Cgroups
-from .idmap import IdRange, shift_tree
+from .guest_jobs import Exit, GuestRefused, Output, run_guest_exec
+from .idmap import IdRange
 from .supervised import Supervised, exit_report, kill_supervisor, lock_held, parent_pid, read_json, running
 
 log = logging.getLogger(__name__)
 
 SUPERVISOR = Path(__file__).with_name("supervisor.py")
-GUEST_EXEC = Path(__file__).with_name("guest_exec.py")
 _SAFE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 # A force stop that the supervisor does not finish in this time is done from here.
 FORCE_TIMEOUT_S = 5.0
@@ -108,30 +113,9 @@ class ProcessOptions:
     grace_s: float = 10.0
     force_sync_s: float = 1.0
     ready_timeout_s: float = 30.0
+    # New images may promise this many times the free disk (1: no overcommit; see storage.py).
+    storage_overcommit: float = 1.0
     guest_ids: IdRange = field(default_factory=IdRange)  # the host ids guests' ids map to
-
-
-@dataclass(frozen=True)
-class Output:
-    """A chunk of a guest job's output."""
-
-    stream: str  # "stdout" or "stderr"
-    data: bytes
-
-
-@dataclass(frozen=True)
-class Exit:
-    """How a guest job ended: the command's exit code (128 + N: killed by signal N; 124: timed out)."""
-
-    code: int
-
-
-class GuestRefused(Exception):
-    """A guest job could not run: `status` is unavailable, invalid, not-found or error."""
-
-    def __init__(self, status: str, message: str) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 @dataclass
@@ -140,6 +124,8 @@ class _Layout:
     upper: Path
     work: Path
     volumes: list[tuple[Path, str]] = field(default_factory=list)
+    # The size-capped images the supervisor formats and mounts (storage.py); empty: plain dirs.
+    images: list[dict[str, Any]] = field(default_factory=list)
 
 
 class ProcessRuntime:
@@ -182,6 +168,9 @@ class ProcessRuntime:
         for sub in ("instances", "layers", "volumes"):
             (self.data_dir / sub).mkdir(exist_ok=True)
         self._supervised: dict[str, Supervised] = {}
+        self.images = storage.usable(self.isolation)
+        if not self.images:
+            log.warning("writable layers and volumes are plain directories: their sizes are NOT enforced")
         log.info(
             "process runtime: isolation %s (guest ids: host %d+%d), limits %s, base image %s, personality %s",
             self.isolation,
@@ -219,6 +208,7 @@ class ProcessRuntime:
             f"runtime.process.{self.backend.value}",
             f"runtime.process.isolation.{self.isolation}",
             f"runtime.process.limits.{self.cgroups.mode}",
+            f"runtime.process.storage.{'images' if self.images else 'unlimited'}",
         ]
         if self.isolation == "none":
             caps.append("runtime.process.unisolated")
@@ -290,34 +280,54 @@ class ProcessRuntime:
 
     def _provision(self, spec: LaunchSpec) -> tuple[_Layout, tuple[str, ...]]:
         workspace_id = spec.instance.workspace_id
-        layer = self.layer_dir(workspace_id)
-        layout = _Layout(layer=layer, upper=layer / "upper", work=layer / "work")
-        layout.upper.mkdir(parents=True, exist_ok=True)
-        if self.options.base_image is not None:
-            layout.work.mkdir(exist_ok=True)
-        self._own_tree(layout.upper)
-        sandbox.seed_layer(layout.upper, host_usr=self.options.base_image is None, owner=self._guest_root())
+        layout = self._layer_layout(workspace_id, spec.resources.writable_layer_gib)
         created = []
         mounts = {b.volume_id: b.mount_path for b in spec.bindings}
         for volume in spec.volumes:
             path = self.volume_dir(volume.id)
             path.mkdir(parents=True, exist_ok=True)
-            self._own_tree(path)
             if volume.state is VolumeState.PENDING:
                 created.append(volume.id)
             if volume.id in mounts:
+                if self.images and not storage.legacy_volume(path):
+                    layout.images.append(storage.entry(path, storage.VOLUME_IMAGE, volume.capacity_gib, None))
+                    path = path / "mnt"
+                    path.mkdir(exist_ok=True)
                 layout.volumes.append((path, mounts[volume.id]))
+        # The sparse files of new images, if the disk can hold them all (else NoSpace).
+        storage.admit(self.data_dir, layout.images, self.options.storage_overcommit)
         return layout, tuple(created)
 
     def _guest_root(self) -> tuple[int, int] | None:
-        """Who owns what the runtime creates in a guest's tree: the guest's root on the host."""
+        """Who owns what the runtime creates in a guest's tree: the guest's root on the host
+        (the supervisor shifts older trees into the range: see idmap.py)."""
         return self.host_ids.root if self.isolation == "bwrap" else None
 
-    def _own_tree(self, tree: Path) -> None:
-        """A layer or volume belongs to the guest's ids (once: trees from before the guests
-        had their own ids are owned by real root). Only while no guest uses it (provisioning)."""
-        if self.isolation == "bwrap":
-            shift_tree(tree, self.host_ids)
+    def _layer_layout(self, workspace_id: str, capacity_gib: int) -> _Layout:
+        """The writable layer: an image (new layers), or a directory (layers from before images)."""
+        layer = self.layer_dir(workspace_id)
+        host_usr = self.options.base_image is None
+        if not self.images or storage.legacy_layer(layer):
+            layout = _Layout(layer=layer, upper=layer / "upper", work=layer / "work")
+            layout.upper.mkdir(parents=True, exist_ok=True)
+            if not host_usr:
+                layout.work.mkdir(exist_ok=True)
+            sandbox.seed_layer(layout.upper, host_usr=host_usr, owner=self._guest_root())
+            return layout
+        mnt = layer / "mnt"
+        layout = _Layout(layer=layer, upper=mnt / "upper", work=mnt / "work")
+        mnt.mkdir(parents=True, exist_ok=True)
+        seed = None
+        if not (layer / storage.LAYER_IMAGE).exists():
+            # Formatted with this skeleton by the supervisor (mkfs -d): made fresh here, so no
+            # guest ever had a hand in it; the layer's files are never touched from here again.
+            seed = layer / "seed"
+            shutil.rmtree(seed, ignore_errors=True)
+            (seed / "upper").mkdir(parents=True)
+            (seed / "work").mkdir()
+            sandbox.seed_layer(seed / "upper", host_usr=host_usr, owner=self._guest_root())
+        layout.images.append(storage.entry(layer, storage.LAYER_IMAGE, capacity_gib, seed))
+        return layout
 
     def _write_spec(self, instance: Instance, layout: _Layout, plan: sandbox.GuestPlan) -> None:
         directory = self.instance_dir(instance.id)
@@ -375,6 +385,7 @@ class ProcessRuntime:
             if self.isolation == "none"
             else {"PATH": sandbox.GUEST_PATH, "HOME": "/root", "TERM": "dumb", **plan.env},
             "overlay": overlay,
+            "storage": layout.images,
             "sync_paths": [str(layout.upper)] + [str(path) for path, _ in layout.volumes],
             "grace_s": self.options.grace_s,
             "force_sync_s": self.options.force_sync_s,
@@ -493,21 +504,21 @@ class ProcessRuntime:
         if force:
             spec = read_json(directory / "spec.json") or {}
             if info.get("reason") != "stopped":
-                await self._bounded_sync(list(spec.get("sync_paths") or ()), self.options.force_sync_s)
+                await self._bounded_sync(spec, self.options.force_sync_s)
             await asyncio.to_thread(self._release_sync, directory)
             return StopDurability.UNCONFIRMED
         if not (info.get("reason") == "stopped" and info.get("synced")):
             # The VMM was already gone: what its guest handed the kernel can still be synced.
             spec = read_json(directory / "spec.json") or {}
-            error = await asyncio.to_thread(_sync_paths, list(spec.get("sync_paths") or ()))
+            error = await asyncio.to_thread(storage.sync_instance, spec)
             if error:
                 raise SyncError(f"the filesystem sync failed: {error}; the instance was not stopped")
         await asyncio.to_thread(self._release_sync, directory)
         return StopDurability.CONFIRMED
 
-    async def _bounded_sync(self, paths: list[str], seconds: float) -> None:
+    async def _bounded_sync(self, spec: dict[str, Any], seconds: float) -> None:
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(asyncio.to_thread(_sync_paths, paths)), seconds)
+            await asyncio.wait_for(asyncio.shield(asyncio.to_thread(storage.sync_instance, spec, seconds)), seconds)
 
     def _release_sync(self, directory: Path) -> bool:
         """Release what a stopped instance holds on the machine: its cgroup (killing whatever
@@ -522,6 +533,12 @@ class ProcessRuntime:
         for name in ("ready", "agent.pid"):
             with contextlib.suppress(OSError):
                 (directory / "run" / name).unlink()
+        # The images' filesystems go with the last process of the supervisor's namespaces:
+        # wait for that, then what their unmount wrote into the image files is made durable.
+        images = storage.image_files(spec.get("storage") or [])
+        if storage.wait_detached(images, storage.DETACH_TIMEOUT_S):
+            log.warning("%s: its layer or volume images are still mounted", directory.name)
+        storage.fsync_files(images)
         return released
 
     async def destroy(self, instance: Instance) -> None:
@@ -549,9 +566,17 @@ class ProcessRuntime:
                 if not lock_held(old):
                     self._release_sync(old)
                     shutil.rmtree(old, ignore_errors=True)
-            shutil.rmtree(self.layer_dir(workspace_id), ignore_errors=True)
+            # Durably gone, or OSError (an image still mounted): the node agent tries again.
+            storage.destroy(self.layer_dir(workspace_id))
             for volume_id in volume_ids:
-                shutil.rmtree(self.volume_dir(volume_id), ignore_errors=True)
+                storage.destroy(self.volume_dir(volume_id))
+
+        await asyncio.to_thread(remove)
+
+    async def delete_volumes(self, volume_ids: tuple[str, ...]) -> None:
+        def remove() -> None:
+            for volume_id in volume_ids:
+                storage.destroy(self.volume_dir(volume_id))
 
         await asyncio.to_thread(remove)
 
@@ -565,9 +590,14 @@ class ProcessRuntime:
         without cgroups, VOLUME_DELETION without volumes, the execution parts without an
         instance. `volume_ids`: the volumes deleted with the workspace."""
         try:
-            seen: dict[Component, bool] = {Component.RETAINED_LAYER: self.layer_dir(workspace_id).is_dir()}
+            layer = self.layer_dir(workspace_id)
+            # An image whose loop device is still attached holds its blocks even once unlinked.
+            layer_mounted = bool(storage.attached(storage.images_in(layer)))
+            seen: dict[Component, bool] = {Component.RETAINED_LAYER: layer.is_dir() or layer_mounted}
             if volume_ids:
-                seen[Component.VOLUME_DELETION] = any(self.volume_dir(v).is_dir() for v in volume_ids)
+                volumes = [self.volume_dir(v) for v in volume_ids]
+                images = [image for v in volumes for image in storage.images_in(v)]
+                seen[Component.VOLUME_DELETION] = any(v.is_dir() for v in volumes) or bool(storage.attached(images))
             if instance_id is None:
                 return seen
             state = read_json(self.instance_dir(instance_id) / "state.json") or {}
@@ -586,6 +616,7 @@ class ProcessRuntime:
         # The guest's mount and network namespaces and its volume bind mounts live as long as its processes.
         for part in (Component.LAYER_MOUNT, Component.NETWORK, Component.VOLUME_ATTACHMENT):
             seen[part] = guest_alive
+        seen[Component.LAYER_MOUNT] = guest_alive or layer_mounted
         if self.cgroups.parents:
             seen[Component.RESERVATION] = any((parent / instance_id).is_dir() for parent in self.cgroups.parents)
         return seen
@@ -598,92 +629,22 @@ class ProcessRuntime:
         return supervised is not None and not supervised.closed and supervised.state == "ready"
 
     async def guest_job(
-        self, instance_id: str, job: dict[str, Any], stdin: bytes = b"", seconds: float = 0.0
-    ) -> AsyncIterator[Output | Exit]:
-        """Run a job in the guest (see guest_exec.py): its output, then how it ended."""
+        self,
+        instance_id: str,
+        job: dict[str, Any],
+        stdin: bytes = b"",
+        seconds: float = 0.0,
+        stop: asyncio.Event | None = None,
+    ) -> AsyncGenerator[Output | Exit, None]:
+        """Run a job in the guest (see guest_exec.py and guest_jobs.py): its output, then how
+        it ended; bounded memory; killed when `stop` is set (then JobStopped)."""
         if not self.guest_ready(instance_id):
             raise GuestRefused("unavailable", "the guest is not running or is restarting: retry")
-        loop = asyncio.get_running_loop()
-        status_read, status_write = os.pipe()
-        try:
-            process = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-I",
-                "-S",
-                str(GUEST_EXEC),
-                str(self.instance_dir(instance_id)),
-                json.dumps({**job, "status_fd": status_write}),
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                pass_fds=(status_write,),
-                start_new_session=True,
-            )
-        finally:
-            os.close(status_write)
-        queue: asyncio.Queue[Output | None] = asyncio.Queue()
-
-        async def pump(name: str, stream: asyncio.StreamReader | None) -> None:
-            assert stream is not None
-            while chunk := await stream.read(1 << 16):
-                await queue.put(Output(name, chunk))
-            await queue.put(None)
-
-        async def feed() -> None:
-            assert process.stdin is not None
-            with contextlib.suppress(OSError):
-                if stdin:
-                    process.stdin.write(stdin)
-                    await process.stdin.drain()
-                process.stdin.close()
-
-        tasks = [
-            loop.create_task(pump("stdout", process.stdout)),
-            loop.create_task(pump("stderr", process.stderr)),
-            loop.create_task(feed()),
-        ]
-        deadline = loop.time() + seconds if seconds > 0 else None
-        timed_out = False
-        try:
-            open_streams = 2
-            while open_streams:
-                remaining = None if deadline is None else deadline - loop.time()
-                if remaining is not None and remaining <= 0:
-                    timed_out = True
-                    break
-                try:
-                    item = await asyncio.wait_for(queue.get(), remaining)
-                except TimeoutError:
-                    continue
-                if item is None:
-                    open_streams -= 1
-                else:
-                    yield item
-        finally:
-            if timed_out or open_streams:
-                # The whole job: guest_exec, the command and what it started (they share
-                # guest_exec's process group, even inside the guest's PID namespace).
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(process.pid, signal.SIGKILL)
-            await process.wait()
-            for task in tasks:
-                task.cancel()
-            os.set_blocking(status_read, False)
-            try:
-                status_line = os.read(status_read, 65536).split(b"\n", 1)[0]
-            except BlockingIOError:
-                status_line = b""
-            os.close(status_read)
-        try:
-            status = json.loads(status_line)
-        except ValueError:
-            status = {"status": "error", "error": f"the guest job ended without a status (exit {process.returncode})"}
-        if timed_out:
-            yield Exit(124)
-        elif status.get("status") == "ok":
-            yield Exit(int(status.get("code", 0)))
-        else:
-            raise GuestRefused(str(status.get("status")), str(status.get("error")))
+        async with contextlib.aclosing(
+            run_guest_exec(self.instance_dir(instance_id), job, stdin, seconds, stop)
+        ) as items:
+            async for item in items:
+                yield item
 
     async def close(self) -> None:
         """At control-plane shutdown: drop the connections; the supervisors run on."""
@@ -694,30 +655,3 @@ class ProcessRuntime:
             with contextlib.suppress(BaseException):
                 await supervised.task
         self.cgroups.close()
-
-
-def _sync_paths(paths: list[str]) -> str:
-    errors = []
-    for path in paths:
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-        except OSError as error:
-            errors.append(f"{path}: {error.strerror}")
-            continue
-        try:
-            os.fsync(fd)
-            _syncfs(fd)
-        except OSError as error:
-            errors.append(f"{path}: {error.strerror}")
-        finally:
-            os.close(fd)
-    return "; ".join(errors)
-
-
-def _syncfs(fd: int) -> None:
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.syncfs(fd) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err))

@@ -249,11 +249,12 @@ ETC_DEFAULTS = {
 }
 
 
-def seed_layer(root: Path, host_usr: bool, owner: tuple[int, int] | None) -> None:
+def seed_layer(root: Path, host_usr: bool, owner: tuple[int, int] | None = None) -> None:
     """Give a writable layer the skeleton a guest expects (idempotent). The layer is the
     guest's: every name is resolved beneath it and nothing the guest put there (a symlink
     to a host path, say) is followed out of it or replaced; new entries belong to `owner`
-    (the guest's root)."""
+    (the guest's root; None: whoever runs this)."""
+    root.mkdir(parents=True, exist_ok=True)  # the layer's root itself is the runtime's, not the guest's
     root_fd = safepath.open_root(str(root))
     try:
         for name in SKELETON_DIRS:

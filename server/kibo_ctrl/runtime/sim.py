@@ -180,6 +180,10 @@ class SimNode:
         self.layers.discard(workspace_id)
         self.volumes.difference_update(volume_ids)
 
+    async def delete_volumes(self, volume_ids: tuple[str, ...]) -> None:
+        await asyncio.sleep(self.step_s)
+        self.volumes.difference_update(volume_ids)
+
     def inject(self, workspace_id: str, instance_id: str | None, fault: Fault) -> None:
         """Apply a fault to a workspace whose current instance is on this node."""
         if fault is Fault.NODE_SILENT:

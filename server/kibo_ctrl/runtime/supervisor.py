@@ -53,9 +53,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from kibo_ctrl.runtime import userns
+    from kibo_ctrl.runtime import idmap, userns
 else:
     sys.path.insert(0, str(Path(__file__).parent))  # run as a script: its sibling modules
+    import idmap
     import userns
 
 PR_SET_PDEATHSIG = 1
@@ -67,7 +68,9 @@ MS_NODEV = 4
 MS_BIND = 4096
 TICK = 0.25
 EXIT_BUSY = 75
-GUEST_LOG_LIMIT = 1 << 20
+# What of the guest's own stdout/stderr goes into supervisor.log (per supervisor): the rest is
+# dropped, or a guest could fill the host's disk by writing to its init's stdout (/proc/1/fd/1).
+GUEST_OUTPUT_LIMIT = 1 << 20
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -150,8 +153,8 @@ class Supervisor:
         self.sync_error = ""
         self.exit_status: int | None = None
         self.namespace: userns.GuestNamespace | None = None
-        self.logged = 0  # bytes of the guest's output in the log
-        self.output_fd = -1  # the guest's output pipe
+        self.output_fd = -1
+        self.output_logged = 0
 
     # -- setup ------------------------------------------------------------------------
 
@@ -195,6 +198,22 @@ class Supervisor:
         layer = os.path.dirname(upper)
         _check(_libc.mount(layer.encode(), b"layer", None, MS_BIND, None), "bind the layer")
         return "lower", f"layer/{os.path.basename(upper)}", f"layer/{os.path.basename(work)}"
+
+    def prepare_storage(self) -> None:
+        """Format new layer/volume images and mount them all (storage.py), in a mount namespace
+        of our own: they are unmounted when we and the guest are gone, whatever kills us."""
+        entries = self.spec.get("storage") or []
+        if not entries:
+            return
+        _check(_libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+        _check(_libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "mount --make-rprivate /")
+        storage = _load_storage()
+        # A previous supervisor's namespace may still be going (a guest reset): same image.
+        storage.wait_detached(storage.image_files(entries), 5.0)
+        # The guest's uid 0 on the host (its user namespace's base; 0 without one).
+        owner = int(self.spec.get("host_id_base", 0))
+        storage.prepare(entries, owner)
+        storage.mount_run_dir(self.spec["run_dir"], owner)
 
     def listen(self) -> socket.socket:
         server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -242,6 +261,11 @@ class Supervisor:
         (bubblewrap isolation only; see the module docstring)."""
         if self.namespace is None:
             return
+        # The guest's writable trees (plain directories or mounted images) are its ids' (once:
+        # trees from before the guests had their own ids are real root's). The guest is not running.
+        ids = idmap.IdRange(self.namespace.base, self.namespace.count)
+        for tree in self.spec["sync_paths"]:
+            idmap.shift_tree(Path(tree), ids)
         _check(_libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
         _check(_libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "mount --make-rprivate /")
         # A fresh tmpfs over the stage directory: nothing in it the guest could have planted.
@@ -281,50 +305,48 @@ class Supervisor:
             os.write(options, b"".join(arg.encode() + b"\0" for arg in bwrap_options))
             os.lseek(options, 0, os.SEEK_SET)
             argv = [argv[0], "--args", str(options), *argv[split:]]
-        # The guest's output reaches the log through a pipe: no host file (nor its path) in the guest.
-        output, guest_output = os.pipe()
-        os.set_blocking(output, False)
         try:
-            guest = subprocess.Popen(
+            return subprocess.Popen(
                 argv,
                 env=self.spec["env"],
                 cwd=self.spec["cwd"],
                 stdin=subprocess.DEVNULL,
-                stdout=guest_output,
-                stderr=guest_output,
+                stdout=(output := self.guest_output()),
+                stderr=output,
                 pass_fds=fds,
                 preexec_fn=self._enter_cgroup,
             )
-        except BaseException:
-            os.close(output)
-            raise
         finally:
-            os.close(guest_output)
+            os.close(output)
             for fd in fds:
                 os.close(fd)
-        self.selector.register(output, selectors.EVENT_READ, "output")
-        self.output_fd = output
-        return guest
 
-    def relay_output(self, fd: int) -> None:
-        """Copy the guest's output into the log, at most GUEST_LOG_LIMIT bytes per boot (the
-        rest is read and dropped, so the guest never blocks on it)."""
+    def guest_output(self) -> int:
+        """The write end of a pipe for the guest's stdout and stderr, drained into our log
+        up to GUEST_OUTPUT_LIMIT bytes (`drain_output`)."""
+        read, write = os.pipe()
+        os.set_blocking(read, False)
+        self.output_fd = read
+        self.selector.register(read, selectors.EVENT_READ, "output")
+        return write
+
+    def drain_output(self) -> None:
         try:
-            chunk = os.read(fd, 65536)
+            chunk = os.read(self.output_fd, 65536)
         except BlockingIOError:
             return
-        if not chunk:
-            self.selector.unregister(fd)
-            os.close(fd)
+        if not chunk:  # every writer is gone
+            self.selector.unregister(self.output_fd)
+            os.close(self.output_fd)
             self.output_fd = -1
             return
-        room = GUEST_LOG_LIMIT - self.logged
+        room = GUEST_OUTPUT_LIMIT - self.output_logged
         if room > 0:
             sys.stdout.buffer.write(chunk[:room])
             if len(chunk) >= room:
-                sys.stdout.buffer.write(b"\n[guest output beyond this is not logged]\n")
+                sys.stdout.buffer.write(b"\n[the guest's further output is dropped]\n")
             sys.stdout.buffer.flush()
-        self.logged += len(chunk)
+        self.output_logged += len(chunk)
 
     def save_state(self) -> None:
         write_json(
@@ -470,11 +492,11 @@ class Supervisor:
         self.kill_guest()
         # Its last words (a guest "kernel panic" message) before the exit is reported.
         for _ in range(64):
-            if self.output_fd < 0 or self.logged >= GUEST_LOG_LIMIT:
+            if self.output_fd < 0 or self.output_logged >= GUEST_OUTPUT_LIMIT:
                 break
-            before = self.logged
-            self.relay_output(self.output_fd)
-            if self.logged == before:
+            before = self.output_logged
+            self.drain_output()
+            if self.output_logged == before:
                 break
         code = status if status >= 0 else None
         killed = -status if status < 0 else None
@@ -531,6 +553,7 @@ class Supervisor:
 
     def run(self) -> None:
         self.create_namespace()
+        self.prepare_storage()
         self.mount_overlay()
         self.listen()
         try:
@@ -549,7 +572,7 @@ class Supervisor:
                 elif key.data == "guest":
                     self.on_guest_exit()
                 elif key.data == "output":
-                    self.relay_output(key.fd)
+                    self.drain_output()
             now = time.monotonic()
             if self.state == "starting" and self.guest_alive():
                 self.check_ready()
@@ -563,6 +586,17 @@ class Supervisor:
             if self.stop_force is False and self.guest_alive() and now > self.stop_deadline:
                 self.log("graceful stop: the grace period is over: SIGKILL")
                 self.kill_guest()
+
+
+def _load_storage() -> Any:
+    """storage.py, beside this file (run with -I: the package is not on sys.path)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("kibo_runtime_storage", Path(__file__).with_name("storage.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def main() -> None:

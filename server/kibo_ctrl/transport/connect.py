@@ -3,6 +3,7 @@ ASGI app, calling the same Api as the gRPC server. Errors go through transport/e
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import logging
@@ -62,8 +63,10 @@ class _Adapter:
             async def stream(request: Message, ctx: RequestContext[Any, Any]) -> AsyncIterator[Message]:
                 try:
                     caller = await auth.authenticate(ctx.request_headers.get("authorization"))
-                    async for response in target(request, caller):
-                        yield response
+                    # Closed at once when the client goes away (connectrpc closes this stream).
+                    async with contextlib.aclosing(target(request, caller)) as responses:
+                        async for response in responses:
+                            yield response
                 except KiboError as error:
                     raise connect_error(error) from None
                 except sqlite3.Error as error:

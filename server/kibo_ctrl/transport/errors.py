@@ -11,7 +11,7 @@ from google.protobuf.message import Message
 from google.rpc import error_details_pb2, status_pb2
 from kibo.ctrl.v1 import error_pb2
 
-from ..errors import KiboError, QuotaExceeded, RateLimited, Reason
+from ..errors import GuestExhausted, GuestPermissionDenied, KiboError, QuotaExceeded, RateLimited, Reason
 
 DOMAIN = "kibo.dev"
 
@@ -29,6 +29,12 @@ CODES: dict[Reason, grpc.StatusCode] = {
     Reason.RATE_LIMITED: grpc.StatusCode.RESOURCE_EXHAUSTED,
     Reason.UNIMPLEMENTED: grpc.StatusCode.UNIMPLEMENTED,
     Reason.GUEST_ERROR: grpc.StatusCode.FAILED_PRECONDITION,
+}
+
+# Guest errors whose cause has a canonical code of its own; their reason stays GUEST_ERROR.
+CLASS_CODES: dict[type[KiboError], grpc.StatusCode] = {
+    GuestExhausted: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    GuestPermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
 }
 
 
@@ -52,7 +58,7 @@ def details(error: KiboError) -> list[Message]:
 
 
 def to_status(error: KiboError) -> tuple[grpc.StatusCode, status_pb2.Status]:
-    code = CODES[error.reason]
+    code = CLASS_CODES.get(type(error)) or CODES[error.reason]
     status = status_pb2.Status(code=code.value[0], message=error.message)
     for message in details(error):
         packed = any_pb2.Any()

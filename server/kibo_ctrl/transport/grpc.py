@@ -3,10 +3,11 @@ request that cannot be decoded is INVALID_ARGUMENT, not grpc.aio's UNKNOWN."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import sqlite3
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -21,7 +22,7 @@ from .errors import to_status
 log = logging.getLogger(__name__)
 
 UnaryFn = Callable[[Any, Any], Awaitable[Message]]
-StreamFn = Callable[[Any, Any], AsyncIterator[Message]]
+StreamFn = Callable[[Any, Any], AsyncGenerator[Message, None]]
 
 
 def _snake(name: str) -> str:
@@ -70,8 +71,12 @@ def _stream(request_class: type[Message], fn: StreamFn, auth: Authenticator) -> 
     async def handle(raw: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[bytes]:
         try:
             caller = await auth.authenticate(_authorization(context))
-            async for response in fn(_decode(request_class, raw), caller):
-                yield response.SerializeToString()
+            # Closed here, at once, when the call ends early (the client cancelled or went
+            # away): the handler's cleanup (e.g. killing an exec's command) must not wait for
+            # the garbage collector.
+            async with contextlib.aclosing(fn(_decode(request_class, raw), caller)) as responses:
+                async for response in responses:
+                    yield response.SerializeToString()
         except KiboError as error:
             await _abort(context, error)
 

@@ -1,18 +1,57 @@
-"""Runs the Connect ASGI app in this process's event loop (uvicorn or hypercorn)."""
+"""Runs the Connect ASGI app in this process's event loop (uvicorn or hypercorn).
+
+The port faces the internet: both servers listen on a CappedListener (a cap on open
+connections, in all and per client address), cut a connection whose request headers do
+not arrive within the header timeout, close idle keep-alive connections, and bound the
+size of a request head (issue 10, finding 9)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+import resource
+import socket
 import ssl
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..tls import Tls
 from .connect import ASGIApp
+from .listener import CappedListener, ConnectionCaps, listen
 
 log = logging.getLogger(__name__)
+
+# Largest request line plus headers (h11's own default, said here so both servers agree).
+MAX_HEAD_BYTES = 16 * 1024
+
+
+def open_file_limit() -> int:
+    """The process's soft RLIMIT_NOFILE, as a number (unlimited counts as 2**20)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return 1 << 20 if soft == resource.RLIM_INFINITY else soft
+
+
+@dataclass(frozen=True)
+class HttpLimits:
+    # Open connections on the HTTP port; 0: half the process's open-file limit, so the
+    # gRPC port and the rest of the process keep the other half.
+    max_connections: int = 0
+    max_connections_per_client: int = 256
+    # From a connection's start (or the end of its last response) to the end of the next
+    # request's headers: a client that trickles or never finishes its headers is cut here.
+    header_timeout_s: float = 10.0
+    # A keep-alive connection with no request in flight is closed after this.
+    idle_timeout_s: float = 5.0
+
+    def connection_cap(self) -> int:
+        if self.max_connections > 0:
+            return self.max_connections
+        return max(16, open_file_limit() // 2)
+
+    def caps(self) -> ConnectionCaps:
+        return ConnectionCaps(self.connection_cap(), self.max_connections_per_client)
 
 
 def split_address(address: str) -> tuple[str, int]:
@@ -27,20 +66,62 @@ class HttpServer(Protocol):
     async def stop(self) -> None: ...
 
 
+def _header_timeout_protocol(header_timeout_s: float) -> type[asyncio.Protocol]:
+    """uvicorn's h11 protocol with a header timeout, which uvicorn has not: its keep-alive
+    timer starts only after a response and stops at the first byte of the next request,
+    so a connection that never completes its headers is held forever."""
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class HeaderTimeoutH11Protocol(H11Protocol):
+        _header_timer: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm_header_timer()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._arm_header_timer()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+            super().connection_lost(exc)
+
+        def _arm_header_timer(self) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+            self._header_timer = self.loop.call_later(header_timeout_s, self._header_timeout)
+
+        def _header_timeout(self) -> None:
+            # IDLE: no request head completed since the timer was armed.
+            if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+                self.transport.close()
+
+    return HeaderTimeoutH11Protocol
+
+
 class UvicornServer:
     """HTTP/1.1: Connect, gRPC-Web, plain JSON. The fastest for Connect over h1 here."""
 
-    def __init__(self, app: ASGIApp, address: str, grace_seconds: float, tls: Tls | None = None) -> None:
+    def __init__(self, app: ASGIApp, address: str, grace_seconds: float, tls: Tls | None, limits: HttpLimits) -> None:
         import uvicorn
 
         host, port = split_address(address)
+        self._socket: CappedListener = listen(host, port, limits.caps())
         config = uvicorn.Config(
             app,
             host=host,
             port=port,
             lifespan="off",
+            # Its lines go to the root logger's handlers (rate-limited there), not its own.
+            log_config=None,
             log_level="warning",
             access_log=False,
+            http=_header_timeout_protocol(limits.header_timeout_s),
+            h11_max_incomplete_event_size=MAX_HEAD_BYTES,
+            timeout_keep_alive=max(1, round(limits.idle_timeout_s)),
             timeout_graceful_shutdown=max(1, int(grace_seconds)),
             ssl_certfile=str(tls.cert) if tls else None,
             ssl_keyfile=str(tls.key) if tls else None,
@@ -58,7 +139,7 @@ class UvicornServer:
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        self._task = asyncio.create_task(self._server.serve())
+        self._task = asyncio.create_task(self._server.serve(sockets=[self._socket]))
         while not self._server.started:
             if self._task.done():
                 error = self._task.exception() if not self._task.cancelled() else None
@@ -70,15 +151,17 @@ class UvicornServer:
         if self._task is not None:
             with contextlib.suppress(BaseException):
                 await self._task
+        self._socket.close()
 
 
 class HypercornServer:
     """HTTP/1.1 and h2c: Connect, gRPC-Web, plain JSON, and gRPC over h2c too."""
 
-    def __init__(self, app: ASGIApp, address: str, grace_seconds: float, tls: Tls | None = None) -> None:
+    def __init__(self, app: ASGIApp, address: str, grace_seconds: float, tls: Tls | None, limits: HttpLimits) -> None:
         from hypercorn.config import Config
 
         host, port = split_address(address)
+        self._socket: CappedListener = listen(host, port, limits.caps())
         self._config = Config()
         if tls is not None:
             self._config.certfile = str(tls.cert)
@@ -91,16 +174,33 @@ class HypercornServer:
         # Its default (1000) sends GOAWAY after 1000 requests on a connection.
         self._config.keep_alive_max_requests = 2**31
         self._config.accesslog = None
+        # Its lines go to the root logger's handlers (rate-limited there), not its own.
+        self._config.errorlog = logging.getLogger("hypercorn.error")
+        # Hypercorn's one idle timer runs from a connection's start (and each response's
+        # end) until a request's headers are complete: it is also the header timeout.
+        self._config.keep_alive_timeout = min(limits.idle_timeout_s, limits.header_timeout_s)
+        self._config.h11_max_incomplete_size = MAX_HEAD_BYTES
+        self._config.ssl_handshake_timeout = limits.header_timeout_s
         self._app = app
         self._host, self._port = host, port
         self._shutdown = asyncio.Event()
         self._task: asyncio.Task[Any] | None = None
 
     async def start(self) -> None:
-        from hypercorn.asyncio import serve
+        from hypercorn.asyncio.run import worker_serve
+        from hypercorn.config import Sockets
+        from hypercorn.utils import wrap_app
 
+        # worker_serve is what hypercorn.asyncio.serve calls; it takes ready sockets.
+        ours: list[socket.socket] = [self._socket]
+        sockets = Sockets(ours if self._config.ssl_enabled else [], [] if self._config.ssl_enabled else ours, [])
         self._task = asyncio.create_task(
-            serve(self._app, self._config, shutdown_trigger=self._shutdown.wait, mode="asgi")  # type: ignore[arg-type]
+            worker_serve(
+                wrap_app(self._app, self._config.wsgi_max_body_size, "asgi"),  # type: ignore[arg-type]
+                self._config,
+                sockets=sockets,
+                shutdown_trigger=self._shutdown.wait,
+            )
         )
         for _ in range(500):
             if self._task.done():
@@ -119,6 +219,7 @@ class HypercornServer:
         if self._task is not None:
             with contextlib.suppress(BaseException):
                 await self._task
+        self._socket.close()
 
 
 SERVERS: dict[str, type[UvicornServer] | type[HypercornServer]] = {
