@@ -106,6 +106,9 @@ class Server:
             "0",
             "--log-level",
             "warning",
+            # The benchmark is one tenant at full speed: the default per-tenant limit would cap it.
+            "--rate-limit-rps",
+            "0",
             *NODE_FLAGS,
         ]
         if self.settle_ms is not None:

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Installs what the tests need beyond pip:
+# Installs what the tests need beyond pip (README.md's second command runs it):
 #   - bubblewrap, the sandbox of the process runtime (tests/test_process_runtime.py);
+#   - h2load (nghttp2-client), the benchmark's second opinion and its Connect figure;
+#   - python3-venv, for `python3 -m venv` on Debian;
 # and what the real-client tests (tests/test_real_clients.py) need:
 #   - Go, grpc-go and protoc from Debian's packages (the Go example builds offline, GOPATH
 #     mode), and curl;
@@ -19,9 +21,11 @@ PACKAGES=(
   golang-github-golang-protobuf-1-5-dev
   golang-google-protobuf-dev
   libseccomp2
+  nghttp2-client
   protobuf-compiler
   protoc-gen-go
   protoc-gen-go-grpc
+  python3-venv
 )
 
 missing=()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
@@ -14,6 +15,22 @@ from tests.client import Client
 from tests.server import ServerProcess
 
 _count = itertools.count()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _private_user_dirs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Servers started with auth record where their admin token is under $XDG_STATE_HOME, and
+    clients read the default $XDG_DATA_HOME/kibo/admin.token: keep both out of the real home
+    (servers inherit the environment), so tests leave nothing there and read nothing of it."""
+    saved = {name: os.environ.get(name) for name in ("XDG_STATE_HOME", "XDG_DATA_HOME")}
+    for name in saved:
+        os.environ[name] = str(tmp_path_factory.mktemp(name.lower()))
+    yield
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 @pytest.fixture(scope="session")

@@ -92,17 +92,23 @@ def readme() -> str:
     return (Path(__file__).parent.parent / "README.md").read_text()
 
 
-def test_the_readme_tour_runs_as_written(firecracker: ServerProcess) -> None:
-    text = readme()
-    start = text.index("```sh\nexport KIBO_SERVER=")
-    script = text[start + len("```sh\n") : text.index("```", start + 5)]
-    script = script.replace("KIBO_SERVER=127.0.0.1:50051", f"KIBO_SERVER={firecracker.address}")
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"}
-    run = subprocess.run(
-        ["bash", "-euo", "pipefail", "-c", script], env=env, capture_output=True, text=True, timeout=120
-    )
-    assert run.returncode == 0, f"{run.stdout}\n{run.stderr}"
-    assert "not confirmed on disk" in run.stdout and "Writes: confirmed on disk." in run.stdout
+def test_the_readme_tour_runs_as_written(server_factory: Callable[..., ServerProcess]) -> None:
+    """Against a server with auth on, as in the README, with no token given: `kibo` finds it."""
+    server = server_factory(auth=True)
+    try:
+        text = readme()
+        start = text.index("```sh\nexport KIBO_SERVER=")
+        script = text[start + len("```sh\n") : text.index("```", start + 5)]
+        script = script.replace("KIBO_SERVER=127.0.0.1:50051", f"KIBO_SERVER={server.address}")
+        env = {k: v for k, v in os.environ.items() if k != "KIBO_TOKEN"}
+        env["PATH"] = f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"
+        run = subprocess.run(
+            ["bash", "-euo", "pipefail", "-c", script], env=env, capture_output=True, text=True, timeout=120
+        )
+        assert run.returncode == 0, f"{run.stdout}\n{run.stderr}"
+        assert "not confirmed on disk" in run.stdout and "Writes: confirmed on disk." in run.stdout
+    finally:
+        server.stop()
 
 
 def test_usage_errors_exit_2(firecracker: ServerProcess) -> None:
@@ -152,7 +158,9 @@ def test_tokens_and_quotas_exit_12_and_13(
 ) -> None:
     server = server_factory("--quota-workspaces", "1", auth=True)
     try:
-        monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))  # no local admin token yet
+        # Neither the server's pointer nor a default admin token: nothing to find.
+        monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
+        monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
         monkeypatch.delenv("KIBO_TOKEN", raising=False)
         refused = kibo(server, "workspace", "list")
         assert refused.exit_code == ExitCode.NOT_ALLOWED and "UNAUTHENTICATED" in refused.stderr
@@ -181,6 +189,49 @@ def test_tokens_and_quotas_exit_12_and_13(
         assert workspace_id in ok(runner.invoke(app, [*read_only, "workspace", "get", workspace_id])).stdout
         denied = runner.invoke(app, [*read_only, "workspace", "stop", workspace_id])
         assert denied.exit_code == ExitCode.NOT_ALLOWED and "PERMISSION_DENIED" in denied.stderr
+    finally:
+        server.stop()
+
+
+def test_the_token_of_a_local_server_is_found_whatever_its_data_dir(
+    server_factory: Callable[..., ServerProcess], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Issue 11 item 5: the server runs with --data-dir elsewhere than the default; `kibo`
+    finds its admin token through the pointer the server wrote, and says where it was."""
+    monkeypatch.delenv("KIBO_TOKEN", raising=False)
+    server = server_factory(data_dir=tmp_path / "elsewhere", auth=True)
+    try:
+        workspace_id = ok(kibo(server, "workspace", "create", "-q")).stdout.strip()
+        assert workspace_id in ok(kibo(server, "workspace", "list")).stdout
+        # $KIBO_TOKEN comes before the local token: a wrong one is refused and named.
+        monkeypatch.setenv("KIBO_TOKEN", "not-a-token")
+        refused = kibo(server, "workspace", "list")
+        assert refused.exit_code == ExitCode.NOT_ALLOWED, refused.output
+        assert "the token came from $KIBO_TOKEN" in refused.stderr
+        assert "DIR/admin.token" in refused.stderr
+        monkeypatch.delenv("KIBO_TOKEN")
+        # The flag comes first of all.
+        flagged = runner.invoke(app, ["--server", server.address, "--token", "wrong", "workspace", "list"])
+        assert flagged.exit_code == ExitCode.NOT_ALLOWED and "the token came from --token" in flagged.stderr
+    finally:
+        server.stop()
+
+
+def test_unauthenticated_says_where_it_looked_for_a_token(
+    server_factory: Callable[..., ServerProcess], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    server = server_factory(auth=True)
+    try:
+        monkeypatch.delenv("KIBO_TOKEN", raising=False)
+        monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+        monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+        refused = kibo(server, "workspace", "list")
+        assert refused.exit_code == ExitCode.NOT_ALLOWED
+        pointer = tmp_path / "state" / "kibo" / "servers" / f"127.0.0.1_{server.port}"
+        for place in ("--token (not given)", "$KIBO_TOKEN (not set)", f"{pointer} (no pointer)"):
+            assert place in refused.stderr, refused.stderr
+        assert f"{tmp_path / 'data' / 'kibo' / 'admin.token'} (missing)" in refused.stderr
+        assert "DATA_DIR/admin.token" in refused.stderr
     finally:
         server.stop()
 
@@ -289,14 +340,84 @@ def test_stop_and_start_print_durability_and_json(firecracker: ServerProcess) ->
     assert started["workspace"]["executionGeneration"] == "2"
 
 
-def test_force_stop_asks_for_confirmation(firecracker: ServerProcess, sdk: kibotos.Client) -> None:
+def test_force_stop_needs_yes_without_a_terminal(firecracker: ServerProcess, sdk: kibotos.Client) -> None:
+    """Issue 11 item 8: `echo y | kibo workspace stop --force` went ahead; like delete, a piped
+    answer is not a confirmation."""
     workspace_id = new_workspace(firecracker)
-    declined = kibo(firecracker, "workspace", "stop", "--force", workspace_id, input="n\n")
-    assert declined.exit_code == ExitCode.NOT_CONFIRMED and "Force stop" in declined.stderr
+    piped = kibo(firecracker, "workspace", "stop", "--force", workspace_id, input="y\n")
+    assert piped.exit_code == ExitCode.USAGE and "pass --yes" in piped.stderr, piped.output
     assert sdk.get_workspace(workspace_id).state == S.WORKSPACE_STATE_AVAILABLE
-    confirmed = ok(kibo(firecracker, "workspace", "stop", "--force", workspace_id, input="y\n"))
+    confirmed = ok(kibo(firecracker, "workspace", "stop", "--force", "--yes", workspace_id))
     assert "not confirmed on disk" in confirmed.stdout
     assert sdk.get_workspace(workspace_id).last_stop.durability == wp.STOP_DURABILITY_UNCONFIRMED
+
+
+@pytest.mark.parametrize(("answer", "code"), [("y", ExitCode.OK), ("n", ExitCode.NOT_CONFIRMED)])
+def test_force_stop_confirms_on_a_terminal(
+    firecracker: ServerProcess, sdk: kibotos.Client, answer: str, code: ExitCode
+) -> None:
+    workspace_id = new_workspace(firecracker)
+    controller, terminal = pty.openpty()
+    try:
+        process = _spawn(firecracker, "workspace", "stop", "--force", workspace_id, stdin=terminal)
+        os.write(controller, f"{answer}\n".encode())
+        _, err = process.communicate(timeout=60)
+    finally:
+        os.close(terminal)
+        os.close(controller)
+    assert process.returncode == code, err
+    assert f"Force stop {workspace_id}?" in err
+    expected = S.WORKSPACE_STATE_STOPPED if code == ExitCode.OK else S.WORKSPACE_STATE_AVAILABLE
+    assert sdk.get_workspace(workspace_id).state == expected
+
+
+def test_a_deleted_workspace_gets_no_volume_lines_and_no_delete_again_hint(firecracker: ServerProcess) -> None:
+    """Issue 11 item 8: delete of a DELETED workspace listed its volumes as "will be deleted"
+    before the refusal, and stop said "delete again to finish the delete"."""
+    workspace_id = new_workspace(firecracker)
+    ok(kibo(firecracker, "workspace", "delete", "--yes", "--command-id", f"cli/del/{workspace_id}", workspace_id))
+    again = kibo(firecracker, "workspace", "delete", "--yes", workspace_id)
+    assert again.exit_code == ExitCode.CONFLICT, again.output
+    assert "Volume" not in again.stderr and "will be deleted" not in again.stderr
+    assert "it can only be read" in again.stderr
+    stopped = kibo(firecracker, "workspace", "stop", workspace_id)
+    assert stopped.exit_code == ExitCode.CONFLICT
+    assert "delete again" not in stopped.stderr and "it can only be read" in stopped.stderr
+    # The same delete resent with its command ID still answers its result, without a question.
+    resent = kibo(firecracker, "workspace", "delete", "--command-id", f"cli/del/{workspace_id}", workspace_id)
+    assert f"{workspace_id} is DELETED" in ok(resent).stdout
+
+
+def test_an_empty_command_id_is_invalid_argument(firecracker: ServerProcess, sdk: kibotos.Client) -> None:
+    workspace_id = new_workspace(firecracker)
+    for command in (["stop"], ["start"], ["delete", "--yes"]):
+        refused = kibo(firecracker, "workspace", *command, "--command-id", "", workspace_id)
+        assert refused.exit_code == ExitCode.INVALID_ARGUMENT, refused.output
+        assert "is not a command ID" in refused.stderr and "field: command_id" in refused.stderr
+    created = kibo(firecracker, "workspace", "create", "--command-id", "")
+    assert created.exit_code == ExitCode.INVALID_ARGUMENT
+    assert sdk.get_workspace(workspace_id).state == S.WORKSPACE_STATE_AVAILABLE
+
+
+def test_exec_without_dashes_says_where_they_go(firecracker: ServerProcess) -> None:
+    refused = kibo(firecracker, "workspace", "exec", "ws-any", "ls", "-l")
+    assert refused.exit_code == ExitCode.USAGE
+    assert "No such option: -l" in refused.output and "put -- before it" in refused.output
+
+
+@pytest.mark.parametrize(
+    ("argv", "option"),
+    [
+        ([*KIBO, "--help"], "--token"),
+        ([*KIBO, "workspace", "create", "--help"], "--delete-with-workspace"),
+        ([sys.executable, "-m", "kibo_ctrl", "serve", "--help"], "--insecure-no-auth / --no-insecure-no-auth"),
+    ],
+)
+def test_help_piped_to_a_file_is_not_cut(argv: list[str], option: str) -> None:
+    """Issue 11 item 8: piped help was rich's 80-column boxes, cutting `--insecure-no-au…`."""
+    shown = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True).stdout
+    assert option in shown and "…" not in shown, shown
+    assert "Exit codes:" not in shown or "\n     10  gave up waiting" in shown
 
 
 def test_a_stalled_stop_settles_with_progress_lines(
@@ -522,7 +643,7 @@ def test_the_installed_kibo_command_runs_the_seed_command_lines(firecracker: Ser
     workspace_id = created.stdout.strip()
     assert created.returncode == 0, created.stderr
     forced = subprocess.run(
-        [kibo_bin, "workspace", "stop", "--force", workspace_id], input="y\n", env=env, capture_output=True, text=True
+        [kibo_bin, "workspace", "stop", "--force", "--yes", workspace_id], env=env, capture_output=True, text=True
     )
     assert forced.returncode == 0, forced.stderr
     assert "not confirmed on disk" in forced.stdout

@@ -1,11 +1,14 @@
-"""The examples under examples/python/, run as a user would: `python X.py --server HOST:PORT`."""
+"""The examples under examples/python/, run as a user would: `python X.py --server HOST:PORT`,
+against a server with authentication on (its default) and nothing but the SDK's token
+discovery to find the token: the server's pointer to its admin token, whatever its --data-dir."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import kibotos
@@ -14,9 +17,20 @@ from kibo.ctrl.v1 import workspace_pb2 as wp
 from kibo.sim.v1 import simulator_pb2 as sim
 
 from tests.server import ServerProcess
+from tests.test_real_clients import NODE_EXAMPLE, go_client, node_client
+
+# The compiled Go and Node examples, built as tests/test_real_clients.py builds them.
+__all__ = ["go_client", "node_client"]
 
 S = wp.WorkspaceState
 EXAMPLES = Path(__file__).parent.parent / "examples" / "python"
+
+
+@pytest.fixture(scope="module")
+def firecracker(server_factory: Callable[..., ServerProcess]) -> ServerProcess:
+    """A server with tokens required, like `kibo-ctrl serve` without flags (module scope: the
+    shared session servers run without auth)."""
+    return server_factory("--sim-backend", "firecracker", auth=True)
 
 
 @pytest.fixture
@@ -26,15 +40,26 @@ def sdk(firecracker: ServerProcess) -> Iterator[kibotos.Client]:
 
 
 def run(server: ServerProcess, name: str, *args: str) -> subprocess.CompletedProcess[str]:
+    environment = {k: v for k, v in os.environ.items() if k != "KIBO_TOKEN"}
     return subprocess.run(
         [sys.executable, str(EXAMPLES / name), "--server", server.address, *args],
         capture_output=True,
         text=True,
         timeout=120,
+        env=environment,
     )
 
 
+def test_the_examples_server_refuses_calls_without_a_token(firecracker: ServerProcess) -> None:
+    with (
+        kibotos.Client(firecracker.address, token="not-a-token") as client,
+        pytest.raises(kibotos.UnauthenticatedError),
+    ):
+        client.get_capabilities()
+
+
 def test_every_example_is_tested() -> None:
+    """The Python examples here; the Go and Node clients at the end of this file."""
     tested = {
         "stop_with_settle.py",
         "start_and_wait.py",
@@ -114,3 +139,26 @@ def test_recover_from_failed_when_both_are_rejected(firecracker: ServerProcess, 
         sdk.inject_fault(workspace_id, sim.FAULT_UNSTALL)
     assert done.returncode == 1, done.stderr
     assert done.stdout.splitlines()[-1] == "both rejected; the workspace is STARTING: act on that state"
+
+
+def _client_run(argv: list[str], token: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    environment = {**os.environ, "KIBO_TOKEN": token}
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120, env=environment, cwd=cwd)
+
+
+def test_the_go_example_sends_the_token(go_client: Path, firecracker: ServerProcess) -> None:
+    refused = _client_run([str(go_client), "-addr", firecracker.address], "not-a-token")
+    assert refused.returncode != 0 and "Unauthenticated" in refused.stderr + refused.stdout, refused.stdout
+    done = _client_run([str(go_client), "-addr", firecracker.address], firecracker.admin_token)
+    assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
+    assert done.stdout.rstrip().endswith("ok") and "stopped: WORKSPACE_STATE_STOPPED" in done.stdout
+
+
+@pytest.mark.parametrize("transport", ["connect", "grpc-web"])
+def test_the_node_example_sends_the_token(node_client: list[str], firecracker: ServerProcess, transport: str) -> None:
+    argv = [*node_client, "--base-url", f"http://{firecracker.http_address}", "--transport", transport]
+    refused = _client_run(argv, "not-a-token", cwd=NODE_EXAMPLE)
+    assert refused.returncode != 0 and "nauthenticated" in refused.stderr + refused.stdout, refused.stdout
+    done = _client_run(argv, firecracker.admin_token, cwd=NODE_EXAMPLE)
+    assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
+    assert "stop durability: STOP_DURABILITY_CONFIRMED" in done.stdout

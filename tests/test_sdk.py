@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
 
 import grpc
 import kibotos
@@ -398,3 +399,80 @@ def test_token_goes_in_the_authorization_header() -> None:
     connection = kibotos.Connection.of("127.0.0.1:1", token="secret")
     assert connection.metadata() == (("authorization", "Bearer secret"),)
     assert kibotos.Connection.of("127.0.0.1:1", tls=True, token="secret").metadata() == ()
+
+
+def test_the_sdk_finds_a_local_servers_token_and_raw_stubs_send_it(
+    server_factory: Callable[..., ServerProcess], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Issue 11 items 3 and 4: no token given, no $KIBO_TOKEN, the server on a --data-dir of
+    its own: the SDK finds the admin token (the server's pointer), for typed and raw calls."""
+    monkeypatch.delenv("KIBO_TOKEN", raising=False)
+    server = server_factory(data_dir=tmp_path / "data", auth=True)
+    try:
+        with kibotos.Client(server.address) as client:
+            assert client.connection.token == server.admin_token
+            assert client.connection.discovery is not None
+            assert str(tmp_path / "data" / "admin.token") in client.connection.discovery.source
+            workspace_id = client.create_workspace().workspace.workspace_id
+            raw = client.workspaces.GetWorkspace(ws.GetWorkspaceRequest(workspace_id=workspace_id))
+            assert raw.workspace.workspace_id == workspace_id
+            watch = client.workspaces.WatchWorkspace(ws.WatchWorkspaceRequest(workspace_id=workspace_id))
+            assert next(iter(watch)).workspace.workspace_id == workspace_id
+            watch.cancel()
+    finally:
+        server.stop()
+
+
+async def test_the_async_sdk_raw_stubs_send_the_token(
+    server_factory: Callable[..., ServerProcess], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("KIBO_TOKEN", raising=False)
+    server = server_factory(auth=True)
+    try:
+        async with kibotos.AsyncClient(server.address) as client:
+            created = await client.create_workspace()
+            raw = await client.workspaces.GetWorkspace(
+                ws.GetWorkspaceRequest(workspace_id=created.workspace.workspace_id)
+            )
+            assert raw.workspace.workspace_id == created.workspace.workspace_id
+    finally:
+        server.stop()
+
+
+def test_an_unauthenticated_error_says_where_the_sdk_looked(
+    server_factory: Callable[..., ServerProcess], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    server = server_factory(auth=True)
+    try:
+        monkeypatch.delenv("KIBO_TOKEN", raising=False)
+        monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+        monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+        with kibotos.Client(server.address) as client, pytest.raises(kibotos.UnauthenticatedError) as caught:
+            client.get_capabilities()
+        text = str(caught.value)
+        assert "$KIBO_TOKEN (not set)" in text and f"127.0.0.1_{server.port} (no pointer)" in text, text
+        assert str(tmp_path / "data" / "kibo" / "admin.token") in text
+    finally:
+        server.stop()
+
+
+def test_local_token_files_are_read_for_loopback_servers_only(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from kibotos import token_discovery
+
+    monkeypatch.delenv("KIBO_TOKEN", raising=False)
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
+    (tmp_path / "kibo").mkdir()
+    (tmp_path / "kibo" / "admin.token").write_text("local-admin\n")
+    assert token_discovery.discover("127.0.0.1:50051").token == "local-admin"
+    assert token_discovery.discover("localhost:50051").token == "local-admin"
+    remote = token_discovery.discover("10.1.2.3:50051")
+    assert remote.token is None and "not a loopback address" in remote.describe()
+    # A server listening on every interface is found at 127.0.0.1 too.
+    token_file = tmp_path / "other.token"
+    token_file.write_text("wildcard\n")
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    token_discovery.write_pointer("0.0.0.0:50999", token_file)
+    assert token_discovery.discover("127.0.0.1:50999").token == "wildcard"
+    monkeypatch.setenv("KIBO_TOKEN", "from-env")
+    assert token_discovery.discover("127.0.0.1:50999").token == "from-env"
+    assert token_discovery.discover("127.0.0.1:50999", "given").token == "given"

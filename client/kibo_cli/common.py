@@ -3,9 +3,8 @@ and "send a command, settle it, wait for the workspace" with progress."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-import ipaddress
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -15,6 +14,7 @@ from typing import Annotated, ParamSpec, TypeVar
 
 import kibotos
 import typer
+from kibotos.token_discovery import Discovery
 
 from . import exit_codes, output, parsing
 from .exit_codes import ExitCode
@@ -53,37 +53,28 @@ class Settings:
     ca_cert: Path | None = None
     cert: Path | None = None
     key: Path | None = None
-    token: str | None = None
+    # Where the token came from: --token, $KIBO_TOKEN or a local server's token file.
+    discovery: Discovery | None = None
+
+    @property
+    def token(self) -> str | None:
+        return self.discovery.token if self.discovery is not None else None
 
     def client(self) -> kibotos.Client:
         def read(path: Path | None) -> bytes | None:
             return path.read_bytes() if path is not None else None
 
-        return kibotos.Client(
+        connection = kibotos.Connection.of(
             self.server,
             tls=self.tls,
             root_certificates=read(self.ca_cert),
             certificate_chain=read(self.cert),
             private_key=read(self.key),
-            token=self.token or None,
+            token=self.token,
         )
-
-
-def local_admin_token(server: str) -> str | None:
-    """The admin token a local `kibo-ctrl serve` wrote on first start (DATA_DIR/admin.token,
-    default data dir), used only for a loopback server so it never travels elsewhere."""
-    host = server.rpartition(":")[0].strip("[]") or server
-    try:
-        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = False
-    if not loopback:
-        return None
-    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
-    try:
-        return (Path(base) / "kibo" / "admin.token").read_text().strip() or None
-    except OSError:
-        return None
+        if self.discovery is not None:
+            connection = dataclasses.replace(connection, discovery=self.discovery)
+        return kibotos.Client(connection=connection)
 
 
 _current: list[Settings] = []
@@ -144,11 +135,16 @@ def report(error: kibotos.KiboError) -> None:
     note(f"kibo: {code_name}: {error.message}{extra}")
     if error.field:
         note(f"      field: {error.field}")
-    if error.hint:
+    if isinstance(error, kibotos.ConflictError) and error.workspace_state == "DELETED":
+        # The server's hint for a DELETED workspace speaks of a delete in progress; this one is done.
+        note("next: the workspace is DELETED: it can only be read (kibo workspace get, events)")
+    elif error.hint:
         note(f"next: {error.hint}")
     elif isinstance(error, kibotos.UnavailableError):
         note(f"next: is a kibo server running at {settings().server}? (--server or KIBO_SERVER)")
     elif isinstance(error, kibotos.UnauthenticatedError):
+        if error.token_discovery:
+            note(f"      {error.token_discovery}")
         note("next: pass --token or set KIBO_TOKEN")
 
 
@@ -169,8 +165,9 @@ def handle(fn: Callable[P, T]) -> Callable[P, T]:
 
 
 def command_id_or_new(command_id: str | None) -> str:
-    """The --command-id given (checked), else a new `kibo/<uuid>`."""
-    return kibotos.check_command_id(command_id) if command_id else kibotos.new_command_id("kibo")
+    """The --command-id given (checked like the server does: '' is INVALID_ARGUMENT, exit 5),
+    else a new `kibo/<uuid>`."""
+    return kibotos.check_command_id(command_id) if command_id is not None else kibotos.new_command_id("kibo")
 
 
 def timeout_seconds(text: str) -> float:

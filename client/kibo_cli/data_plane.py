@@ -15,6 +15,9 @@ import grpc
 import kibotos
 import typer
 from kibotos.data_plane import MAX_FILE_BYTES
+from typer._click import core as click_core  # typer 0.29 vendors click: its exceptions are these
+from typer._click import exceptions as click_exceptions
+from typer.core import TyperCommand
 
 from . import parsing
 from .common import _recovery, fail, handle, report, timeout_seconds
@@ -110,6 +113,21 @@ def _write(stream: BinaryIO, data: bytes) -> None:
 
 
 # -- exec ----------------------------------------------------------------------------------
+
+
+class ExecCommand(TyperCommand):
+    """`kibo workspace exec`: an unknown option is most often the command's own option given
+    without `--` before the command; say so instead of only "No such option"."""
+
+    def parse_args(self, ctx: click_core.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click_exceptions.NoSuchOption as error:
+            raise click_exceptions.UsageError(
+                f"{error.format_message()}. To pass options to the command, put -- before it: "
+                "kibo workspace exec ID -- CMD [ARG]... (e.g. -- ls -l /data)",
+                ctx,
+            ) from None
 
 
 @handle

@@ -7,9 +7,11 @@ from typing import Annotated
 
 import kibotos
 import typer
+from kibotos.token_discovery import discover
 
 from . import exit_codes, other, workspace
-from .common import Settings, local_admin_token, use
+from .common import Settings, use
+from .help import command_of
 
 HELP = (
     "kibo: drive workspaces from a terminal.\n\n"
@@ -51,9 +53,9 @@ def _global(
     token: Annotated[
         str | None,
         typer.Option(
-            envvar="KIBO_TOKEN",
-            help="Bearer token sent with every call. Default for a loopback server: the admin token a local "
-            "kibo-ctrl serve wrote to $XDG_DATA_HOME/kibo/admin.token (~/.local/share/kibo/admin.token).",
+            help="Bearer token sent with every call. Else $KIBO_TOKEN; else, for a loopback server, the "
+            "admin token of the local kibo-ctrl serve on that address, whatever its --data-dir (it records "
+            "where under $XDG_STATE_HOME/kibo/servers/), then ~/.local/share/kibo/admin.token.",
             show_default=False,
         ),
     ] = None,
@@ -61,9 +63,10 @@ def _global(
     if (cert is None) != (key is None):
         raise typer.BadParameter("give both --cert and --key")
     secure = tls or ca_cert is not None or cert is not None
-    token = token or local_admin_token(server)
-    use(Settings(server=server, tls=secure, ca_cert=ca_cert, cert=cert, key=key, token=token))
+    found = discover(server, token, given_as="--token")
+    use(Settings(server=server, tls=secure, ca_cert=ca_cert, cert=cert, key=key, discovery=found))
 
 
 def main() -> None:
-    app()
+    # Plain help when stdout is not a terminal, so that piped help is never cut (kibo_cli.help).
+    command_of(app)(prog_name="kibo")

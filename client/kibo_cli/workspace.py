@@ -237,7 +237,7 @@ def cleanup_status(workspace_id: WorkspaceId, fmt: OutputOpt = Format.text) -> N
         "layer.\n\n"
         "--force is for a stop that cannot finish (a stuck stop, FAILED still holding execution): "
         'one short sync only, so the result is "not confirmed on disk". It asks for confirmation '
-        "unless --yes."
+        "unless --yes, which is required when stdin is not a terminal."
     )
 )
 @handle
@@ -259,10 +259,11 @@ def stop(
         if force:
             if FORCE_CAPABILITY not in client.get_capabilities():
                 raise fail(f"this server does not declare {FORCE_CAPABILITY}", ExitCode.ERROR)
+            # Like delete: a "y" piped in is not someone confirming a possible loss of writes.
             confirm(
                 f"Force stop {workspace_id}? It does not wait for the guest's writes; the last ones may be lost.",
                 yes,
-                require_terminal=False,
+                require_terminal=True,
             )
         if no_wait:
             accepted(client.stop_workspace(workspace_id, force=force, command_id=command_id, settle=False), fmt)
@@ -350,11 +351,16 @@ def delete(
     seconds = timeout_seconds(timeout)
     with connect() as client:
         workspace = client.get_workspace(workspace_id)
-        for binding in workspace.spec.volumes:
-            fate = "will be deleted with the workspace" if binding.delete_with_workspace else "will be kept (unbound)"
-            note(f"Volume {binding.volume_id} at {binding.mount_path} {fate}.")
-        note("The writable layer will be deleted; credentials issued for the workspace become invalid.")
-        confirm(f"Delete workspace {workspace_id}?", yes, require_terminal=True)
+        # Already DELETED: nothing is left to lose, so no volume lines and no question; the
+        # server answers (its refusal, or the result of the delete resent with its command ID).
+        if workspace.state != workspace_pb2.WORKSPACE_STATE_DELETED:
+            for binding in workspace.spec.volumes:
+                fate = (
+                    "will be deleted with the workspace" if binding.delete_with_workspace else "will be kept (unbound)"
+                )
+                note(f"Volume {binding.volume_id} at {binding.mount_path} {fate}.")
+            note("The writable layer will be deleted; credentials issued for the workspace become invalid.")
+            confirm(f"Delete workspace {workspace_id}?", yes, require_terminal=True)
         if no_wait:
             accepted(client.delete_workspace(workspace_id, command_id=command_id, settle=False), fmt)
             return
@@ -538,5 +544,5 @@ def expire(
 
 # -- the data plane (data_plane.py) ------------------------------------------------------
 
-app.command("exec", help=data_plane.EXEC_HELP)(data_plane.exec_command)
+app.command("exec", help=data_plane.EXEC_HELP, cls=data_plane.ExecCommand)(data_plane.exec_command)
 app.command("cp", help=data_plane.CP_HELP)(data_plane.cp)

@@ -6,8 +6,11 @@
         created = client.create_workspace()                 # settled: the create is terminal
         stopped = client.stop_workspace(created.workspace.workspace_id)
 
-Go's `kibotos.Settle` / `kibotos.NewCommandID` / `client.WaitWorkspace` are
+Go's `Settle` / `NewCommandID` / `WaitWorkspace` (examples/go) are
 `kibotos.settle` / `kibotos.new_command_id` / `client.wait_workspace` here.
+
+The token: `token=`, else $KIBO_TOKEN, else a local server's admin token
+(kibotos.token_discovery, the rule `kibo` follows too).
 """
 
 from .aio import AsyncClient
@@ -21,6 +24,7 @@ from .errors import (
     CommandIdReusedError,
     ConflictError,
     DeadlineExceededError,
+    InternalError,
     InvalidArgumentError,
     KiboError,
     KiboTimeoutError,
@@ -58,6 +62,7 @@ __all__ = [
     "ExecExit",
     "ExecOutput",
     "ExecResult",
+    "InternalError",
     "InvalidArgumentError",
     "KiboError",
     "KiboTimeoutError",

@@ -73,11 +73,11 @@ class AsyncClient:
             if credentials is not None
             else grpc.aio.insecure_channel(self.connection.address, options)
         )
-        self.workspaces = ws_grpc.WorkspaceServiceStub(self.channel)  # type: ignore[no-untyped-call]
-        self.observation = obs_grpc.WorkspaceObservationServiceStub(self.channel)  # type: ignore[no-untyped-call]
-        self.volumes = vol_grpc.VolumeServiceStub(self.channel)  # type: ignore[no-untyped-call]
-        self.data_plane = dp_grpc.DataPlaneServiceStub(self.channel)  # type: ignore[no-untyped-call]
-        self.simulator = sim_grpc.SimulatorServiceStub(self.channel)  # type: ignore[no-untyped-call]
+        self.workspaces = self.connection.stub(ws_grpc.WorkspaceServiceStub(self.channel))  # type: ignore[no-untyped-call]
+        self.observation = self.connection.stub(obs_grpc.WorkspaceObservationServiceStub(self.channel))  # type: ignore[no-untyped-call]
+        self.volumes = self.connection.stub(vol_grpc.VolumeServiceStub(self.channel))  # type: ignore[no-untyped-call]
+        self.data_plane = self.connection.stub(dp_grpc.DataPlaneServiceStub(self.channel))  # type: ignore[no-untyped-call]
+        self.simulator = self.connection.stub(sim_grpc.SimulatorServiceStub(self.channel))  # type: ignore[no-untyped-call]
 
     @property
     def address(self) -> str:
@@ -100,7 +100,7 @@ class AsyncClient:
         try:
             return await method(request, timeout=self.connection.timeout, metadata=self.connection.metadata())
         except grpc.RpcError as error:
-            raise from_rpc_error(error) from None
+            raise self.connection.explain(from_rpc_error(error)) from None
 
     async def _command(
         self, method: Any, request: Message, kind: type[R], settle_arg: SettleArg, on_answer: OnAnswer | None
@@ -177,7 +177,7 @@ class AsyncClient:
             async for response in call:
                 yield response.workspace
         except grpc.RpcError as error:
-            raise from_rpc_error(error) from None
+            raise self.connection.explain(from_rpc_error(error)) from None
         finally:
             call.cancel()
 
@@ -384,7 +384,7 @@ class AsyncClient:
                 if isinstance(event, dpl.ExecExit):
                     return
         except grpc.RpcError as error:
-            raise from_rpc_error(error) from None
+            raise self.connection.explain(from_rpc_error(error)) from None
         finally:
             call.cancel()
         raise dpl.no_exit_code()

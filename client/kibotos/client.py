@@ -104,11 +104,11 @@ class Client:
             if credentials is not None
             else grpc.insecure_channel(self.connection.address, options)
         )
-        self.workspaces = ws_grpc.WorkspaceServiceStub(self.channel)  # type: ignore[no-untyped-call]
-        self.observation = obs_grpc.WorkspaceObservationServiceStub(self.channel)  # type: ignore[no-untyped-call]
-        self.volumes = vol_grpc.VolumeServiceStub(self.channel)  # type: ignore[no-untyped-call]
-        self.data_plane = dp_grpc.DataPlaneServiceStub(self.channel)  # type: ignore[no-untyped-call]
-        self.simulator = sim_grpc.SimulatorServiceStub(self.channel)  # type: ignore[no-untyped-call]
+        self.workspaces = self.connection.stub(ws_grpc.WorkspaceServiceStub(self.channel))  # type: ignore[no-untyped-call]
+        self.observation = self.connection.stub(obs_grpc.WorkspaceObservationServiceStub(self.channel))  # type: ignore[no-untyped-call]
+        self.volumes = self.connection.stub(vol_grpc.VolumeServiceStub(self.channel))  # type: ignore[no-untyped-call]
+        self.data_plane = self.connection.stub(dp_grpc.DataPlaneServiceStub(self.channel))  # type: ignore[no-untyped-call]
+        self.simulator = self.connection.stub(sim_grpc.SimulatorServiceStub(self.channel))  # type: ignore[no-untyped-call]
 
     @property
     def address(self) -> str:
@@ -131,7 +131,7 @@ class Client:
         try:
             return method(request, timeout=self.connection.timeout, metadata=self.connection.metadata())
         except grpc.RpcError as error:
-            raise from_rpc_error(error) from None
+            raise self.connection.explain(from_rpc_error(error)) from None
 
     def _command(
         self, method: Any, request: Message, kind: type[R], settle_arg: SettleArg, on_answer: OnAnswer | None
@@ -201,7 +201,7 @@ class Client:
             for response in call:
                 yield response.workspace
         except grpc.RpcError as error:
-            raise from_rpc_error(error) from None
+            raise self.connection.explain(from_rpc_error(error)) from None
         finally:
             call.cancel()
 
@@ -358,7 +358,9 @@ class Client:
         return response.volume
 
     def inject_fault(self, workspace_id: str, fault: int) -> None:
-        """kibo.sim.v1.SimulatorService/InjectFault (servers running the simulated runtime)."""
+        """kibo.sim.v1.SimulatorService/InjectFault (only servers with `--runtime sim` have it).
+        An empty `workspace_id`, node silence and a lost storage pool reach every workspace on
+        the node: they need an operator token (`kibo-ctrl token create --role operator`)."""
         self._call(self.simulator.InjectFault, build.fault(workspace_id, fault))
 
     # -- data plane (see kibotos.data_plane) ------------------------------------------------
@@ -409,7 +411,7 @@ class Client:
                 if isinstance(event, dpl.ExecExit):
                     return
         except grpc.RpcError as error:
-            raise from_rpc_error(error) from None
+            raise self.connection.explain(from_rpc_error(error)) from None
         finally:
             call.cancel()
         raise dpl.no_exit_code()

@@ -8,11 +8,13 @@ from typing import Any
 
 import grpc
 
-__all__ = ["DEFAULT_ADDRESS", "ENV_SERVER", "ENV_TOKEN", "Connection", "resolve_address"]
+from .errors import KiboError, UnauthenticatedError
+from .token_discovery import ENV_TOKEN, Discovery, discover
+
+__all__ = ["DEFAULT_ADDRESS", "ENV_SERVER", "ENV_TOKEN", "Connection", "TokenStub", "resolve_address"]
 
 DEFAULT_ADDRESS = "127.0.0.1:50051"
 ENV_SERVER = "KIBO_SERVER"
-ENV_TOKEN = "KIBO_TOKEN"
 
 _USER_AGENT = "kibotos/0.1"
 
@@ -26,9 +28,9 @@ def resolve_address(address: str | None = None) -> str:
 class Connection:
     """How to reach a kibo server.
 
-    `token` is sent as `authorization: Bearer <token>` (on every call of the typed methods;
-    with TLS also on calls made through the raw stubs). `timeout` bounds each single call
-    (settle and wait have their own overall deadlines)."""
+    `token` is sent as `authorization: Bearer <token>` on every call, the typed methods' and
+    the raw stubs'. `timeout` bounds each single call (settle and wait have their own overall
+    deadlines). `discovery` says where the token came from (kibotos.token_discovery)."""
 
     address: str = field(default_factory=resolve_address)
     tls: bool = False
@@ -41,6 +43,7 @@ class Connection:
     # Reconnect soon after a server restart (gRPC's default backoff grows to 2 minutes).
     max_reconnect_backoff_ms: int = 2000
     channel_options: tuple[tuple[str, Any], ...] = ()
+    discovery: Discovery | None = None
 
     @classmethod
     def of(
@@ -54,15 +57,19 @@ class Connection:
         token: str | None = None,
         timeout: float | None = 30.0,
     ) -> Connection:
-        """`token` defaults to $KIBO_TOKEN; any certificate implies TLS."""
+        """`token` defaults to the token discovery rule (kibotos.token_discovery: $KIBO_TOKEN,
+        then a local server's admin token); any certificate implies TLS."""
+        address = resolve_address(address)
+        found = discover(address, token)
         return cls(
-            address=resolve_address(address),
+            address=address,
             tls=tls or root_certificates is not None or certificate_chain is not None,
             root_certificates=root_certificates,
             certificate_chain=certificate_chain,
             private_key=private_key,
-            token=token if token is not None else os.environ.get(ENV_TOKEN) or None,
+            token=found.token,
             timeout=timeout,
+            discovery=found,
         )
 
     def options(self) -> list[tuple[str, Any]]:
@@ -93,3 +100,58 @@ class Connection:
         if self.token and not self.tls:
             return (("authorization", f"Bearer {self.token}"),)
         return ()
+
+    def stub(self, stub: Any) -> Any:
+        """A generated stub whose calls send the token (the channel does it with TLS)."""
+        metadata = self.metadata()
+        return TokenStub(stub, metadata) if metadata else stub
+
+    def explain(self, error: KiboError) -> KiboError:
+        """Say, on an UNAUTHENTICATED error, where the token came from or where it was looked for."""
+        if isinstance(error, UnauthenticatedError) and self.discovery is not None:
+            error.token_discovery = self.discovery.describe()
+            if self.discovery.token is not None:
+                error.token_discovery += (
+                    "; the server refused it: a server started with --data-dir DIR keeps its admin token in "
+                    "DIR/admin.token (pass --token/KIBO_TOKEN, or restart it to refresh its pointer)"
+                )
+            else:
+                error.token_discovery += (
+                    "; a local kibo-ctrl serve writes DATA_DIR/admin.token on first start: pass it with "
+                    "--token/KIBO_TOKEN"
+                )
+        return error
+
+
+class _TokenCall:
+    """One method of a stub, sending `metadata` unless the caller gives its own."""
+
+    def __init__(self, method: Any, metadata: tuple[tuple[str, str], ...]) -> None:
+        self._method = method
+        self._metadata = metadata
+
+    def _with_token(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        if kwargs.get("metadata") is None:
+            kwargs["metadata"] = self._metadata
+        return kwargs
+
+    def __call__(self, request: Any, **kwargs: Any) -> Any:
+        return self._method(request, **self._with_token(kwargs))
+
+    def with_call(self, request: Any, **kwargs: Any) -> Any:
+        return self._method.with_call(request, **self._with_token(kwargs))
+
+    def future(self, request: Any, **kwargs: Any) -> Any:
+        return self._method.future(request, **self._with_token(kwargs))
+
+
+class TokenStub:
+    """A generated stub (sync or asyncio) whose every method sends the client's token: the raw
+    stubs `client.workspaces`, ... authenticate like the typed methods."""
+
+    def __init__(self, stub: Any, metadata: tuple[tuple[str, str], ...]) -> None:
+        self._stub = stub
+        self._metadata = metadata
+
+    def __getattr__(self, name: str) -> Any:
+        return _TokenCall(getattr(self._stub, name), self._metadata)

@@ -20,6 +20,7 @@ __all__ = [
     "CommandIdReusedError",
     "ConflictError",
     "DeadlineExceededError",
+    "InternalError",
     "InvalidArgumentError",
     "KiboError",
     "KiboTimeoutError",
@@ -132,7 +133,16 @@ class UnavailableError(KiboError):
 
 
 class UnauthenticatedError(KiboError):
-    """UNAUTHENTICATED: the server needs a valid token (`authorization: Bearer TOKEN`)."""
+    """UNAUTHENTICATED: the server needs a valid token (`authorization: Bearer TOKEN`).
+
+    `token_discovery` says where the client's token came from, or every place it looked
+    (kibotos.token_discovery); it is part of the message."""
+
+    token_discovery: str = ""
+
+    def __str__(self) -> str:
+        text = super().__str__()
+        return f"{text} ({self.token_discovery})" if self.token_discovery else text
 
 
 class PermissionDeniedError(KiboError):
@@ -149,6 +159,15 @@ class QuotaExceededError(ResourceExhaustedError):
 
 class RateLimitedError(ResourceExhaustedError):
     """RESOURCE_EXHAUSTED with reason RATE_LIMITED: retry after `retry_delay` (nothing was recorded)."""
+
+
+class InternalError(KiboError):
+    """INTERNAL: a bug in the server. Not retried: the same request would meet it again.
+    `error_id` is what the server logged with the details; quote it in a bug report."""
+
+    @property
+    def error_id(self) -> str:
+        return str(self.info.metadata.get("error_id", ""))
 
 
 class DeadlineExceededError(KiboError):
@@ -212,6 +231,7 @@ _BY_CODE: dict[grpc.StatusCode, type[KiboError]] = {
     grpc.StatusCode.UNAUTHENTICATED: UnauthenticatedError,
     grpc.StatusCode.PERMISSION_DENIED: PermissionDeniedError,
     grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceExhaustedError,
+    grpc.StatusCode.INTERNAL: InternalError,
 }
 # Reasons that pick a finer class than the code does.
 _BY_REASON: dict[str, type[KiboError]] = {

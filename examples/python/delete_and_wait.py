@@ -1,4 +1,4 @@
-"""Delete a workspace and wait until it is DELETED (the seed's Go `WaitWorkspaceDeleted` snippet).
+"""Delete a workspace and wait until it is DELETED (Go: `WaitWorkspaceDeleted` in examples/go).
 
     python examples/python/delete_and_wait.py --server 127.0.0.1:50051 [--workspace ws-...]
 

@@ -1,4 +1,4 @@
-"""Start a stopped workspace and wait for it (the seed's Go `client.WaitWorkspace` snippet).
+"""Start a stopped workspace and wait for it (Go: `WaitWorkspace` in examples/go).
 
     python examples/python/start_and_wait.py --server 127.0.0.1:50051 [--workspace ws-...]
 

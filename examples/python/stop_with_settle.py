@@ -1,4 +1,4 @@
-"""Stop a workspace and settle the command (the seed's Go `kibotos.Settle` snippet).
+"""Stop a workspace and settle the command (Go: `Settle` in examples/go).
 
     python examples/python/stop_with_settle.py --server 127.0.0.1:50051 [--workspace ws-...]
 

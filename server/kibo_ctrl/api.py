@@ -12,7 +12,8 @@ import hashlib
 import json
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from functools import partial
 from typing import TypeVar
 
 from kibo.ctrl.v1 import (
@@ -32,9 +33,10 @@ from kibo.sim.v1 import simulator_pb2 as sim_pb2
 from . import cleanup, validation
 from .auth import Caller
 from .errors import Conflict, InvalidArgument, NotFound, Unavailable
+from .fairness import TenantSlots
 from .hub import Hub, Signal
 from .model import Command, Component, Instance, Workspace
-from .runtime.sim import FOR_NEXT_CREATED, ONE_SHOT, Fault, SimBoard, SimError, SimNode
+from .runtime.sim import FOR_NEXT_CREATED, NODE_WIDE, ONE_SHOT, Fault, SimBoard, SimError, SimNode
 from .service import CommandRequest, Service
 from .store import Changes, Reader, Store, WorkspaceQuery
 from .transport import parse, render
@@ -45,6 +47,23 @@ RequestT = TypeVar("RequestT")
 # and how many workspace records GetWorkspace and WatchWorkspace can answer from memory.
 RENDERED_WORKSPACES = 4096
 LATEST_WORKSPACES = 4096
+
+
+@dataclass(frozen=True)
+class ListCost:
+    """What one ListWorkspaces may cost, in term evaluations (rows scanned x (1 + terms))."""
+
+    # One read on the store's scan thread: short, so other lists and checkpoints go between.
+    slice: int = 4096
+    # One request: past it the page ends short, with a page token to go on from.
+    request: int = 200_000
+    # Lists a tenant may run at once; its further lists wait for one of its own slots.
+    per_tenant: int = 2
+
+
+LIST_COST = ListCost()
+# Room in a response for what is not a workspace (the page token, framing).
+PAGE_HEADROOM_BYTES = 16 * 1024
 
 
 # What a runtime sees on its machine now: (instance ID or None, workspace ID, IDs of the
@@ -62,8 +81,12 @@ class Api:
         capabilities: list[str],
         settle_seconds: float,
         observer: Observer | None = None,
+        max_message_bytes: int = 4 * 1024 * 1024,
     ) -> None:
         self._store = store
+        # A page must fit in one message (gRPC refuses larger ones): lists cut pages by size.
+        self._page_bytes = max_message_bytes - PAGE_HEADROOM_BYTES
+        self._list_slots = TenantSlots(LIST_COST.per_tenant)
         self._observer = observer
         self._hub = hub
         self._service = service
@@ -231,18 +254,58 @@ class Api:
         size = validation.page_size(request.page_size, 50)
         where = validation.workspace_filter(request.filter)
         scope = _digest(f"{request.include_deleted}|{request.filter}")
-        after = _decode_token(request.page_token, scope)
         query = WorkspaceQuery(
             tenant=caller.tenant,
-            after_seq=after,
-            limit=size + 1,
+            after_seq=_decode_token(request.page_token, scope),
             include_deleted=request.include_deleted,
             states=where.states,
             labels=where.labels,
         )
-        rows = await self._store.read(lambda r: r.list_workspaces(query))
-        token = _encode_token(rows[size - 1].seq, scope) if len(rows) > size else ""
-        return ws_pb2.ListWorkspacesResponse(workspaces=[self._render(w) for w in rows[:size]], next_page_token=token)
+        # A tenant's lists run a few at a time, each as bounded scans (fairness.py, LIST_COST).
+        async with self._list_slots.slot(caller.tenant):
+            found, resume = await self._scan_page(query, size)
+        workspaces: list[wp_pb2.Workspace] = []
+        budget = self._page_bytes
+        for workspace in found:
+            message = self._render(workspace)
+            # Its bytes in the response: the message, its tag and its length (a varint).
+            cost = message.ByteSize() + 6
+            if workspaces and cost > budget:
+                # The page is as large as a message may be: the rest comes on the next page.
+                resume = found[len(workspaces) - 1].seq
+                break
+            budget -= cost
+            workspaces.append(message)
+        token = _encode_token(resume, scope) if resume else ""
+        return ws_pb2.ListWorkspacesResponse(workspaces=workspaces, next_page_token=token)
+
+    async def _scan_page(self, query: WorkspaceQuery, size: int) -> tuple[list[Workspace], int]:
+        """Up to `size` matching workspaces, and the seq to resume after (0: nothing is left).
+        The scan runs in slices of at most LIST_COST.slice term evaluations, and stops after
+        LIST_COST.request of them with what it has (fewer than `size`, or none, with a page
+        token: AIP-158 allows a short page)."""
+        terms = 1 + len(query.labels) + len(query.states)
+        largest = max(16, LIST_COST.slice // terms)
+        scanned = 0
+        found: list[Workspace] = []
+        after = query.after_seq
+        # Slices start at what the page still needs (a dense match is one read) and double up
+        # to `largest` (a sparse one takes few reads).
+        rows = min(largest, size + 1)
+        while True:
+            sliced = replace(query, after_seq=after)
+            want = size + 1 - len(found)
+            part = await self._store.scan(partial(Reader.scan_workspaces, query=sliced, max_rows=rows, want=want))
+            found.extend(part.workspaces)
+            scanned += rows
+            if len(found) > size:
+                return found[:size], found[size - 1].seq
+            if part.exhausted:
+                return found, 0
+            after = part.last_seq
+            if len(found) == size or scanned * terms >= LIST_COST.request:
+                return found, after
+            rows = min(largest, rows * 2)
 
     async def get_workspace_command(
         self, request: ws_pb2.GetWorkspaceCommandRequest, caller: Caller
@@ -373,13 +436,19 @@ class SimulatorApi:
             fault = Fault(request.fault)
         except ValueError:
             raise InvalidArgument(f"unknown fault {request.fault}", field="fault") from None
+        # Permission before existence: a fault that reaches other tenants' workspaces needs
+        # an operator, whatever workspace it names.
         if not request.workspace_id:
+            caller.require_operator(f"InjectFault {fault.name} with an empty workspace_id (the next workspace created)")
             if fault not in FOR_NEXT_CREATED:
                 raise InvalidArgument(f"{fault.name} needs a workspace_id", field="workspace_id")
             self._board.arm("", fault)
             return sim_pb2.InjectFaultResponse()
+        if fault in NODE_WIDE:
+            caller.require_operator(f"InjectFault {fault.name}")
         workspace_id = parse.workspace_id(request.workspace_id)
         workspace = await self._store.read(lambda r: r.get_workspace(workspace_id))
+        # Another tenant's workspace does not exist for this caller, operator or not.
         if workspace is None or workspace.tenant != caller.tenant:
             raise NotFound(f"workspace {workspace_id} not found", field="workspace_id")
         if fault in ONE_SHOT:

@@ -46,6 +46,9 @@ MAX_HTTP_BODY_BYTES = 8 * 1024 * 1024
 # closed, and one with no call for this long is sent GOAWAY (clients reconnect unseen).
 GRPC_HANDSHAKE_TIMEOUT_MS = 20_000
 GRPC_MAX_CONNECTION_IDLE_MS = 5 * 60 * 1000
+# Per tenant, by default: far above what one client's work needs (a create settles in a few
+# calls), low enough that one tenant's flood leaves the server to the others.
+DEFAULT_RATE_LIMIT_RPS = 1000.0
 
 
 @dataclass(frozen=True)
@@ -70,7 +73,9 @@ class Config:
     shutdown_grace_s: float = 5.0
     # Who may do what: bearer tokens (off only with --insecure-no-auth).
     auth: bool = True
-    rate_limit_rps: float = 0.0
+    # Requests per second per tenant; None: DEFAULT_RATE_LIMIT_RPS with auth on, none without
+    # (one local caller has no other tenant to be fair to); 0: no limit.
+    rate_limit_rps: float | None = None
     quotas: Quotas = field(default_factory=Quotas)
     tls: Tls | None = None
     # The process runtime (--runtime process): personality, isolation, limits, guest.
@@ -158,7 +163,9 @@ class App:
         # The process runtime reads the cleanup status off this machine; the simulator has no machine.
         local = [r for r in self.runtimes.values() if isinstance(r, ProcessRuntime)]
         observer = local[0].observe if len(local) == 1 else None
-        self.api = Api(self.store, self.hub, self.service, capabilities, config.settle_ms / 1000, observer)
+        self.api = Api(
+            self.store, self.hub, self.service, capabilities, config.settle_ms / 1000, observer, MAX_MESSAGE_BYTES
+        )
         self.sim_api = SimulatorApi(self.store, self.board, self.sim_nodes, self._pool_lost)
         self.data_plane = data_plane.DataPlane(self.store, self.runtimes, config.data_dir)
         # Revoke, stop and delete end the data-plane calls running under the old credential.
@@ -169,6 +176,8 @@ class App:
 
     async def _authenticator(self) -> Authenticator:
         rate = self.config.rate_limit_rps
+        if rate is None:
+            rate = DEFAULT_RATE_LIMIT_RPS if self.config.auth else 0.0
         if not self.config.auth:
             log.warning(
                 "AUTHENTICATION IS OFF (--insecure-no-auth): anyone who reaches this server is its admin. "
@@ -176,11 +185,15 @@ class App:
             )
             return Authenticator(None, rate)
         existing = await self.store.read(lambda r: r.list_tokens())
+        path = self.config.data_dir / tokens.ADMIN_TOKEN_FILE
         if not existing:
+            # A tenant admin, not an operator: this token is the one handed to the first user,
+            # and node-wide powers are minted on purpose, on this machine, with
+            # `kibo-ctrl token create --role operator`.
             record, token = await tokens.create(self.store, DEFAULT_TENANT, Role.ADMIN)
-            path = self.config.data_dir / tokens.ADMIN_TOKEN_FILE
             tokens.write_private(path, token)
             log.warning("first start: created admin token %s (tenant %s) in %s", record.id, DEFAULT_TENANT, path)
+        tokens.point_clients_at(self.config.listen, path)
 
         async def lookup(digest: str) -> TokenRecord | None:
             return await self.store.read(lambda r: r.find_token(digest))
@@ -222,9 +235,12 @@ class App:
             (workspace_service_pb2.DESCRIPTOR.services_by_name["WorkspaceService"], self.api, frozenset[str]()),
             (observation_service_pb2.DESCRIPTOR.services_by_name["WorkspaceObservationService"], self.api, frozenset()),
             (volume_service_pb2.DESCRIPTOR.services_by_name["VolumeService"], self.api, frozenset()),
-            (simulator_pb2.DESCRIPTOR.services_by_name["SimulatorService"], self.sim_api, frozenset()),
             (data_plane.SERVICE, self.data_plane, data_plane.CREDENTIAL_METHODS),
         ]
+        # Fault injection drives simulated nodes only: a real runtime does not serve it at all
+        # (UNIMPLEMENTED on both listeners, absent from reflection and health).
+        if self.config.runtime == "sim":
+            services.append((simulator_pb2.DESCRIPTOR.services_by_name["SimulatorService"], self.sim_api, frozenset()))
         self.server.add_generic_rpc_handlers(
             [service_handler(d, impl, self.authenticator, open_) for d, impl, open_ in services]
         )

@@ -25,8 +25,19 @@ CACHE_SECONDS = 2.0
 
 
 class Role(StrEnum):
+    """Stored in tokens.role. Each role may do everything the ones below it may."""
+
+    # Everything in its tenant, plus what reaches the whole node: faults with no workspace,
+    # node silence, a lost storage pool. For whoever runs the machine, never for a tenant.
+    OPERATOR = "operator"
+    # Everything in its tenant.
     ADMIN = "admin"
+    # Reads in its tenant.
     READER = "reader"
+
+
+# How much each role may do; a role may do what any lower-ranked role may.
+RANK: dict[Role, int] = {Role.READER: 0, Role.ADMIN: 1, Role.OPERATOR: 2}
 
 
 @dataclass(frozen=True)
@@ -35,12 +46,20 @@ class Caller:
     role: Role
 
     def require_admin(self, what: str) -> None:
-        if self.role is not Role.ADMIN:
+        if RANK[self.role] < RANK[Role.ADMIN]:
             raise PermissionDenied(f"{what} needs an admin token; this token is read-only")
 
+    def require_operator(self, what: str) -> None:
+        if RANK[self.role] < RANK[Role.OPERATOR]:
+            raise PermissionDenied(
+                f"{what} reaches every workspace on the node and needs an operator token",
+                hint="an operator token is made on the server's machine: kibo-ctrl token create --role operator",
+            )
 
-# The caller when authentication is switched off (--insecure-no-auth).
-LOCAL_ADMIN = Caller(DEFAULT_TENANT, Role.ADMIN)
+
+# The caller when authentication is switched off (--insecure-no-auth): whoever reaches the
+# server owns the machine, so it may do everything, node-wide faults included.
+LOCAL_OPERATOR = Caller(DEFAULT_TENANT, Role.OPERATOR)
 
 
 def new_token() -> str:
@@ -91,7 +110,7 @@ class Authenticator:
         """Who sent this header, without taking from the rate limit: the HTTP listener's
         guard asks before it reads a request's body, the handler asks again (cached)."""
         if self._lookup is None:
-            return LOCAL_ADMIN
+            return LOCAL_OPERATOR
         if not authorization:
             raise Unauthenticated("this server needs a token: send 'Authorization: Bearer TOKEN'")
         scheme, _, token = authorization.strip().partition(" ")

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Annotated, TypeVar
 
 import typer
+from kibo_cli.help import command_of
 
 from . import log_limit, tokens
 from .app import MAX_HTTP_BODY_BYTES, App, Config
@@ -43,9 +44,13 @@ def default_data_dir() -> Path:
 
 @cli.command()
 def serve(
-    listen: Annotated[str, typer.Option(help="gRPC address, HOST:PORT.")] = "127.0.0.1:50051",
+    listen: Annotated[str, typer.Option(envvar="KIBO_LISTEN", help="gRPC address, HOST:PORT.")] = "127.0.0.1:50051",
     http_listen: Annotated[
-        str, typer.Option(help="Connect, gRPC-Web and plain HTTP JSON address, HOST:PORT; empty to disable.")
+        str,
+        typer.Option(
+            envvar="KIBO_HTTP_LISTEN",
+            help="Connect, gRPC-Web and plain HTTP JSON address, HOST:PORT; empty to disable.",
+        ),
     ] = "127.0.0.1:8080",
     http_server: Annotated[
         str, typer.Option(help="uvicorn (HTTP/1.1, fastest here) or hypercorn (adds h2c and gRPC over h2c).")
@@ -78,7 +83,10 @@ def serve(
     grpc_max_connections: Annotated[
         int, typer.Option(min=0, help="Open connections on the gRPC port. 0: a quarter of the open-file limit.")
     ] = 0,
-    data_dir: Annotated[Path | None, typer.Option(help="Where the embedded store keeps its files.")] = None,
+    data_dir: Annotated[
+        Path | None,
+        typer.Option(envvar="KIBO_DATA_DIR", help="Where the embedded store keeps its files.", show_default=False),
+    ] = None,
     runtime: Annotated[
         str,
         typer.Option(help="What runs workspaces: process (real sandboxes on this machine) or sim (simulated, faults)."),
@@ -134,7 +142,14 @@ def serve(
     insecure_no_auth: Annotated[
         bool, typer.Option(help="No tokens: anyone who reaches the server is admin. Local experiments only.")
     ] = False,
-    rate_limit_rps: Annotated[float, typer.Option(min=0, help="Requests per second per tenant; 0: no limit.")] = 0.0,
+    rate_limit_rps: Annotated[
+        float | None,
+        typer.Option(
+            min=0,
+            help="Requests per second per tenant (burst: twice as many); 0: no limit. "
+            "Default: 1000 with tokens, none with --insecure-no-auth.",
+        ),
+    ] = None,
     quota_workspaces: Annotated[int, typer.Option(min=0, help="Workspaces per tenant; 0: no limit.")] = 0,
     quota_vcpus: Annotated[int, typer.Option(min=0, help="vCPUs per tenant; 0: no limit.")] = 0,
     quota_memory_mib: Annotated[int, typer.Option(min=0, help="Memory MiB per tenant; 0: no limit.")] = 0,
@@ -215,7 +230,9 @@ def _tls(cert: Path | None, key: Path | None, client_ca: Path | None) -> Tls | N
 
 token_cli = typer.Typer(help="Make, list and revoke API tokens (works while the server runs).", no_args_is_help=True)
 cli.add_typer(token_cli, name="token")
-DataDir = Annotated[Path | None, typer.Option(help="The server's data dir (default: the per-user one).")]
+DataDir = Annotated[
+    Path | None, typer.Option(envvar="KIBO_DATA_DIR", help="The server's data dir (default: the per-user one).")
+]
 
 
 def _with_store(data_dir: Path | None, work: Callable[[SqliteStore], Awaitable[T]]) -> T:
@@ -232,7 +249,13 @@ def _with_store(data_dir: Path | None, work: Callable[[SqliteStore], Awaitable[T
 @token_cli.command("create")
 def token_create(
     tenant: Annotated[str, typer.Option(help="The tenant (project) the token acts for.")],
-    role: Annotated[Role, typer.Option(help="admin: everything; reader: read-only.")] = Role.ADMIN,
+    role: Annotated[
+        Role,
+        typer.Option(
+            help="admin: everything in the tenant; reader: read-only; operator: admin plus node-wide faults "
+            "(--runtime sim), for whoever runs the machine, never for a tenant."
+        ),
+    ] = Role.ADMIN,
     data_dir: DataDir = None,
 ) -> None:
     """Print a new token. It is shown once: only its hash is stored."""
@@ -288,4 +311,5 @@ async def _serve(config: Config) -> None:
 
 
 def main() -> None:
-    cli()
+    # Plain help when piped (rich's boxes cut option names at 80 columns); shared with `kibo`.
+    command_of(cli)(prog_name="kibo-ctrl")

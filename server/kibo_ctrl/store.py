@@ -171,11 +171,20 @@ class Changes:
 class WorkspaceQuery:
     tenant: str
     after_seq: int = 0
-    limit: int = 50
     include_deleted: bool = False
     # (state, equal?) and (label key, value, equal?) conditions, all ANDed.
     states: tuple[tuple[WorkspaceState, bool], ...] = ()
     labels: tuple[tuple[str, str, bool], ...] = ()
+
+
+@dataclass(frozen=True)
+class WorkspaceSlice:
+    """What one bounded scan found: the matching workspaces, in seq order, and where the scan
+    stopped (`last_seq`; 0 when it scanned nothing). `exhausted`: no rows lie beyond it."""
+
+    workspaces: list[Workspace]
+    last_seq: int
+    exhausted: bool
 
 
 class Reader:
@@ -204,24 +213,25 @@ class Reader:
         data = self._one("SELECT data FROM volumes WHERE id = ?", (volume_id,))
         return None if data is None else _VOLUME.decode(data)
 
-    def list_workspaces(self, query: WorkspaceQuery) -> list[Workspace]:
-        where = ["tenant = ?", "seq > ?"]
-        args: list[Any] = [query.tenant, query.after_seq]
-        if not query.include_deleted:
-            where.append("deleted = 0")
-        for state, equal in query.states:
-            where.append("state = ?" if equal else "state != ?")
-            args.append(int(state))
-        for key, value, equal in query.labels:
-            # A missing label is "not equal" to any value.
-            if equal:
-                where.append("json_extract(data, ?) = ?")
-            else:
-                where.append("json_extract(data, ?) IS NOT ?")
-            args.extend((f'$.labels."{key}"', value))
-        sql = f"SELECT data FROM workspaces WHERE {' AND '.join(where)} ORDER BY seq LIMIT ?"
-        args.append(query.limit)
-        return [_WORKSPACE.decode(bytes(row[0])) for row in self._conn.execute(sql, args)]
+    def scan_workspaces(self, query: WorkspaceQuery, max_rows: int, want: int) -> WorkspaceSlice:
+        """The tenant's next `max_rows` workspaces after `query.after_seq`, matched against the
+        query, up to `want` matches: a read whose cost is bounded by `max_rows` whatever the
+        filter, so a list can run as many short reads (others' reads and the writer's
+        checkpoints go between them)."""
+        where, args = _conditions(query)
+        sql = (
+            f"SELECT seq, CASE WHEN {where} THEN data END FROM "
+            "(SELECT seq, state, deleted, data FROM workspaces WHERE tenant = ? AND seq > ? ORDER BY seq LIMIT ?)"
+        )
+        rows = self._conn.execute(sql, [*args, query.tenant, query.after_seq, max_rows]).fetchall()
+        matched: list[Workspace] = []
+        for seq, data in rows:
+            if data is not None:
+                matched.append(_WORKSPACE.decode(bytes(data)))
+                if len(matched) == want:
+                    # The rest of the slice is left for the next page: stop where the page ends.
+                    return WorkspaceSlice(matched, int(seq), False)
+        return WorkspaceSlice(matched, int(rows[-1][0]) if rows else 0, len(rows) < max_rows)
 
     def count_workspaces(self) -> int:
         return int(self._conn.execute("SELECT COUNT(*) FROM workspaces").fetchone()[0])
@@ -404,9 +414,31 @@ class Tx(Reader):
         self.changes.events.append(event)
 
 
+def _conditions(query: WorkspaceQuery) -> tuple[str, list[Any]]:
+    """The query's filter as one SQL condition on a workspaces row, with its arguments."""
+    where = ["1"]
+    args: list[Any] = []
+    if not query.include_deleted:
+        where.append("deleted = 0")
+    for state, equal in query.states:
+        where.append("state = ?" if equal else "state != ?")
+        args.append(int(state))
+    for key, value, equal in query.labels:
+        # A missing label is "not equal" to any value.
+        if equal:
+            where.append("json_extract(data, ?) = ?")
+        else:
+            where.append("json_extract(data, ?) IS NOT ?")
+        args.extend((f'$.labels."{key}"', value))
+    return " AND ".join(where), args
+
+
 class Store(Protocol):
     async def transact(self, fn: Callable[[Tx], T]) -> T: ...
     async def read(self, fn: Callable[[Reader], T]) -> T: ...
+    # For reads that scan (lists): their own connection and thread, so a scan never delays
+    # the point reads (gets, commands, tokens) behind it.
+    async def scan(self, fn: Callable[[Reader], T]) -> T: ...
     def subscribe(self, listener: Callable[[Changes], None]) -> None: ...
     def published_mark(self) -> int | None: ...
     async def close(self) -> None: ...
@@ -432,7 +464,13 @@ class SqliteStore:
         self._queue: queue.SimpleQueue[_Job | object] = queue.SimpleQueue()
         self._listeners: list[Callable[[Changes], None]] = []
         self._read_queue: queue.SimpleQueue[_Job | object] = queue.SimpleQueue()
-        self._reader = threading.Thread(target=self._read_loop, name="kibo-store-read", daemon=True)
+        self._reader = threading.Thread(
+            target=self._read_loop, args=(self._read_queue,), name="kibo-store-read", daemon=True
+        )
+        self._scan_queue: queue.SimpleQueue[_Job | object] = queue.SimpleQueue()
+        self._scanner = threading.Thread(
+            target=self._read_loop, args=(self._scan_queue,), name="kibo-store-scan", daemon=True
+        )
         self._writer = threading.Thread(target=self._write_loop, name="kibo-store-write", daemon=True)
         self._closed = False
         # Commit batches begun (by the writer thread) and published (on the event loop).
@@ -446,6 +484,7 @@ class SqliteStore:
         await asyncio.to_thread(store._migrate)
         store._writer.start()
         store._reader.start()
+        store._scanner.start()
         return store
 
     def _connect(self) -> sqlite3.Connection:
@@ -493,14 +532,21 @@ class SqliteStore:
         self._read_queue.put(_Job(fn, future))
         return await future
 
-    def _read_loop(self) -> None:
+    async def scan(self, fn: Callable[[Reader], T]) -> T:
+        if self._closed:
+            raise RuntimeError("store is closed")
+        future: asyncio.Future[T] = self._loop.create_future()
+        self._scan_queue.put(_Job(fn, future))
+        return await future
+
+    def _read_loop(self, jobs: queue.SimpleQueue[_Job | object]) -> None:
         """Reads are batched like writes: every read waiting runs in one read transaction (a
         snapshot taken after each of them was asked for), and one wake-up of the event loop
         answers them all. (A thread pool cost a thread hop and a loop wake-up per read.)"""
         conn = self._connect()
         try:
             while True:
-                batch, stop = _take(self._read_queue, self.MAX_BATCH)
+                batch, stop = _take(jobs, self.MAX_BATCH)
                 outcomes: list[tuple[_Job, Any, BaseException | None]] = []
                 try:
                     with _read_transaction(conn):
@@ -527,6 +573,8 @@ class SqliteStore:
         await asyncio.to_thread(self._writer.join)
         self._read_queue.put(_STOP)
         await asyncio.to_thread(self._reader.join)
+        self._scan_queue.put(_STOP)
+        await asyncio.to_thread(self._scanner.join)
 
     def _write_loop(self) -> None:
         conn = self._connect()

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import uuid
 from pathlib import Path
+
+from kibotos.token_discovery import write_pointer
 
 from .auth import Role, TokenRecord, new_token, tenant_name, token_hash
 from .store import Store, Tx
 
 ADMIN_TOKEN_FILE = "admin.token"
+
+log = logging.getLogger(__name__)
 
 
 async def create(store: Store, tenant: str, role: Role) -> tuple[TokenRecord, str]:
@@ -37,3 +42,17 @@ def write_private(path: Path, text: str) -> None:
     with os.fdopen(descriptor, "w") as handle:
         handle.write(text + "\n")
     os.replace(temporary, path)
+
+
+def point_clients_at(listen: str, token_file: Path) -> None:
+    """Tell this user's clients (`kibo`, kibotos) where the admin token of the server on `listen`
+    is, whatever its --data-dir: a pointer file the SDK's token discovery reads. Best effort:
+    a server that cannot write it still serves (clients then need --token or KIBO_TOKEN)."""
+    if not token_file.exists():
+        return
+    try:
+        pointer = write_pointer(listen, token_file)
+    except OSError as error:
+        log.warning("could not record where the admin token is for local clients (%s): %s", listen, error)
+        return
+    log.info("local clients find the admin token %s through %s", token_file, pointer)

@@ -128,13 +128,29 @@ _TERM = re.compile(
 )
 
 
+# What one filter may cost. Each term is evaluated on every stored workspace a list scans
+# (a label term parses the workspace's JSON), so the terms bound the work of a page; no
+# real filter needs more (a workspace has at most MAX_LABELS labels and one state).
+MAX_FILTER_CHARS = 4096
+MAX_FILTER_TERMS = 32
+
+
 def workspace_filter(text: str) -> Filter:
     """Parse the AIP-160 subset: `state`, `labels.KEY`, `=`, `!=`, `AND`."""
     if not text.strip():
         return Filter()
+    if len(text) > MAX_FILTER_CHARS:
+        raise InvalidArgument(
+            f"the filter is {len(text)} characters; at most {MAX_FILTER_CHARS} are allowed", field="filter"
+        )
+    parts = re.split(r"\s+AND\s+", text.strip())
+    if len(parts) > MAX_FILTER_TERMS:
+        raise InvalidArgument(
+            f"the filter has {len(parts)} terms; at most {MAX_FILTER_TERMS} are allowed", field="filter"
+        )
     states: list[tuple[WorkspaceState, bool]] = []
     label_terms: list[tuple[str, str, bool]] = []
-    for part in re.split(r"\s+AND\s+", text.strip()):
+    for part in parts:
         match = _TERM.fullmatch(part)
         if match is None:
             raise InvalidArgument(

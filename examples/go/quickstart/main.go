@@ -6,7 +6,9 @@
 //
 // Build it with ../build.sh (offline, GOPATH mode, Debian's Go packages), then:
 //
-//	quickstart -addr 127.0.0.1:50051
+//	quickstart -addr 127.0.0.1:50051 -token "$(cat ~/.local/share/kibo/admin.token)"
+//
+// The token (default: $KIBO_TOKEN) is sent as `authorization: Bearer TOKEN` on every call.
 package main
 
 import (
@@ -17,6 +19,7 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"os"
 	"time"
 
 	ctrlv1 "github.com/kibo-dev/kibo/gen/go/kibo/ctrl/v1"
@@ -168,14 +171,29 @@ func describe(err error) (codes.Code, *ctrlv1.ErrorDetail) {
 	return st.Code(), detail
 }
 
+// bearer sends a kibo token with every call. kibo-ctrl serve listens without TLS by default,
+// so it does not require transport security (use TLS for a server on another machine).
+type bearer string
+
+func (b bearer) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
+	return map[string]string{"authorization": "Bearer " + string(b)}, nil
+}
+
+func (bearer) RequireTransportSecurity() bool { return false }
+
 func main() {
 	addr := flag.String("addr", "127.0.0.1:50051", "kibo-ctrl gRPC address")
+	token := flag.String("token", os.Getenv("KIBO_TOKEN"), "bearer token (default $KIBO_TOKEN)")
 	timeout := flag.Duration("timeout", 60*time.Second, "deadline for the whole run")
 	flag.Parse()
 
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
-	conn, err := grpc.DialContext(ctx, *addr, grpc.WithInsecure(), grpc.WithBlock())
+	options := []grpc.DialOption{grpc.WithInsecure(), grpc.WithBlock()}
+	if *token != "" {
+		options = append(options, grpc.WithPerRPCCredentials(bearer(*token)))
+	}
+	conn, err := grpc.DialContext(ctx, *addr, options...)
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -7,6 +7,9 @@
 //   node dist/client.js --base-url http://127.0.0.1:8080 --transport connect --http 2 --binary
 //   node dist/client.js --base-url http://127.0.0.1:8080 --transport grpc-web
 //
+// The token (--token, default $KIBO_TOKEN) is sent as `Authorization: Bearer TOKEN`: a
+// server started without --insecure-no-auth needs it (its DATA_DIR/admin.token).
+//
 // Settling: a command RPC may answer while the command is still PENDING or RUNNING. The
 // client then resends the identical request (same command ID) until the state is terminal;
 // a resend never executes the command again.
@@ -15,7 +18,7 @@ import { randomUUID } from "node:crypto";
 import { parseArgs } from "node:util";
 
 import type { DescEnum } from "@bufbuild/protobuf";
-import { Code, ConnectError, createClient, type Client, type Transport } from "@connectrpc/connect";
+import { Code, ConnectError, createClient, type Client, type Interceptor, type Transport } from "@connectrpc/connect";
 import { createConnectTransport, createGrpcTransport, createGrpcWebTransport } from "@connectrpc/connect-node";
 
 import { CommandState, CommandStateSchema, type WorkspaceCommand } from "../gen/kibo/ctrl/v1/command_pb.js";
@@ -32,19 +35,29 @@ const { values: args } = parseArgs({
     http: { type: "string", default: "1.1" }, // 1.1 | 2
     binary: { type: "boolean", default: false }, // Connect only: protobuf instead of JSON
     timeout: { type: "string", default: "60" }, // seconds for the whole run
+    token: { type: "string", default: process.env.KIBO_TOKEN ?? "" }, // bearer token
   },
 });
 
+// Sends the kibo token (--token, default $KIBO_TOKEN) as `Authorization: Bearer TOKEN`.
+const withToken: Interceptor = (next) => async (request) => {
+  if (args.token) {
+    request.header.set("Authorization", `Bearer ${args.token}`);
+  }
+  return await next(request);
+};
+
 function transport(): Transport {
+  const interceptors = [withToken];
   const baseUrl = args["base-url"]!;
   const httpVersion = args.http === "2" ? "2" : "1.1";
   switch (args.transport) {
     case "connect":
-      return createConnectTransport({ baseUrl, httpVersion, useBinaryFormat: args.binary });
+      return createConnectTransport({ baseUrl, httpVersion, useBinaryFormat: args.binary, interceptors });
     case "grpc-web":
-      return createGrpcWebTransport({ baseUrl, httpVersion });
+      return createGrpcWebTransport({ baseUrl, httpVersion, interceptors });
     case "grpc":
-      return createGrpcTransport({ baseUrl });
+      return createGrpcTransport({ baseUrl, interceptors });
     default:
       throw new Error(`unknown --transport ${args.transport}: use connect, grpc-web or grpc`);
   }

@@ -39,6 +39,9 @@ class Fault(IntEnum):
 ONE_SHOT = frozenset({Fault.SYNC_FAIL, Fault.STALL, Fault.CREATE_FAIL, Fault.CREATE_FAIL_HOLDING, Fault.DESTROY_FAIL})
 # These may be armed for "the next workspace created" (empty workspace ID).
 FOR_NEXT_CREATED = frozenset({Fault.STALL, Fault.CREATE_FAIL, Fault.CREATE_FAIL_HOLDING})
+# These reach every workspace on the node (or its storage pool), whoever owns them: only an
+# operator may inject them, never a tenant. (So does any fault for "the next workspace created".)
+NODE_WIDE = frozenset({Fault.NODE_SILENT, Fault.NODE_BACK, Fault.STORAGE_POOL_LOST})
 
 
 class SimError(Exception):

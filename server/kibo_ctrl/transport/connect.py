@@ -6,14 +6,15 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-import logging
-import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, cast
 
 from connectrpc.code import Code
+from connectrpc.codec import Codec
+from connectrpc.compat import google_protobuf_binary_codec
 from connectrpc.errors import ConnectError, ErrorDetail
 from connectrpc.request import RequestContext
+from google.protobuf import json_format
 from google.protobuf.message import Message
 from kibo.ctrl.v1 import (
     data_plane_service_connect,
@@ -25,25 +26,50 @@ from kibo.sim.v1 import simulator_connect
 from protobuf.wkt import Any as ConnectAny
 
 from ..auth import OPEN, Authenticator
-from ..errors import KiboError
-from .errors import to_status
-
-log = logging.getLogger(__name__)
+from ..errors import InvalidArgument, KiboError
+from .errors import status_of
 
 ASGIApp = Callable[[dict[str, Any], Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]], Awaitable[None]]
 
 
-def connect_error(error: KiboError) -> ConnectError:
-    code, status = to_status(error)
+def connect_error(error: Exception) -> ConnectError:
+    """Any exception a handler raised, as Connect's error (the one map: transport/errors.py)."""
+    if isinstance(error, ConnectError):
+        return error
+    code, status = status_of(error)
     name = "CANCELED" if code.name == "CANCELLED" else code.name
     # connectrpc's details are its own runtime's Any: hand over type URL and bytes as they are.
     details = [ErrorDetail(ConnectAny(type_url=packed.type_url, value=packed.value)) for packed in status.details]
-    return ConnectError(Code[name], error.message, details=details)
+    # Connect's JSON clients (curl, browsers) read the message, not base64 details: the hint
+    # (the next step) goes into the message too; gRPC clients read it from ErrorDetail.
+    hint = error.hint if isinstance(error, KiboError) else ""
+    message = f"{status.message} (next: {hint})" if hint and hint not in status.message else status.message
+    return ConnectError(Code[name], message, details=details)
 
 
-def _store_unavailable(error: sqlite3.Error) -> ConnectError:
-    log.error("store error: %s", error)
-    return ConnectError(Code.UNAVAILABLE, f"the store is unavailable: {error}")
+class StrictJsonCodec:
+    """Connect's JSON codec (google.protobuf json_format), without connectrpc's default of
+    ignoring what it does not know: an unknown field or enum name (`"mode": "STOP_MODE_NUKE"`)
+    is INVALID_ARGUMENT, as a bad binary request is, never silently dropped to a default."""
+
+    def name(self) -> str:
+        return "json"
+
+    def encode(self, message: Message) -> bytes:
+        return json_format.MessageToJson(message).encode()
+
+    def decode(self, data: bytes | bytearray, message_class: type[Message]) -> Message:
+        message = message_class()
+        try:
+            json_format.Parse(bytes(data), message, ignore_unknown_fields=False)
+        except (json_format.ParseError, UnicodeDecodeError, ValueError) as error:
+            raise connect_error(
+                InvalidArgument(f"the request body is not valid JSON for {message_class.DESCRIPTOR.full_name}: {error}")
+            ) from None
+        return message
+
+
+CODECS: list[Codec[Any, Any]] = [google_protobuf_binary_codec(), cast(Codec[Any, Any], StrictJsonCodec())]
 
 
 class _Adapter:
@@ -67,10 +93,8 @@ class _Adapter:
                     async with contextlib.aclosing(target(request, caller)) as responses:
                         async for response in responses:
                             yield response
-                except KiboError as error:
+                except Exception as error:  # every exception: status_of tells a domain error from a bug
                     raise connect_error(error) from None
-                except sqlite3.Error as error:
-                    raise _store_unavailable(error) from None
 
             return stream
 
@@ -79,10 +103,8 @@ class _Adapter:
             try:
                 caller = await auth.authenticate(ctx.request_headers.get("authorization"))
                 response: Message = await target(request, caller)
-            except KiboError as error:
+            except Exception as error:  # as in stream
                 raise connect_error(error) from None
-            except sqlite3.Error as error:
-                raise _store_unavailable(error) from None
             return response
 
         return unary
@@ -113,7 +135,7 @@ def application(
 
     `services`: (full name, implementation, methods authorized by a credential, not a token)."""
     apps = [
-        APPLICATIONS[name](cast(Any, _Adapter(impl, auth, open_)), read_max_bytes=read_max_bytes)
+        APPLICATIONS[name](cast(Any, _Adapter(impl, auth, open_)), read_max_bytes=read_max_bytes, codecs=CODECS)
         for name, impl, open_ in services
     ]
     routes = {f"/{app.path.strip('/')}/": app for app in apps}

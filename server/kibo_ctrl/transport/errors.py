@@ -1,9 +1,16 @@
-"""The one map from domain errors to wire status: code, ErrorDetail and ErrorInfo (AIP-193).
+"""The one map from exceptions to wire status: code, ErrorDetail and ErrorInfo (AIP-193).
 
-Both transports use it: gRPC puts the Status in grpc-status-details-bin, Connect in its
-error details."""
+Both transports use it (`status_of`, for every exception a handler raises, unary or
+streaming): gRPC puts the Status in grpc-status-details-bin, Connect in its error details.
+A domain error keeps its code and words. A store that cannot work now is UNAVAILABLE, in
+our words. Anything else is a bug: INTERNAL with a generic message and an error ID, which
+the log holds with the traceback; no exception text, class or SQL reaches the client."""
 
 from __future__ import annotations
+
+import logging
+import sqlite3
+import uuid
 
 import grpc
 from google.protobuf import any_pb2, duration_pb2
@@ -11,9 +18,23 @@ from google.protobuf.message import Message
 from google.rpc import error_details_pb2, status_pb2
 from kibo.ctrl.v1 import error_pb2
 
-from ..errors import GuestExhausted, GuestPermissionDenied, KiboError, QuotaExceeded, RateLimited, Reason
+from ..errors import GuestExhausted, GuestPermissionDenied, KiboError, QuotaExceeded, RateLimited, Reason, Unavailable
+
+log = logging.getLogger("kibo.errors")
 
 DOMAIN = "kibo.dev"
+
+# SQLite conditions that pass (space returns, a lock is released, the disk is remounted):
+# UNAVAILABLE, so clients retry. Every other SQLite error is a bug in a query: INTERNAL.
+STORE_UNAVAILABLE: dict[str, str] = {
+    "SQLITE_FULL": "its disk is full",
+    "SQLITE_READONLY": "it cannot write (read-only)",
+    "SQLITE_IOERR": "its disk reports I/O errors",
+    "SQLITE_CANTOPEN": "its files cannot be opened",
+    "SQLITE_BUSY": "it is locked by another process",
+    "SQLITE_LOCKED": "it is locked",
+    "SQLITE_PROTOCOL": "it is locked",
+}
 
 CODES: dict[Reason, grpc.StatusCode] = {
     Reason.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
@@ -65,3 +86,40 @@ def to_status(error: KiboError) -> tuple[grpc.StatusCode, status_pb2.Status]:
         packed.Pack(message)
         status.details.append(packed)
     return code, status
+
+
+def store_unavailable(error: sqlite3.Error) -> Unavailable | None:
+    """The UNAVAILABLE answer for a passing store condition, or None for a bug."""
+    name = getattr(error, "sqlite_errorname", "") or ""
+    # Extended codes (SQLITE_IOERR_WRITE, SQLITE_READONLY_DBMOVED) share their primary's words.
+    words = next((text for prefix, text in STORE_UNAVAILABLE.items() if name.startswith(prefix)), None)
+    if words is None:
+        return None
+    log.error("store error (answered UNAVAILABLE): %s: %s", name, error)
+    return Unavailable(f"the store is unavailable: {words}; retry later")
+
+
+def internal_status(error: BaseException) -> tuple[grpc.StatusCode, status_pb2.Status]:
+    """INTERNAL with an error ID; the log has the ID with the traceback."""
+    error_id = uuid.uuid4().hex[:16]
+    log.error("internal error %s", error_id, exc_info=error)
+    code = grpc.StatusCode.INTERNAL
+    message = f"internal error (error ID {error_id}); the server log has the details"
+    status = status_pb2.Status(code=code.value[0], message=message)
+    info = error_details_pb2.ErrorInfo(reason="INTERNAL", domain=DOMAIN, metadata={"error_id": error_id})
+    for detail in (info, error_details_pb2.RequestInfo(request_id=error_id)):
+        packed = any_pb2.Any()
+        packed.Pack(detail)
+        status.details.append(packed)
+    return code, status
+
+
+def status_of(error: Exception) -> tuple[grpc.StatusCode, status_pb2.Status]:
+    """The wire status for any exception a handler raised."""
+    if isinstance(error, sqlite3.Error):
+        unavailable = store_unavailable(error)
+        if unavailable is not None:
+            return to_status(unavailable)
+    if isinstance(error, KiboError):
+        return to_status(error)
+    return internal_status(error)

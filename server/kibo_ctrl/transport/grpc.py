@@ -4,9 +4,7 @@ request that cannot be decoded is INVALID_ARGUMENT, not grpc.aio's UNKNOWN."""
 from __future__ import annotations
 
 import contextlib
-import logging
 import re
-import sqlite3
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -16,10 +14,8 @@ from google.protobuf.message import DecodeError, Message
 from google.protobuf.message_factory import GetMessageClass
 
 from ..auth import OPEN, Authenticator
-from ..errors import InvalidArgument, KiboError
-from .errors import to_status
-
-log = logging.getLogger(__name__)
+from ..errors import InvalidArgument
+from .errors import status_of
 
 UnaryFn = Callable[[Any, Any], Awaitable[Message]]
 StreamFn = Callable[[Any, Any], AsyncGenerator[Message, None]]
@@ -29,10 +25,10 @@ def _snake(name: str) -> str:
     return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
 
 
-async def _abort(context: grpc.aio.ServicerContext[Any, Any], error: KiboError) -> None:
-    code, status = to_status(error)
+async def _abort(context: grpc.aio.ServicerContext[Any, Any], error: Exception) -> None:
+    code, status = status_of(error)
     await context.abort(
-        code, error.message, trailing_metadata=(("grpc-status-details-bin", status.SerializeToString()),)
+        code, status.message, trailing_metadata=(("grpc-status-details-bin", status.SerializeToString()),)
     )
 
 
@@ -57,11 +53,8 @@ def _unary(request_class: type[Message], fn: UnaryFn, auth: Authenticator) -> gr
         try:
             caller = await auth.authenticate(_authorization(context))
             response = await fn(_decode(request_class, raw), caller)
-        except KiboError as error:
+        except Exception as error:  # every exception: status_of tells a domain error from a bug
             await _abort(context, error)
-        except sqlite3.Error as error:
-            log.error("store error: %s", error)
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"the store is unavailable: {error}")
         return response.SerializeToString()
 
     return grpc.unary_unary_rpc_method_handler(handle)
@@ -77,7 +70,7 @@ def _stream(request_class: type[Message], fn: StreamFn, auth: Authenticator) -> 
             async with contextlib.aclosing(fn(_decode(request_class, raw), caller)) as responses:
                 async for response in responses:
                     yield response.SerializeToString()
-        except KiboError as error:
+        except Exception as error:  # as in _unary
             await _abort(context, error)
 
     return grpc.unary_stream_rpc_method_handler(handle)

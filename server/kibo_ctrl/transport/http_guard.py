@@ -16,7 +16,6 @@ import asyncio
 import base64
 import json
 import logging
-import sqlite3
 import struct
 import urllib.parse
 from collections.abc import Awaitable, Callable
@@ -27,8 +26,7 @@ import grpc
 from google.rpc import status_pb2
 
 from ..auth import Authenticator
-from ..errors import KiboError
-from .errors import to_status
+from .errors import status_of
 
 log = logging.getLogger(__name__)
 
@@ -81,15 +79,9 @@ def guard(app: ASGIApp, auth: Authenticator, open_paths: frozenset[str], limits:
         if auth.enabled and scope.get("path", "") not in open_paths:
             try:
                 await auth.identify(_header(headers, b"authorization"))
-            except KiboError as error:
-                code, status = to_status(error)
+            except Exception as error:  # the one error map: a domain error, a store condition or a bug
+                code, status = status_of(error)
                 await refuse(scope, send, code, status)
-                return
-            except sqlite3.Error as error:
-                # As the handlers do: the token could not be looked up, try again later.
-                log.error("store error while checking a token: %s", error)
-                code = grpc.StatusCode.UNAVAILABLE
-                await refuse(scope, send, code, _status(code, "the store is unavailable; try again"))
                 return
         declared = _content_length(headers)
         if declared is not None and declared > limits.max_bytes:
