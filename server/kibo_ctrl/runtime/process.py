@@ -106,7 +106,7 @@ SYNC_TIMEOUT_S = 60.0
 class ProcessOptions:
     data_dir: Path
     backend: Backend = Backend.FIRECRACKER
-    sandbox: str = "auto"  # auto, bwrap, unshare, none
+    sandbox: str = "auto"  # auto (= bwrap, or an error), bwrap, none
     limits: str = "auto"  # auto, cgroup-v2, cgroup-v1, rlimit, none
     base_image: Path | None = None  # a directory tree; None: the host's /usr read-only
     guest_command: tuple[str, ...] = ()  # empty: the guest agent
@@ -609,7 +609,7 @@ class ProcessRuntime:
         if guest > 0:
             guest_alive = running(guest, state.get("guest_start"))
         else:
-            # Not ready yet: the sandbox (bwrap/unshare, the supervisor's child) holds the namespaces.
+            # Not ready yet: the sandbox (bwrap, the supervisor's child) holds the namespaces.
             sandbox_pid = int(state.get("sandbox_pid") or 0)
             guest_alive = alive and running(sandbox_pid, None) and parent_pid(sandbox_pid) == supervisor
         seen[Component.INSTANCE] = alive
