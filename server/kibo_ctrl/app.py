@@ -25,6 +25,7 @@ from .model import Backend, Node
 from .node_agent import Liveness, NodeAgent
 from .reports import StorageReleased
 from .runtime.base import Runtime
+from .runtime.idmap import IdRange
 from .runtime.process import ProcessOptions, ProcessRuntime
 from .runtime.sim import SimBoard, SimNode
 from .scheduler import Scheduler
@@ -84,6 +85,7 @@ class Config:
     base_image: Path | None = None
     guest_command: tuple[str, ...] = ()
     stop_grace_ms: float = 10_000.0
+    guest_id_base: int = 100_000  # host uids/gids base..base+65535 are the guests'
     storage_overcommit: float = 1.0
 
 
@@ -135,6 +137,7 @@ class App:
                 base_image=config.base_image,
                 guest_command=config.guest_command,
                 grace_s=config.stop_grace_ms / 1000,
+                guest_ids=IdRange(base=config.guest_id_base),
                 storage_overcommit=config.storage_overcommit,
             )
             self.runtimes = {nodes[0].id: await asyncio.to_thread(ProcessRuntime, nodes[0].id, options)}

@@ -53,6 +53,7 @@ from .model import Phase, WorkspaceState
 from .runtime.base import Runtime
 from .runtime.guest_jobs import Exit, GuestRefused, JobStopped, Output
 from .runtime.process import ProcessRuntime
+from .runtime.safepath import UnsafePath, guest_file_path
 from .store import Changes, Reader, Store
 
 log = logging.getLogger(__name__)
@@ -245,9 +246,10 @@ class DataPlane:
 def _check_path(path: str, mounts: list[str]) -> None:
     if len(path.encode()) > MAX_PATH_BYTES:
         raise InvalidArgument(f"path is longer than {MAX_PATH_BYTES} bytes", field="path")
-    inside = any(path.startswith(m.rstrip("/") + "/") for m in mounts)
-    if not path.startswith("/") or not inside or "\0" in path:
-        raise InvalidArgument(f"path {path!r} is not under a volume mount ({', '.join(mounts)})", field="path")
+    try:
+        guest_file_path(path, mounts)
+    except UnsafePath as error:
+        raise InvalidArgument(str(error), field="path") from None
 
 
 def _revoked(session: Session) -> Unauthenticated:
