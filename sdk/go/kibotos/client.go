@@ -182,6 +182,7 @@ type typedStream struct {
 	client *Client
 }
 
+// RecvMsg receives the next message, its error typed.
 func (s typedStream) RecvMsg(m interface{}) error {
 	err := s.ClientStream.RecvMsg(m)
 	if err == nil || errors.Is(err, io.EOF) {
@@ -194,8 +195,10 @@ func (s typedStream) RecvMsg(m interface{}) error {
 // it does not require transport security (use TLS for a server on another machine).
 type bearer string
 
+// GetRequestMetadata is the authorization header of every call.
 func (b bearer) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
 	return map[string]string{"authorization": "Bearer " + string(b)}, nil
 }
 
+// RequireTransportSecurity is false: the token may go over plaintext to a local server.
 func (bearer) RequireTransportSecurity() bool { return false }
