@@ -15,7 +15,10 @@ for tool in go protoc-gen-go; do
 done
 gopath="${KIBO_GOPATH:-${TMPDIR:-/tmp}/kibo-gopath-$(printf %s "$repo" | md5sum | cut -c1-12)}"
 mkdir -p "$gopath/src/github.com/kibo-dev"
-ln -sfn "$repo" "$gopath/src/github.com/kibo-dev/kibo"
+link="$gopath/src/github.com/kibo-dev/kibo"
+# A GOPATH left by an older build may hold a copy there instead of the link: it is ours, replace it.
+if [ -e "$link" ] && [ ! -L "$link" ]; then rm -rf "$link"; fi
+ln -sfn "$repo" "$link"
 # go needs a build cache; without HOME (some CI shells) keep it beside the GOPATH.
 export GOCACHE="${GOCACHE:-${XDG_CACHE_HOME:-${HOME:-$gopath}/.cache}/go-build}"
 cd "$gopath/src/github.com/kibo-dev/kibo/${KIBO_GO_DIR:-sdk/go}"
