@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
-from kibo_ctrl.model import Command, Event, Instance, Volume, Workspace
-from kibo_ctrl.store import Reader, SqliteStore, Tx
+from kibo_ctrl.domain.model import Command, Event, Instance, Volume, Workspace
+from kibo_ctrl.store.sqlite import Reader, SqliteStore, Tx
 
 CHUNK = 5000
 _ENCODE = msgspec.json.Encoder()

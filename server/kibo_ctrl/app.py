@@ -16,25 +16,27 @@ from grpc_reflection.v1alpha import reflection
 from kibo.ctrl.v1 import observation_service_pb2, volume_service_pb2, workspace_service_pb2
 from kibo.sim.v1 import simulator_pb2
 
-from . import controller, data_plane, tokens
-from .api import Api, SimulatorApi
-from .auth import DEFAULT_TENANT, Authenticator, Role, TokenRecord
-from .expiry import ExpiryLoop
-from .hub import Hub
-from .model import Backend, Node
-from .node_agent import Liveness, NodeAgent
-from .reports import StorageReleased
+from . import tokens
+from .api import data_plane
+from .api.auth import DEFAULT_TENANT, Authenticator, Role, TokenRecord
+from .api.control_plane import Api, SimulatorApi
+from .domain.model import Backend, Node
+from .domain.reports import StorageReleased
+from .engine import controller
+from .engine.expiry import ExpiryLoop
+from .engine.hub import Hub
+from .engine.node_agent import Liveness, NodeAgent
+from .engine.scheduler import Scheduler
+from .engine.service import Quotas, Service, Settings
 from .runtime.base import Runtime
-from .runtime.process import ProcessOptions, ProcessRuntime
-from .runtime.sim import SimBoard, SimNode
-from .scheduler import Scheduler
-from .service import Quotas, Service, Settings
-from .store import SqliteStore
-from .tls import Tls
+from .runtime.process.runtime import ProcessOptions, ProcessRuntime
+from .runtime.sim.simulator import SimBoard, SimNode
+from .store.sqlite import SqliteStore
 from .transport.connect import application
 from .transport.grpc import service_handler
 from .transport.http import SERVERS, HttpLimits, HttpServer, open_file_limit
 from .transport.http_guard import BodyLimits, guard
+from .transport.tls import Tls
 
 log = logging.getLogger("kibo")
 

@@ -17,15 +17,15 @@ import typer
 from kibo_cli.help import command_of
 
 from . import log_limit, tokens
+from .api.auth import Role, tenant_name
 from .app import MAX_HTTP_BODY_BYTES, App, Config
-from .auth import Role, tenant_name
-from .errors import KiboError
-from .model import Backend
-from .service import Quotas
-from .store import SqliteStore
-from .tls import Tls
+from .domain.errors import KiboError
+from .domain.model import Backend
+from .engine.service import Quotas
+from .store.sqlite import SqliteStore
 from .transport.http import HttpLimits
 from .transport.http_guard import BodyLimits
+from .transport.tls import Tls
 
 T = TypeVar("T")
 

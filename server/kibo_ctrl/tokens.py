@@ -9,8 +9,8 @@ from pathlib import Path
 
 from kibotos.token_discovery import write_pointer
 
-from .auth import Role, TokenRecord, new_token, tenant_name, token_hash
-from .store import Store, Tx
+from .api.auth import Role, TokenRecord, new_token, tenant_name, token_hash
+from .store.sqlite import Store, Tx
 
 ADMIN_TOKEN_FILE = "admin.token"
 

@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from ..model import (
+from ..domain.model import (
     Backend,
     Binding,
     Component,
@@ -18,7 +18,7 @@ from ..model import (
     StopDurability,
     Volume,
 )
-from ..reports import Report
+from ..domain.reports import Report
 
 
 @dataclass(frozen=True)

@@ -25,8 +25,8 @@ from kibo.ctrl.v1 import (
 from kibo.sim.v1 import simulator_connect
 from protobuf.wkt import Any as ConnectAny
 
-from ..auth import OPEN, Authenticator
-from ..errors import InvalidArgument, KiboError
+from ..api.auth import OPEN, Authenticator
+from ..domain.errors import InvalidArgument, KiboError
 from .errors import status_of
 
 ASGIApp = Callable[[dict[str, Any], Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]], Awaitable[None]]

@@ -18,7 +18,15 @@ from google.protobuf.message import Message
 from google.rpc import error_details_pb2, status_pb2
 from kibo.ctrl.v1 import error_pb2
 
-from ..errors import GuestExhausted, GuestPermissionDenied, KiboError, QuotaExceeded, RateLimited, Reason, Unavailable
+from ..domain.errors import (
+    GuestExhausted,
+    GuestPermissionDenied,
+    KiboError,
+    QuotaExceeded,
+    RateLimited,
+    Reason,
+    Unavailable,
+)
 
 log = logging.getLogger("kibo.errors")
 

@@ -13,8 +13,8 @@ from google.protobuf.descriptor import ServiceDescriptor
 from google.protobuf.message import DecodeError, Message
 from google.protobuf.message_factory import GetMessageClass
 
-from ..auth import OPEN, Authenticator
-from ..errors import InvalidArgument
+from ..api.auth import OPEN, Authenticator
+from ..domain.errors import InvalidArgument
 from .errors import status_of
 
 UnaryFn = Callable[[Any, Any], Awaitable[Message]]

@@ -15,8 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..model import Backend
-from ..reports import ExitReason, GuestReset, GuestResponding, Report, VmmExited
+from ...domain.model import Backend
+from ...domain.reports import ExitReason, GuestReset, GuestResponding, Report, VmmExited
 
 log = logging.getLogger(__name__)
 

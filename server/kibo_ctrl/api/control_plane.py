@@ -30,16 +30,16 @@ from kibo.ctrl.v1 import (
 )
 from kibo.sim.v1 import simulator_pb2 as sim_pb2
 
-from . import cleanup, validation
+from ..domain import cleanup, validation
+from ..domain.errors import Conflict, InvalidArgument, NotFound, Unavailable
+from ..domain.model import Command, Component, Instance, Workspace
+from ..engine.hub import Hub, Signal
+from ..engine.service import CommandRequest, Service
+from ..runtime.sim.simulator import FOR_NEXT_CREATED, NODE_WIDE, ONE_SHOT, Fault, SimBoard, SimError, SimNode
+from ..store.sqlite import Changes, Reader, Store, WorkspaceQuery
+from . import parse, render
 from .auth import Caller
-from .errors import Conflict, InvalidArgument, NotFound, Unavailable
 from .fairness import TenantSlots
-from .hub import Hub, Signal
-from .model import Command, Component, Instance, Workspace
-from .runtime.sim import FOR_NEXT_CREATED, NODE_WIDE, ONE_SHOT, Fault, SimBoard, SimError, SimNode
-from .service import CommandRequest, Service
-from .store import Changes, Reader, Store, WorkspaceQuery
-from .transport import parse, render
 
 RequestT = TypeVar("RequestT")
 

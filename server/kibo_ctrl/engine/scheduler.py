@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from . import transitions
+from ..domain.model import Component, EventType, Node, Phase
+from ..store.sqlite import Changes, Store, Tx
+from . import steps
 from .hub import Wakeup
-from .model import Component, EventType, Node, Phase
-from .store import Changes, Store, Tx
-from .transitions import event, save
+from .steps import event, save
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ def schedule_pending(tx: Tx, nodes: list[Node]) -> int:
         instance.holds = [Component.RESERVATION]
         instance.reason = ""
         workspace.node_id = node.id
-        transitions.mark_running(tx, workspace)
+        steps.mark_running(tx, workspace)
         event(tx, workspace, EventType.SCHEDULED, message=f"scheduled on {node.id}")
         save(tx, workspace, instance)
     return waiting

@@ -36,9 +36,7 @@ from typing import Any
 from google.protobuf.timestamp_pb2 import Timestamp
 from kibo.ctrl.v1 import data_plane_service_pb2 as dp
 
-from .auth import Caller
-from .data_plane_sessions import Session, Sessions
-from .errors import (
+from ..domain.errors import (
     Conflict,
     GuestError,
     InvalidArgument,
@@ -48,12 +46,14 @@ from .errors import (
     Unavailable,
     Unimplemented,
 )
-from .guest_errors import file_error
-from .model import Phase, WorkspaceState
-from .runtime.base import Runtime
-from .runtime.guest_jobs import Exit, GuestRefused, JobStopped, Output
-from .runtime.process import ProcessRuntime
-from .store import Changes, Reader, Store
+from ..domain.guest_errors import file_error
+from ..domain.model import Phase, WorkspaceState
+from ..runtime.base import Runtime
+from ..runtime.process.guest_jobs import Exit, GuestRefused, JobStopped, Output
+from ..runtime.process.runtime import ProcessRuntime
+from ..store.sqlite import Changes, Reader, Store
+from .auth import Caller
+from .data_plane_sessions import Session, Sessions
 
 log = logging.getLogger(__name__)
 

@@ -6,9 +6,9 @@ import logging
 import time
 from functools import partial
 
+from ..store.sqlite import Changes, Store
 from .hub import Wakeup
 from .service import Service
-from .store import Changes, Store
 
 log = logging.getLogger(__name__)
 BATCH = 100

@@ -10,8 +10,8 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator
 from enum import Enum
 
-from .model import Command, Workspace
-from .store import Changes
+from ..domain.model import Command, Workspace
+from ..store.sqlite import Changes
 
 WATCH_QUEUE = 1024
 

@@ -11,11 +11,11 @@ from google.protobuf.message import Message
 from kibo.ctrl.v1 import workspace_pb2
 from kibo.ctrl.v1 import workspace_service_pb2 as ws_pb2
 
-from .. import validation
-from ..errors import InvalidArgument
-from ..model import Binding, CommandKind, ExpirationAction, Resources
-from ..service import CommandRequest, CreateSpec
-from ..validation import DEFAULT_RESOURCES
+from ..domain import validation
+from ..domain.errors import InvalidArgument
+from ..domain.model import Binding, CommandKind, ExpirationAction, Resources
+from ..domain.validation import DEFAULT_RESOURCES
+from ..engine.service import CommandRequest, CreateSpec
 
 _MAX_TIME = 253402300799  # 9999-12-31, the largest valid Timestamp
 

@@ -18,8 +18,8 @@ from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from .model import Workspace
-from .store import Changes
+from ..domain.model import Workspace
+from ..store.sqlite import Changes
 
 
 @dataclass(eq=False)

@@ -80,13 +80,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..model import Backend, Component, Instance, Phase, StopDurability, VolumeState
-from ..reports import ExitReason, Report, VmmExited
+from ...domain.model import Backend, Component, Instance, Phase, StopDurability, VolumeState
+from ...domain.reports import ExitReason, Report, VmmExited
+from ..base import DestroyError, LaunchError, LaunchSpec, RestartError, SyncError
 from . import sandbox, storage
-from .base import DestroyError, LaunchError, LaunchSpec, RestartError, SyncError
 from .cgroups import Cgroups
 from .guest_jobs import Exit, GuestRefused, Output, run_guest_exec
-from .supervised import Supervised, exit_report, kill_supervisor, lock_held, parent_pid, read_json, running
+from .supervisor_handle import Supervised, exit_report, kill_supervisor, lock_held, parent_pid, read_json, running
 
 log = logging.getLogger(__name__)
 

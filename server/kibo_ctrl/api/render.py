@@ -7,8 +7,8 @@ from google.rpc import status_pb2
 from kibo.ctrl.v1 import command_pb2, volume_service_pb2, workspace_pb2
 from kibo.ctrl.v1 import observation_service_pb2 as obs_pb2
 
-from ..cleanup import Cleanup
-from ..model import Command, Event, Instance, Volume, Workspace
+from ..domain.cleanup import Cleanup
+from ..domain.model import Command, Event, Instance, Volume, Workspace
 
 
 def timestamp(seconds: float | None) -> Timestamp | None:

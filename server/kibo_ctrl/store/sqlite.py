@@ -24,8 +24,8 @@ from typing import Any, Protocol, TypeVar
 
 import msgspec
 
-from .auth import Role, TokenRecord
-from .model import Command, Event, Instance, Phase, Volume, Workspace, WorkspaceState
+from ..api.auth import Role, TokenRecord
+from ..domain.model import Command, Event, Instance, Phase, Volume, Workspace, WorkspaceState
 
 T = TypeVar("T")
 

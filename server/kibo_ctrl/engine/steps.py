@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import uuid
 
-from . import status
-from .model import (
+from ..domain import status
+from ..domain.model import (
     Command,
     CommandError,
     CommandKind,
@@ -23,8 +23,8 @@ from .model import (
     Workspace,
     WorkspaceState,
 )
-from .rules import Facts
-from .store import Tx
+from ..domain.rules import Facts
+from ..store.sqlite import Tx
 
 # Server-initiated stops use these command-ID prefixes; callers may not.
 SERVER_STOP_PREFIXES: dict[StopCause, str] = {

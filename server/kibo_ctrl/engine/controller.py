@@ -6,8 +6,7 @@ completes, and any stop the server now owes."""
 
 from __future__ import annotations
 
-from . import transitions
-from .model import (
+from ..domain.model import (
     EXECUTION_PARTS,
     CommandError,
     CommandKind,
@@ -22,7 +21,7 @@ from .model import (
     VolumeState,
     Workspace,
 )
-from .reports import (
+from ..domain.reports import (
     Destroyed,
     DestroyFailed,
     ExitReason,
@@ -39,9 +38,10 @@ from .reports import (
     StorageReleased,
     VmmExited,
 )
+from ..store.sqlite import Tx
+from . import steps
 from .service import finish_delete
-from .store import Tx
-from .transitions import event, finish_command, save
+from .steps import event, finish_command, save
 
 # The guest-reset rule: more than MAX_RESETS within RESET_WINDOW seconds -> FAILED.
 MAX_RESETS = 3
@@ -81,7 +81,7 @@ def apply(tx: Tx, report: Report) -> None:
         instance.phase = report.phase
         _volumes_created(tx, report.volumes_created)
         if current:
-            transitions.mark_running(tx, workspace)
+            steps.mark_running(tx, workspace)
     elif isinstance(report, Launched):
         _launched(tx, workspace, instance, report, current)
     elif isinstance(report, LaunchFailed):
@@ -128,7 +128,7 @@ def apply(tx: Tx, report: Report) -> None:
             event(tx, workspace, EventType.GUEST_NOT_RESPONDING, message="the guest does not answer")
     if current:
         workspace.holds_execution = bool(instance.holds)
-        transitions.start_owed_stop(tx, workspace, instance)
+        steps.start_owed_stop(tx, workspace, instance)
         save(tx, workspace, instance, command_id=finishing)
     else:
         tx.put_instance(instance)
@@ -206,7 +206,7 @@ def _guest_reset(tx: Tx, workspace: Workspace, instance: Instance, current: bool
     guest.responding = False
     instance.phase = Phase.RESTARTING
     instance.reason = "guest reset: starting a new VMM for the same instance"
-    transitions.set_desired(instance, Desired.RUNNING)
+    steps.set_desired(instance, Desired.RUNNING)
     event(tx, workspace, EventType.GUEST_RESET, message=f"reset {resets}: a new VMM for the same instance")
 
 

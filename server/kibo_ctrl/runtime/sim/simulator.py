@@ -11,9 +11,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from enum import IntEnum
 
-from ..model import EXECUTION_PARTS, Backend, Component, Instance, Phase, StopDurability, VolumeState
-from ..reports import ExitReason, GuestReset, GuestResponding, Report, VmmExited
-from .base import DestroyError, LaunchError, LaunchSpec, RestartError, SyncError
+from ...domain.model import EXECUTION_PARTS, Backend, Component, Instance, Phase, StopDurability, VolumeState
+from ...domain.reports import ExitReason, GuestReset, GuestResponding, Report, VmmExited
+from ..base import DestroyError, LaunchError, LaunchSpec, RestartError, SyncError
 
 
 class Fault(IntEnum):

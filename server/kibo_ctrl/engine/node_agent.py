@@ -14,10 +14,8 @@ import sqlite3
 import time
 from dataclasses import dataclass
 
-from . import controller
-from .hub import Wakeup
-from .model import Desired, Instance, Node, Phase, StopDurability, Volume, Workspace
-from .reports import (
+from ..domain.model import Desired, Instance, Node, Phase, StopDurability, Volume, Workspace
+from ..domain.reports import (
     Destroyed,
     DestroyFailed,
     Launched,
@@ -30,8 +28,10 @@ from .reports import (
     Stopped,
     StorageReleased,
 )
-from .runtime import DestroyError, LaunchError, LaunchSpec, RestartError, Runtime, SyncError
-from .store import Changes, Reader, Store
+from ..runtime.base import DestroyError, LaunchError, LaunchSpec, RestartError, Runtime, SyncError
+from ..store.sqlite import Changes, Reader, Store
+from . import controller
+from .hub import Wakeup
 
 log = logging.getLogger(__name__)
 

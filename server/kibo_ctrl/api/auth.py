@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
-from .errors import InvalidArgument, PermissionDenied, RateLimited, Unauthenticated
+from ..domain.errors import InvalidArgument, PermissionDenied, RateLimited, Unauthenticated
 
 TOKEN_PREFIX = "kibo_"
 TENANT = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")

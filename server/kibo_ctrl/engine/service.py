@@ -10,9 +10,9 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from . import rules, transitions
-from .errors import CommandIdReused, Conflict, InvalidArgument, NotFound, QuotaExceeded, RevisionMismatch
-from .model import (
+from ..domain import rules
+from ..domain.errors import CommandIdReused, Conflict, InvalidArgument, NotFound, QuotaExceeded, RevisionMismatch
+from ..domain.model import (
     Binding,
     Command,
     CommandKind,
@@ -31,8 +31,9 @@ from .model import (
     Workspace,
     WorkspaceState,
 )
-from .store import Tx
-from .transitions import event, save
+from ..store.sqlite import Tx
+from . import steps
+from .steps import event, save
 
 
 @dataclass(frozen=True)
@@ -179,7 +180,7 @@ class Service:
             network_policy=spec.network_policy,
             expiration=expiration,
         )
-        command = transitions.new_command(tx, workspace, request.command_id, CommandKind.CREATE, request.fingerprint)
+        command = steps.new_command(tx, workspace, request.command_id, CommandKind.CREATE, request.fingerprint)
         instance = self._new_instance(tx, workspace)
         save(tx, workspace, instance, command_id=command.id)
         return workspace, command
@@ -203,8 +204,8 @@ class Service:
         return instance
 
     def _start(self, tx: Tx, workspace: Workspace, request: CommandRequest) -> Command:
-        rules.check(CommandKind.START, transitions.rule_facts(workspace))
-        command = transitions.new_command(tx, workspace, request.command_id, CommandKind.START, request.fingerprint)
+        rules.check(CommandKind.START, steps.rule_facts(workspace))
+        command = steps.new_command(tx, workspace, request.command_id, CommandKind.START, request.fingerprint)
         workspace.last_stop = None
         workspace.failure = None
         workspace.release_pending_since = None
@@ -216,23 +217,23 @@ class Service:
         return self.stop(tx, workspace, request.command_id, request.fingerprint, StopCause.REQUESTED)
 
     def stop(self, tx: Tx, workspace: Workspace, command_id: str, fingerprint: str, cause: StopCause) -> Command:
-        rules.check(CommandKind.STOP, transitions.rule_facts(workspace))
-        instance = transitions.current_instance(tx, workspace)
-        command = transitions.new_command(tx, workspace, command_id, CommandKind.STOP, fingerprint, cause=cause)
-        transitions.begin_stop(tx, workspace, instance, command_id, force=False, cause=cause)
+        rules.check(CommandKind.STOP, steps.rule_facts(workspace))
+        instance = steps.current_instance(tx, workspace)
+        command = steps.new_command(tx, workspace, command_id, CommandKind.STOP, fingerprint, cause=cause)
+        steps.begin_stop(tx, workspace, instance, command_id, force=False, cause=cause)
         save(tx, workspace, instance, command_id=command_id)
         return command
 
     def _force_stop(self, tx: Tx, workspace: Workspace, request: CommandRequest) -> Command:
-        decision = rules.check(CommandKind.FORCE_STOP, transitions.rule_facts(workspace))
+        decision = rules.check(CommandKind.FORCE_STOP, steps.rule_facts(workspace))
         if decision is rules.ForceStop.SUPERSEDE:
-            transitions.cancel_active(tx, workspace, request.command_id, "superseded by a force stop")
-        instance = transitions.current_instance(tx, workspace)
-        command = transitions.new_command(
+            steps.cancel_active(tx, workspace, request.command_id, "superseded by a force stop")
+        instance = steps.current_instance(tx, workspace)
+        command = steps.new_command(
             tx, workspace, request.command_id, CommandKind.FORCE_STOP, request.fingerprint, cause=StopCause.REQUESTED
         )
         workspace.failure = None
-        transitions.begin_stop(tx, workspace, instance, request.command_id, force=True, cause=StopCause.REQUESTED)
+        steps.begin_stop(tx, workspace, instance, request.command_id, force=True, cause=StopCause.REQUESTED)
         save(tx, workspace, instance, command_id=command.id)
         return command
 
@@ -240,10 +241,10 @@ class Service:
         return self.delete(tx, workspace, request.command_id, request.fingerprint)
 
     def delete(self, tx: Tx, workspace: Workspace, command_id: str, fingerprint: str) -> Command:
-        rules.check(CommandKind.DELETE, transitions.rule_facts(workspace))
+        rules.check(CommandKind.DELETE, steps.rule_facts(workspace))
         if workspace.active_command is not None:
-            transitions.cancel_active(tx, workspace, command_id, "cancelled by a delete")
-        command = transitions.new_command(tx, workspace, command_id, CommandKind.DELETE, fingerprint)
+            steps.cancel_active(tx, workspace, command_id, "cancelled by a delete")
+        command = steps.new_command(tx, workspace, command_id, CommandKind.DELETE, fingerprint)
         workspace.deletion_started = True
         workspace.last_stop = None
         workspace.failure = None
@@ -252,7 +253,7 @@ class Service:
         if workspace.release_pending_since is None:
             workspace.release_pending_since = tx.now
         workspace.expiration.expire_time = None
-        instance = transitions.current_instance(tx, workspace)
+        instance = steps.current_instance(tx, workspace)
         if instance is not None and instance.node_id is None:
             # Never reached a node: nothing to release there.
             instance.phase = Phase.RELEASED
@@ -262,7 +263,7 @@ class Service:
             and instance.node_id is not None
             and (instance.holds or instance.step != instance.done_step)
         ):
-            transitions.set_desired(instance, Desired.DESTROYED)
+            steps.set_desired(instance, Desired.DESTROYED)
         else:
             finish_delete(tx, workspace)
         save(tx, workspace, instance, command_id=command_id)
@@ -271,10 +272,8 @@ class Service:
     # -- configuration (immediate commands) --------------------------------------------
 
     def _immediate(self, tx: Tx, workspace: Workspace, request: CommandRequest, message: str) -> Command:
-        rules.check(request.kind, transitions.rule_facts(workspace))
-        return transitions.immediate_command(
-            tx, workspace, request.command_id, request.kind, request.fingerprint, message
-        )
+        rules.check(request.kind, steps.rule_facts(workspace))
+        return steps.immediate_command(tx, workspace, request.command_id, request.kind, request.fingerprint, message)
 
     def _set_expiration(self, tx: Tx, workspace: Workspace, request: CommandRequest) -> Command:
         command = self._immediate(tx, workspace, request, "expiration set")
@@ -301,7 +300,7 @@ class Service:
 
     def _resize(self, tx: Tx, workspace: Workspace, request: CommandRequest) -> Command:
         assert request.resources is not None
-        rules.check(request.kind, transitions.rule_facts(workspace))
+        rules.check(request.kind, steps.rule_facts(workspace))
         wanted, current = request.resources, workspace.resources
         resized = Resources(
             vcpus=wanted.vcpus or current.vcpus,
@@ -327,7 +326,7 @@ class Service:
     def _bind_volume(self, tx: Tx, workspace: Workspace, request: CommandRequest) -> Command:
         binding = request.binding
         assert binding is not None
-        rules.check(request.kind, transitions.rule_facts(workspace))
+        rules.check(request.kind, steps.rule_facts(workspace))
         volume = self._bindable_volume(tx, binding.volume_id, workspace.id, workspace.tenant)
         bindings = [b for b in workspace.bindings if b.volume_id != binding.volume_id] + [binding]
         _check_mount_paths(bindings)
@@ -339,7 +338,7 @@ class Service:
         return command
 
     def _unbind_volume(self, tx: Tx, workspace: Workspace, request: CommandRequest) -> Command:
-        rules.check(request.kind, transitions.rule_facts(workspace))
+        rules.check(request.kind, steps.rule_facts(workspace))
         if not any(b.volume_id == request.volume_id for b in workspace.bindings):
             raise NotFound(f"volume {request.volume_id} is not bound to {workspace.id}", field="volume_id")
         command = self._immediate(tx, workspace, request, f"volume {request.volume_id} unbound and kept")
@@ -404,7 +403,7 @@ class Service:
             tenant=tenant,
         )
         tx.put_volume(volume)
-        transitions.record_command(
+        steps.record_command(
             tx, tenant, command_id, CommandKind.CREATE_VOLUME, fingerprint, CommandState.SUCCEEDED, volume_id=volume.id
         )
         return volume
@@ -430,7 +429,7 @@ class Service:
         # destroys them and clears this (controller.apply_volume_released).
         volume.storage_pending = True
         tx.put_volume(volume)
-        transitions.record_command(
+        steps.record_command(
             tx, tenant, command_id, CommandKind.DELETE_VOLUME, fingerprint, CommandState.SUCCEEDED, volume_id=volume.id
         )
         return volume
@@ -463,7 +462,7 @@ class Service:
 
 def finish_delete(tx: Tx, workspace: Workspace) -> None:
     """The workspace's execution is released: it is DELETED; its files go asynchronously."""
-    transitions.finish_command(tx, workspace)
+    steps.finish_command(tx, workspace)
     workspace.deleted = True
     # Whatever failed before (e.g. a host OOM during the delete) is gone with the execution.
     workspace.failure = None
