@@ -18,9 +18,10 @@ from kibo.sim.v1 import simulator_pb2
 
 from . import tokens
 from .api import data_plane
-from .api.auth import DEFAULT_TENANT, Authenticator, Role, TokenRecord
-from .api.control_plane import Api, SimulatorApi
-from .domain.model import Backend, Node
+from .api.auth import Authenticator
+from .api.control_plane import Api
+from .domain.access import DEFAULT_TENANT, Role, TokenRecord
+from .domain.model import Backend, Node, Workspace
 from .domain.reports import StorageReleased
 from .engine import controller
 from .engine.expiry import ExpiryLoop
@@ -28,8 +29,9 @@ from .engine.hub import Hub
 from .engine.node_agent import Liveness, NodeAgent
 from .engine.scheduler import Scheduler
 from .engine.service import Quotas, Service, Settings
-from .runtime.base import Runtime
+from .runtime.base import Closable, GuestAccess, MachineObserver, Runtime
 from .runtime.process.runtime import ProcessOptions, ProcessRuntime
+from .runtime.sim.api import SimulatorApi
 from .runtime.sim.simulator import SimBoard, SimNode
 from .store.sqlite import SqliteStore
 from .transport.connect import application
@@ -124,11 +126,14 @@ class App:
             )
             for i in range(config.sim_nodes if config.runtime == "sim" else 1)
         ]
-        self.board = SimBoard()
-        self.sim_nodes = {n.id: SimNode(n.id, config.sim_backend, config.sim_step_ms / 1000, self.board) for n in nodes}
-        self.runtimes: dict[str, Runtime] = dict(self.sim_nodes)
+        # The runtimes, and who gets which of their capabilities (runtime/base.py): only the
+        # process runtime reaches guests, reads the machine and has connections to close.
+        self.runtimes: dict[str, Runtime] = {}
+        guests: dict[str, GuestAccess] = {}
+        observer: MachineObserver | None = None
+        self._closables: list[Closable] = []
+        self.sim_api: SimulatorApi | None = None
         if config.runtime == "process":
-            self.sim_nodes = {}
             options = ProcessOptions(
                 data_dir=config.data_dir,
                 backend=config.backend,
@@ -139,7 +144,15 @@ class App:
                 grace_s=config.stop_grace_ms / 1000,
                 storage_overcommit=config.storage_overcommit,
             )
-            self.runtimes = {nodes[0].id: await asyncio.to_thread(ProcessRuntime, nodes[0].id, options)}
+            process = await asyncio.to_thread(ProcessRuntime, nodes[0].id, options)
+            self.runtimes[nodes[0].id] = guests[nodes[0].id] = process
+            observer = process
+            self._closables.append(process)
+        else:
+            board = SimBoard()
+            sim_nodes = {n.id: SimNode(n.id, config.sim_backend, config.sim_step_ms / 1000, board) for n in nodes}
+            self.runtimes.update(sim_nodes)
+            self.sim_api = SimulatorApi(self._find_workspace, board, sim_nodes, self._pool_lost)
         liveness = Liveness(self.store, [n.id for n in nodes], config.node_timeout_ms / 1000)
         # The pool's files are deleted by its first node.
         agents = [
@@ -159,14 +172,10 @@ class App:
             self.hub.listen(listener)
         self._agents = agents
         capabilities = next(iter(self.runtimes.values())).capabilities()
-        # The process runtime reads the cleanup status off this machine; the simulator has no machine.
-        local = [r for r in self.runtimes.values() if isinstance(r, ProcessRuntime)]
-        observer = local[0].observe if len(local) == 1 else None
         self.api = Api(
             self.store, self.hub, self.service, capabilities, config.settle_ms / 1000, observer, MAX_MESSAGE_BYTES
         )
-        self.sim_api = SimulatorApi(self.store, self.board, self.sim_nodes, self._pool_lost)
-        self.data_plane = data_plane.DataPlane(self.store, self.runtimes, config.data_dir)
+        self.data_plane = data_plane.DataPlane(self.store, guests, config.data_dir)
         # Revoke, stop and delete end the data-plane calls running under the old credential.
         self.hub.listen(self.data_plane.on_changes)
         for coroutine in (scheduler.run(), expiry.run(), liveness.run(), *(a.run() for a in agents)):
@@ -198,6 +207,9 @@ class App:
             return await self.store.read(lambda r: r.find_token(digest))
 
         return Authenticator(lookup, rate)
+
+    async def _find_workspace(self, workspace_id: str) -> Workspace | None:
+        return await self.store.read(lambda r: r.get_workspace(workspace_id))
 
     async def _pool_lost(self, pool: str) -> None:
         pending = await self.store.read(lambda r: r.storage_pending())
@@ -238,7 +250,7 @@ class App:
         ]
         # Fault injection drives simulated nodes only: a real runtime does not serve it at all
         # (UNIMPLEMENTED on both listeners, absent from reflection and health).
-        if self.config.runtime == "sim":
+        if self.sim_api is not None:
             services.append((simulator_pb2.DESCRIPTOR.services_by_name["SimulatorService"], self.sim_api, frozenset()))
         self.server.add_generic_rpc_handlers(
             [service_handler(d, impl, self.authenticator, open_) for d, impl, open_ in services]
@@ -300,9 +312,8 @@ class App:
         for task in self._tasks:
             with contextlib.suppress(BaseException):
                 await task
-        for runtime in self.runtimes.values():
-            if isinstance(runtime, ProcessRuntime):
-                await runtime.close()
+        for closable in self._closables:
+            await closable.close()
         await self.store.close()
 
 

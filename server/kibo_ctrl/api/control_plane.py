@@ -11,7 +11,7 @@ import contextlib
 import hashlib
 import json
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import TypeVar
@@ -28,17 +28,16 @@ from kibo.ctrl.v1 import (
 from kibo.ctrl.v1 import (
     workspace_service_pb2 as ws_pb2,
 )
-from kibo.sim.v1 import simulator_pb2 as sim_pb2
 
 from ..domain import cleanup, validation
-from ..domain.errors import Conflict, InvalidArgument, NotFound, Unavailable
-from ..domain.model import Command, Component, Instance, Workspace
+from ..domain.access import Caller
+from ..domain.errors import InvalidArgument, NotFound, Unavailable
+from ..domain.model import Command, Instance, Workspace
 from ..engine.hub import Hub, Signal
 from ..engine.service import CommandRequest, Service
-from ..runtime.sim.simulator import FOR_NEXT_CREATED, NODE_WIDE, ONE_SHOT, Fault, SimBoard, SimError, SimNode
-from ..store.sqlite import Changes, Reader, Store, WorkspaceQuery
+from ..runtime.base import MachineObserver
+from ..store.base import Changes, Reader, Store, WorkspaceQuery, WorkspaceSlice
 from . import parse, render
-from .auth import Caller
 from .fairness import TenantSlots
 
 RequestT = TypeVar("RequestT")
@@ -66,12 +65,6 @@ LIST_COST = ListCost()
 PAGE_HEADROOM_BYTES = 16 * 1024
 
 
-# What a runtime sees on its machine now: (instance ID or None, workspace ID, IDs of the
-# volumes deleted with the workspace) -> which parts are present (True) there; parts left
-# out, or None, cannot be told. Blocking (run in a thread).
-Observer = Callable[[str | None, str, tuple[str, ...]], Mapping[Component, bool] | None]
-
-
 class Api:
     def __init__(
         self,
@@ -80,13 +73,14 @@ class Api:
         service: Service,
         capabilities: list[str],
         settle_seconds: float,
-        observer: Observer | None = None,
+        observer: MachineObserver | None = None,
         max_message_bytes: int = 4 * 1024 * 1024,
     ) -> None:
         self._store = store
         # A page must fit in one message (gRPC refuses larger ones): lists cut pages by size.
         self._page_bytes = max_message_bytes - PAGE_HEADROOM_BYTES
         self._list_slots = TenantSlots(LIST_COST.per_tenant)
+        # The runtime that can read the cleanup status off this machine (none in the simulator).
         self._observer = observer
         self._hub = hub
         self._service = service
@@ -295,7 +289,7 @@ class Api:
         while True:
             sliced = replace(query, after_seq=after)
             want = size + 1 - len(found)
-            part = await self._store.scan(partial(Reader.scan_workspaces, query=sliced, max_rows=rows, want=want))
+            part = await self._store.scan(partial(_scan_slice, query=sliced, max_rows=rows, want=want))
             found.extend(part.workspaces)
             scanned += rows
             if len(found) > size:
@@ -320,7 +314,7 @@ class Api:
 
     async def watch_workspace(
         self, request: ws_pb2.WatchWorkspaceRequest, caller: Caller
-    ) -> AsyncIterator[ws_pb2.WatchWorkspaceResponse]:
+    ) -> AsyncGenerator[ws_pb2.WatchWorkspaceResponse, None]:
         workspace_id = parse.workspace_id(request.workspace_id)
         with self._hub.watch(workspace_id) as changes:
             workspace = await self._workspace(caller, workspace_id)
@@ -361,7 +355,9 @@ class Api:
         if self._observer is not None:
             # The machine itself, where the runtime can look: it wins over what the store remembers.
             going = tuple(b.volume_id for b in workspace.bindings if b.delete_with_workspace)
-            seen = await asyncio.to_thread(self._observer, instance.id if instance else None, workspace.id, going)
+            seen = await asyncio.to_thread(
+                self._observer.observe, instance.id if instance else None, workspace.id, going
+            )
             derived = cleanup.with_observation(workspace, derived, seen, time.time())
         return obs_pb2.GetWorkspaceCleanupResponse(cleanup=render.cleanup(workspace_id, derived))
 
@@ -421,54 +417,8 @@ class Api:
         return vol_pb2.DeleteVolumeResponse(volume=render.volume(volume))
 
 
-class SimulatorApi:
-    """kibo.sim.v1.SimulatorService: inject the faults a real node would report."""
-
-    def __init__(self, store: Store, board: SimBoard, nodes: dict[str, SimNode], report: Callable[[str], object]):
-        self._store = store
-        self._board = board
-        self._nodes = nodes
-        self._pool_lost = report
-
-    async def inject_fault(self, request: sim_pb2.InjectFaultRequest, caller: Caller) -> sim_pb2.InjectFaultResponse:
-        caller.require_admin("InjectFault")
-        try:
-            fault = Fault(request.fault)
-        except ValueError:
-            raise InvalidArgument(f"unknown fault {request.fault}", field="fault") from None
-        # Permission before existence: a fault that reaches other tenants' workspaces needs
-        # an operator, whatever workspace it names.
-        if not request.workspace_id:
-            caller.require_operator(f"InjectFault {fault.name} with an empty workspace_id (the next workspace created)")
-            if fault not in FOR_NEXT_CREATED:
-                raise InvalidArgument(f"{fault.name} needs a workspace_id", field="workspace_id")
-            self._board.arm("", fault)
-            return sim_pb2.InjectFaultResponse()
-        if fault in NODE_WIDE:
-            caller.require_operator(f"InjectFault {fault.name}")
-        workspace_id = parse.workspace_id(request.workspace_id)
-        workspace = await self._store.read(lambda r: r.get_workspace(workspace_id))
-        # Another tenant's workspace does not exist for this caller, operator or not.
-        if workspace is None or workspace.tenant != caller.tenant:
-            raise NotFound(f"workspace {workspace_id} not found", field="workspace_id")
-        if fault in ONE_SHOT:
-            self._board.arm(workspace_id, fault)
-        elif fault is Fault.UNSTALL:
-            self._board.armed.get(workspace_id, set()).discard(Fault.STALL)
-            event = self._board.unstall.get(workspace_id)
-            if event is not None:
-                event.set()
-        elif fault is Fault.STORAGE_POOL_LOST:
-            await self._pool_lost(workspace.storage_pool)  # type: ignore[misc]
-        else:
-            node = self._nodes.get(workspace.node_id or "")
-            if node is None:
-                raise Conflict(f"workspace {workspace_id} is not on any node", state=workspace.state.name)
-            try:
-                node.inject(workspace_id, workspace.instance_id, fault)
-            except SimError as error:
-                raise Conflict(str(error), state=workspace.state.name) from None
-        return sim_pb2.InjectFaultResponse()
+def _scan_slice(reader: Reader, query: WorkspaceQuery, max_rows: int, want: int) -> WorkspaceSlice:
+    return reader.scan_workspaces(query, max_rows, want)
 
 
 def _digest(text: str) -> str:

@@ -28,7 +28,7 @@ import logging
 import os
 import secrets
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, Mapping
 from contextlib import aclosing
 from pathlib import Path
 from typing import Any
@@ -36,6 +36,7 @@ from typing import Any
 from google.protobuf.timestamp_pb2 import Timestamp
 from kibo.ctrl.v1 import data_plane_service_pb2 as dp
 
+from ..domain.access import Caller
 from ..domain.errors import (
     Conflict,
     GuestError,
@@ -48,11 +49,8 @@ from ..domain.errors import (
 )
 from ..domain.guest_errors import file_error
 from ..domain.model import Phase, WorkspaceState
-from ..runtime.base import Runtime
-from ..runtime.process.guest_jobs import Exit, GuestRefused, JobStopped, Output
-from ..runtime.process.runtime import ProcessRuntime
-from ..store.sqlite import Changes, Reader, Store
-from .auth import Caller
+from ..runtime.base import Exit, GuestAccess, GuestRefused, JobStopped, Output
+from ..store.base import Changes, Reader, Store
 from .data_plane_sessions import Session, Sessions
 
 log = logging.getLogger(__name__)
@@ -87,9 +85,10 @@ def _key(path: Path) -> bytes:
 
 
 class DataPlane:
-    def __init__(self, store: Store, runtimes: dict[str, Runtime], data_dir: Path) -> None:
+    def __init__(self, store: Store, guests: Mapping[str, GuestAccess], data_dir: Path) -> None:
+        """`guests`: by node ID, the runtimes whose guests the data plane can reach."""
         self._store = store
-        self._runtimes = runtimes
+        self._guests = guests
         data_dir.mkdir(parents=True, exist_ok=True)
         self._key = _key(data_dir / "data-plane.key")
         self.sessions = Sessions()
@@ -141,7 +140,7 @@ class DataPlane:
             issue_time=issued,
         )
 
-    async def _authorize(self, session: Session) -> tuple[ProcessRuntime, str, list[str]]:
+    async def _authorize(self, session: Session) -> tuple[GuestAccess, str, list[str]]:
         """The runtime and instance a credential gives access to, and the volume mounts."""
         workspace_id, generation, revision = session.workspace_id, session.generation, session.revision
 
@@ -158,8 +157,8 @@ class DataPlane:
                 "the credential was revoked (stop, force stop, revoke or a new start): request a new one",
                 field="credential",
             )
-        runtime = self._runtimes.get(workspace.node_id or "")
-        if not isinstance(runtime, ProcessRuntime):
+        runtime = self._guests.get(workspace.node_id or "")
+        if runtime is None:
             raise Unimplemented("this workspace's runtime has no data plane (the simulator has none)")
         restarting = instance is None or instance.phase is not Phase.RUNNING or not workspace.guest.responding
         if workspace.state is not WorkspaceState.AVAILABLE or restarting or not runtime.guest_ready(instance.id):
@@ -170,7 +169,7 @@ class DataPlane:
 
     async def exec_workspace_command(
         self, request: dp.ExecWorkspaceCommandRequest, caller: Caller
-    ) -> AsyncIterator[dp.ExecWorkspaceCommandResponse]:
+    ) -> AsyncGenerator[dp.ExecWorkspaceCommandResponse, None]:
         if not request.argv:
             raise InvalidArgument("argv: give the command to run", field="argv")
         if request.timeout_seconds < 0:

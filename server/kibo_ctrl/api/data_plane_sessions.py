@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from ..domain.model import Workspace
-from ..store.sqlite import Changes
+from ..store.base import Changes
 
 
 @dataclass(eq=False)

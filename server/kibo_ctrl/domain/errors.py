@@ -64,6 +64,18 @@ class Unavailable(KiboError):
     reason = Reason.UNAVAILABLE
 
 
+class StoreError(Exception):
+    """A store could not read or write. Store adapters raise this in place of their driver's
+    errors, so that no layer above a store knows which database it is.
+
+    `unavailable` is the answer when the condition passes (disk full, locked, read-only:
+    UNAVAILABLE, retry later); None when it does not, which is a bug (INTERNAL)."""
+
+    def __init__(self, message: str, unavailable: Unavailable | None = None) -> None:
+        super().__init__(message)
+        self.unavailable = unavailable
+
+
 class Unauthenticated(KiboError):
     reason = Reason.UNAUTHENTICATED
 

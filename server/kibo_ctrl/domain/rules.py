@@ -1,7 +1,8 @@
 """Which operation each workspace state allows: the lifecycle rules, as data.
 
 Three tables, each read by the service (to accept or reject a command) and by the tests
-(to check every state x operation pair): OPERATIONS, AFTER_DELETE and FORCE_STOP.
+(to check every state x operation pair): OPERATIONS, AFTER_DELETE and FORCE_STOP; and the
+command-ID prefixes the server keeps for the stops it starts itself.
 """
 
 from __future__ import annotations
@@ -12,7 +13,15 @@ from enum import Enum
 
 from .errors import Conflict
 from .model import CommandKind as Op
+from .model import StopCause
 from .model import WorkspaceState as S
+
+# Server-initiated stops use these command-ID prefixes; callers may not.
+SERVER_STOP_PREFIXES: dict[StopCause, str] = {
+    StopCause.GUEST_SHUTDOWN: "guest-shutdown/",
+    StopCause.HOST_MEMORY_EXHAUSTED: "host-memory/",
+}
+RESERVED_PREFIXES: tuple[str, ...] = tuple(SERVER_STOP_PREFIXES.values())
 
 
 @dataclass(frozen=True)

@@ -6,9 +6,9 @@ import ipaddress
 import re
 from dataclasses import dataclass
 
-from ..engine.steps import RESERVED_PREFIXES
 from .errors import InvalidArgument, ReservedCommandId
 from .model import NetworkEgress, NetworkPolicy, Resources, WorkspaceState
+from .rules import RESERVED_PREFIXES
 
 COMMAND_ID = re.compile(r"[A-Za-z0-9._~:/-]{1,128}")
 LABEL_KEY = re.compile(r"[a-z0-9]([a-z0-9._/-]{0,61}[a-z0-9])?")

@@ -38,9 +38,8 @@ from ..domain.reports import (
     StorageReleased,
     VmmExited,
 )
-from ..store.sqlite import Tx
+from ..store.base import Tx
 from . import steps
-from .service import finish_delete
 from .steps import event, finish_command, save
 
 # The guest-reset rule: more than MAX_RESETS within RESET_WINDOW seconds -> FAILED.
@@ -100,7 +99,7 @@ def apply(tx: Tx, report: Report) -> None:
         instance.phase = Phase.RELEASED
         instance.holds = []
         if current and workspace.active_kind is CommandKind.DELETE:
-            finish_delete(tx, workspace)
+            steps.finish_delete(tx, workspace)
     elif isinstance(report, DestroyFailed):
         instance.done_step = instance.step
         if current and workspace.active_kind is CommandKind.DELETE:

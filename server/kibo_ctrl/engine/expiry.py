@@ -6,7 +6,7 @@ import logging
 import time
 from functools import partial
 
-from ..store.sqlite import Changes, Store
+from ..store.base import Changes, Store
 from .hub import Wakeup
 from .service import Service
 

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from enum import Enum
 
 from ..domain.model import Command, Workspace
-from ..store.sqlite import Changes
+from ..store.base import Changes
 
 WATCH_QUEUE = 1024
 

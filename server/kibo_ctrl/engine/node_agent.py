@@ -10,10 +10,10 @@ import asyncio
 import contextlib
 import functools
 import logging
-import sqlite3
 import time
 from dataclasses import dataclass
 
+from ..domain.errors import StoreError
 from ..domain.model import Desired, Instance, Node, Phase, StopDurability, Volume, Workspace
 from ..domain.reports import (
     Destroyed,
@@ -29,7 +29,7 @@ from ..domain.reports import (
     StorageReleased,
 )
 from ..runtime.base import DestroyError, LaunchError, LaunchSpec, RestartError, Runtime, SyncError
-from ..store.sqlite import Changes, Reader, Store
+from ..store.base import Changes, Reader, Store
 from . import controller
 from .hub import Wakeup
 
@@ -234,7 +234,7 @@ class NodeAgent:
                     await self._store.transact(lambda tx: controller.apply_volume_released(tx, volume_id))
                     log.info("node %s: deleted volume %s: its files are destroyed", self.node.id, volume_id)
                     return
-                except (OSError, sqlite3.Error) as error:
+                except (OSError, StoreError) as error:
                     log.warning("node %s: destroying volume %s failed (%s): retrying", self.node.id, volume_id, error)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 30.0)
@@ -251,7 +251,7 @@ class NodeAgent:
             try:
                 await self._store.transact(lambda tx: controller.apply(tx, report))
                 return
-            except sqlite3.Error as error:
+            except StoreError as error:
                 log.warning("node %s: storing %s failed (%s); retrying in %.1f s", self.node.id, report, error, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)

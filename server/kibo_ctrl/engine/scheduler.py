@@ -6,7 +6,7 @@ import asyncio
 import logging
 
 from ..domain.model import Component, EventType, Node, Phase
-from ..store.sqlite import Changes, Store, Tx
+from ..store.base import Changes, Store, Tx
 from . import steps
 from .hub import Wakeup
 from .steps import event, save

@@ -31,7 +31,7 @@ from ..domain.model import (
     Workspace,
     WorkspaceState,
 )
-from ..store.sqlite import Tx
+from ..store.base import Tx
 from . import steps
 from .steps import event, save
 
@@ -265,7 +265,7 @@ class Service:
         ):
             steps.set_desired(instance, Desired.DESTROYED)
         else:
-            finish_delete(tx, workspace)
+            steps.finish_delete(tx, workspace)
         save(tx, workspace, instance, command_id=command_id)
         return command
 
@@ -458,27 +458,6 @@ class Service:
             self.stop(tx, workspace, command_id, "expiration", StopCause.EXPIRED)
         else:
             save(tx, workspace, None, message=f"expiration found the workspace {workspace.state.name}: nothing to do")
-
-
-def finish_delete(tx: Tx, workspace: Workspace) -> None:
-    """The workspace's execution is released: it is DELETED; its files go asynchronously."""
-    steps.finish_command(tx, workspace)
-    workspace.deleted = True
-    # Whatever failed before (e.g. a host OOM during the delete) is gone with the execution.
-    workspace.failure = None
-    workspace.owed_stop = None
-    workspace.holds_execution = False
-    workspace.node_silent = False
-    workspace.release_pending_since = None
-    workspace.storage.layer = True
-    workspace.storage.volume_ids = [b.volume_id for b in workspace.bindings if b.delete_with_workspace]
-    workspace.storage.since = tx.now
-    for binding in workspace.bindings:
-        if not binding.delete_with_workspace:
-            volume = tx.get_volume(binding.volume_id)
-            if volume is not None:
-                volume.workspace_id = None
-                tx.put_volume(volume)
 
 
 def _check_mount_paths(bindings: list[Binding]) -> None:

@@ -23,15 +23,8 @@ from ..domain.model import (
     Workspace,
     WorkspaceState,
 )
-from ..domain.rules import Facts
-from ..store.sqlite import Tx
-
-# Server-initiated stops use these command-ID prefixes; callers may not.
-SERVER_STOP_PREFIXES: dict[StopCause, str] = {
-    StopCause.GUEST_SHUTDOWN: "guest-shutdown/",
-    StopCause.HOST_MEMORY_EXHAUSTED: "host-memory/",
-}
-RESERVED_PREFIXES: tuple[str, ...] = tuple(SERVER_STOP_PREFIXES.values())
+from ..domain.rules import SERVER_STOP_PREFIXES, Facts
+from ..store.base import Tx
 
 LIFECYCLE_KINDS = frozenset(
     {CommandKind.CREATE, CommandKind.START, CommandKind.STOP, CommandKind.FORCE_STOP, CommandKind.DELETE}
@@ -249,3 +242,24 @@ def start_owed_stop(tx: Tx, workspace: Workspace, instance: Instance | None) -> 
 
 def current_instance(tx: Tx, workspace: Workspace) -> Instance | None:
     return tx.get_instance(workspace.instance_id) if workspace.instance_id else None
+
+
+def finish_delete(tx: Tx, workspace: Workspace) -> None:
+    """The workspace's execution is released: it is DELETED; its files go asynchronously."""
+    finish_command(tx, workspace)
+    workspace.deleted = True
+    # Whatever failed before (e.g. a host OOM during the delete) is gone with the execution.
+    workspace.failure = None
+    workspace.owed_stop = None
+    workspace.holds_execution = False
+    workspace.node_silent = False
+    workspace.release_pending_since = None
+    workspace.storage.layer = True
+    workspace.storage.volume_ids = [b.volume_id for b in workspace.bindings if b.delete_with_workspace]
+    workspace.storage.since = tx.now
+    for binding in workspace.bindings:
+        if not binding.delete_with_workspace:
+            volume = tx.get_volume(binding.volume_id)
+            if volume is not None:
+                volume.workspace_id = None
+                tx.put_volume(volume)

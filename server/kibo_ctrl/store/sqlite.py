@@ -6,7 +6,8 @@ rolls back alone), commits them with one fsync, and only then resolves the calle
 publishes the change set. So an acknowledged command is always on disk, and under load
 many commands share one fsync.
 
-The Store protocol is what the rest of the code uses; a PostgreSQL store can implement it.
+The rest of the code sees only the protocols of base.py (a PostgreSQL store can implement
+them); the schema is migrations.py.
 """
 
 from __future__ import annotations
@@ -18,122 +19,44 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 import msgspec
 
-from ..api.auth import Role, TokenRecord
-from ..domain.model import Command, Event, Instance, Phase, Volume, Workspace, WorkspaceState
+from ..domain.access import Role, TokenRecord
+from ..domain.errors import StoreError, Unavailable
+from ..domain.model import Command, Event, Instance, Phase, Volume, Workspace
+from .base import Changes, Reader, Tx, WorkspaceQuery, WorkspaceSlice
+from .migrations import MIGRATIONS
 
 T = TypeVar("T")
 
-MIGRATIONS: tuple[str, ...] = (
-    # 1: the initial schema. Records are JSON documents; columns exist only to be queried.
-    """
-    CREATE TABLE workspaces (
-        id TEXT PRIMARY KEY,
-        seq INTEGER NOT NULL UNIQUE,
-        state INTEGER NOT NULL,
-        deleted INTEGER NOT NULL,
-        expire_at REAL,
-        storage_pending INTEGER NOT NULL,
-        data BLOB NOT NULL
-    );
-    CREATE INDEX workspaces_expire_at ON workspaces(expire_at) WHERE expire_at IS NOT NULL;
-    CREATE INDEX workspaces_storage ON workspaces(storage_pending) WHERE storage_pending = 1;
-    CREATE TABLE commands (
-        id TEXT PRIMARY KEY,
-        workspace_id TEXT NOT NULL,
-        data BLOB NOT NULL
-    );
-    CREATE TABLE instances (
-        id TEXT PRIMARY KEY,
-        workspace_id TEXT NOT NULL,
-        node_id TEXT,
-        unscheduled INTEGER NOT NULL,
-        reserved INTEGER NOT NULL,
-        vcpus INTEGER NOT NULL,
-        memory_mib INTEGER NOT NULL,
-        active INTEGER NOT NULL,
-        data BLOB NOT NULL
-    );
-    CREATE INDEX instances_workspace ON instances(workspace_id);
-    CREATE INDEX instances_node ON instances(node_id, active);
-    CREATE INDEX instances_unscheduled ON instances(unscheduled) WHERE unscheduled = 1;
-    CREATE TABLE events (
-        seq INTEGER PRIMARY KEY AUTOINCREMENT,
-        workspace_id TEXT NOT NULL,
-        data BLOB NOT NULL
-    );
-    CREATE INDEX events_workspace ON events(workspace_id, seq);
-    CREATE TABLE volumes (
-        id TEXT PRIMARY KEY,
-        data BLOB NOT NULL
-    );
-    """,
-    # 2: tenants. Command IDs are scoped per tenant; tokens (hashes only) are stored.
-    """
-    ALTER TABLE workspaces ADD COLUMN tenant TEXT NOT NULL DEFAULT 'default';
-    ALTER TABLE workspaces ADD COLUMN vcpus INTEGER NOT NULL DEFAULT 0;
-    ALTER TABLE workspaces ADD COLUMN memory_mib INTEGER NOT NULL DEFAULT 0;
-    UPDATE workspaces SET vcpus = json_extract(data, '$.resources.vcpus'),
-        memory_mib = json_extract(data, '$.resources.memory_mib');
-    CREATE INDEX workspaces_tenant ON workspaces(tenant, seq);
-    CREATE TABLE commands_v2 (
-        tenant TEXT NOT NULL,
-        id TEXT NOT NULL,
-        workspace_id TEXT NOT NULL,
-        data BLOB NOT NULL,
-        PRIMARY KEY (tenant, id)
-    );
-    INSERT INTO commands_v2 (tenant, id, workspace_id, data)
-        SELECT 'default', id, workspace_id, data FROM commands;
-    DROP TABLE commands;
-    ALTER TABLE commands_v2 RENAME TO commands;
-    ALTER TABLE volumes ADD COLUMN tenant TEXT NOT NULL DEFAULT 'default';
-    CREATE TABLE tokens (
-        id TEXT PRIMARY KEY,
-        hash TEXT NOT NULL UNIQUE,
-        tenant TEXT NOT NULL,
-        role TEXT NOT NULL,
-        create_time REAL NOT NULL,
-        revoked INTEGER NOT NULL DEFAULT 0
-    );
-    """,
-    # 3: what each node has reserved, kept by triggers, so the scheduler does not sum every
-    # instance of a node on each pass (70 ms with 100,000 stored).
-    """
-    CREATE TABLE node_usage (
-        node_id TEXT PRIMARY KEY,
-        vcpus INTEGER NOT NULL,
-        memory_mib INTEGER NOT NULL
-    );
-    INSERT INTO node_usage (node_id, vcpus, memory_mib)
-        SELECT node_id, SUM(vcpus), SUM(memory_mib) FROM instances
-        WHERE reserved = 1 AND node_id IS NOT NULL GROUP BY node_id;
-    CREATE TRIGGER node_usage_insert AFTER INSERT ON instances
-    WHEN NEW.reserved = 1 AND NEW.node_id IS NOT NULL BEGIN
-        INSERT INTO node_usage (node_id, vcpus, memory_mib) VALUES (NEW.node_id, NEW.vcpus, NEW.memory_mib)
-        ON CONFLICT(node_id) DO UPDATE
-        SET vcpus = vcpus + excluded.vcpus, memory_mib = memory_mib + excluded.memory_mib;
-    END;
-    CREATE TRIGGER node_usage_update AFTER UPDATE OF node_id, reserved, vcpus, memory_mib ON instances BEGIN
-        UPDATE node_usage SET vcpus = vcpus - OLD.vcpus, memory_mib = memory_mib - OLD.memory_mib
-        WHERE node_id = OLD.node_id AND OLD.reserved = 1;
-        INSERT INTO node_usage (node_id, vcpus, memory_mib)
-        SELECT NEW.node_id, NEW.vcpus, NEW.memory_mib WHERE NEW.reserved = 1 AND NEW.node_id IS NOT NULL
-        ON CONFLICT(node_id) DO UPDATE
-        SET vcpus = vcpus + excluded.vcpus, memory_mib = memory_mib + excluded.memory_mib;
-    END;
-    CREATE TRIGGER node_usage_delete AFTER DELETE ON instances
-    WHEN OLD.reserved = 1 AND OLD.node_id IS NOT NULL BEGIN
-        UPDATE node_usage SET vcpus = vcpus - OLD.vcpus, memory_mib = memory_mib - OLD.memory_mib
-        WHERE node_id = OLD.node_id;
-    END;
-    """,
-)
+
+# SQLite conditions that pass (space returns, a lock is released, the disk is remounted):
+# UNAVAILABLE, so clients retry. Every other SQLite error is a bug in a query: INTERNAL.
+STORE_UNAVAILABLE: dict[str, str] = {
+    "SQLITE_FULL": "its disk is full",
+    "SQLITE_READONLY": "it cannot write (read-only)",
+    "SQLITE_IOERR": "its disk reports I/O errors",
+    "SQLITE_CANTOPEN": "its files cannot be opened",
+    "SQLITE_BUSY": "it is locked by another process",
+    "SQLITE_LOCKED": "it is locked",
+    "SQLITE_PROTOCOL": "it is locked",
+}
+
+
+def store_error(error: sqlite3.Error) -> StoreError:
+    """The StoreError callers see in place of an SQLite error (the driver stays in here)."""
+    name = getattr(error, "sqlite_errorname", "") or ""
+    # Extended codes (SQLITE_IOERR_WRITE, SQLITE_READONLY_DBMOVED) share their primary's words.
+    words = next((text for prefix, text in STORE_UNAVAILABLE.items() if name.startswith(prefix)), None)
+    unavailable = None if words is None else Unavailable(f"the store is unavailable: {words}; retry later")
+    failure = StoreError(f"{name or type(error).__name__}: {error}", unavailable)
+    failure.__cause__ = error
+    return failure
+
 
 _ENCODER = msgspec.json.Encoder()
 _WORKSPACE = msgspec.json.Decoder(Workspace)
@@ -143,52 +66,8 @@ _EVENT = msgspec.json.Decoder(Event)
 _VOLUME = msgspec.json.Decoder(Volume)
 
 
-@dataclass
-class Changes:
-    """What one commit wrote, in order; published to the hub after the commit."""
-
-    workspaces: dict[str, Workspace] = field(default_factory=dict)
-    commands: dict[str, Command] = field(default_factory=dict)
-    instances: dict[str, Instance] = field(default_factory=dict)
-    events: list[Event] = field(default_factory=list)
-    volumes: dict[str, Volume] = field(default_factory=dict)
-    # Every snapshot of each workspace, in commit order (a watcher gets one per change).
-    workspace_history: list[Workspace] = field(default_factory=list)
-
-    def merge(self, other: Changes) -> None:
-        self.workspaces.update(other.workspaces)
-        self.commands.update(other.commands)
-        self.instances.update(other.instances)
-        self.events.extend(other.events)
-        self.volumes.update(other.volumes)
-        self.workspace_history.extend(other.workspace_history)
-
-    def __bool__(self) -> bool:
-        return bool(self.workspaces or self.commands or self.instances or self.events or self.volumes)
-
-
-@dataclass(frozen=True)
-class WorkspaceQuery:
-    tenant: str
-    after_seq: int = 0
-    include_deleted: bool = False
-    # (state, equal?) and (label key, value, equal?) conditions, all ANDed.
-    states: tuple[tuple[WorkspaceState, bool], ...] = ()
-    labels: tuple[tuple[str, str, bool], ...] = ()
-
-
-@dataclass(frozen=True)
-class WorkspaceSlice:
-    """What one bounded scan found: the matching workspaces, in seq order, and where the scan
-    stopped (`last_seq`; 0 when it scanned nothing). `exhausted`: no rows lie beyond it."""
-
-    workspaces: list[Workspace]
-    last_seq: int
-    exhausted: bool
-
-
-class Reader:
-    """Queries, on any connection."""
+class SqliteReader:
+    """Queries, on any connection (the Reader protocol of base.py)."""
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._conn = conn
@@ -306,8 +185,8 @@ class Reader:
         return str(self._conn.execute("PRAGMA integrity_check").fetchone()[0])
 
 
-class Tx(Reader):
-    """A transaction on the writer connection. Writes are collected into `changes`."""
+class SqliteTx(SqliteReader):
+    """A transaction on the writer connection (the Tx protocol). Writes are collected into `changes`."""
 
     def __init__(self, conn: sqlite3.Connection, now: float) -> None:
         super().__init__(conn)
@@ -433,17 +312,6 @@ def _conditions(query: WorkspaceQuery) -> tuple[str, list[Any]]:
     return " AND ".join(where), args
 
 
-class Store(Protocol):
-    async def transact(self, fn: Callable[[Tx], T]) -> T: ...
-    async def read(self, fn: Callable[[Reader], T]) -> T: ...
-    # For reads that scan (lists): their own connection and thread, so a scan never delays
-    # the point reads (gets, commands, tokens) behind it.
-    async def scan(self, fn: Callable[[Reader], T]) -> T: ...
-    def subscribe(self, listener: Callable[[Changes], None]) -> None: ...
-    def published_mark(self) -> int | None: ...
-    async def close(self) -> None: ...
-
-
 @dataclass
 class _Job:
     fn: Callable[[Any], Any]  # given a Tx (writes) or a Reader (reads)
@@ -481,7 +349,10 @@ class SqliteStore:
     async def open(cls, path: Path) -> SqliteStore:
         path.parent.mkdir(parents=True, exist_ok=True)
         store = cls(path, asyncio.get_running_loop())
-        await asyncio.to_thread(store._migrate)
+        try:
+            await asyncio.to_thread(store._migrate)
+        except sqlite3.Error as error:
+            raise store_error(error) from error
         store._writer.start()
         store._reader.start()
         store._scanner.start()
@@ -550,7 +421,7 @@ class SqliteStore:
                 outcomes: list[tuple[_Job, Any, BaseException | None]] = []
                 try:
                     with _read_transaction(conn):
-                        reader = Reader(conn)
+                        reader = SqliteReader(conn)
                         for job in batch:
                             try:
                                 outcomes.append((job, job.fn(reader), None))
@@ -597,7 +468,7 @@ class SqliteStore:
         try:
             conn.execute("BEGIN IMMEDIATE")
             for job in batch:
-                tx = Tx(conn, now)
+                tx = SqliteTx(conn, now)
                 conn.execute("SAVEPOINT job")
                 try:
                     result = job.fn(tx)
@@ -659,7 +530,9 @@ def _settle_all(outcomes: list[tuple[_Job, Any, BaseException | None]]) -> None:
 def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
     if future.done():
         return
-    if error is not None:
+    if isinstance(error, sqlite3.Error):
+        future.set_exception(store_error(error))
+    elif error is not None:
         future.set_exception(error)
     else:
         future.set_result(result)

@@ -29,44 +29,16 @@ import os
 import signal
 import sys
 from collections.abc import AsyncGenerator, Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from ..base import Exit, GuestRefused, JobStopped, Output
 
 GUEST_EXEC = Path(__file__).with_name("guest_exec.py")
 # One read from a pipe, and one message to the client (well under the 4 MiB message limit).
 CHUNK = 1 << 16
 # Chunks queued between the pipes and the consumer.
 QUEUE_CHUNKS = 4
-
-
-@dataclass(frozen=True)
-class Output:
-    """A chunk of a guest job's output."""
-
-    stream: str  # "stdout" or "stderr"
-    data: bytes
-
-
-@dataclass(frozen=True)
-class Exit:
-    """How a guest job ended: the command's exit code (128 + N: killed by signal N; 124: timed out)."""
-
-    code: int
-
-
-class GuestRefused(Exception):
-    """A guest job could not run or failed: `status` is unavailable, invalid, not-found,
-    os-error (with the errno's name in `errno`) or error."""
-
-    def __init__(self, status: str, message: str, errno: str = "") -> None:
-        super().__init__(message)
-        self.status = status
-        self.errno = errno
-
-
-class JobStopped(Exception):
-    """The job's `stop` event was set: its command was killed and its output dropped."""
 
 
 _EOF = None

@@ -82,10 +82,10 @@ from typing import Any
 
 from ...domain.model import Backend, Component, Instance, Phase, StopDurability, VolumeState
 from ...domain.reports import ExitReason, Report, VmmExited
-from ..base import DestroyError, LaunchError, LaunchSpec, RestartError, SyncError
+from ..base import DestroyError, Exit, GuestRefused, LaunchError, LaunchSpec, Output, RestartError, SyncError
 from . import sandbox, storage
 from .cgroups import Cgroups
-from .guest_jobs import Exit, GuestRefused, Output, run_guest_exec
+from .guest_jobs import run_guest_exec
 from .supervisor_handle import Supervised, exit_report, kill_supervisor, lock_held, parent_pid, read_json, running
 
 log = logging.getLogger(__name__)
