@@ -6,12 +6,21 @@ to show that the check catches it."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
+from unittest.mock import Mock
 
 import pytest
+from kibo.ctrl.v1 import volume_service_pb2 as vol
+from kibo_ctrl import routes
+from kibo_ctrl.api.control_plane import Api
+from kibo_ctrl.api.data_plane import DataPlane
+from kibo_ctrl.runtime.sim.api import SimulatorApi
+from kibo_ctrl.transport.rpc import ServerStream, Service, Unary
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGE = REPO / "server" / "kibo_ctrl"
@@ -71,3 +80,50 @@ def test_the_copy_without_a_wrong_import_passes(tmp_path: Path) -> None:
     shutil.copytree(PACKAGE, tmp_path / "kibo_ctrl", ignore=shutil.ignore_patterns("__pycache__"))
     result = lint_imports(tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+# -- explicit dispatch: each RPC table names every proto method, with the proto's types ------
+
+TABLES = [
+    pytest.param(routes.workspace_service, Api, id="WorkspaceService"),
+    pytest.param(routes.observation_service, Api, id="WorkspaceObservationService"),
+    pytest.param(routes.volume_service, Api, id="VolumeService"),
+    pytest.param(routes.data_plane_service, DataPlane, id="DataPlaneService"),
+    pytest.param(routes.simulator_service, SimulatorApi, id="SimulatorService"),
+]
+
+
+@pytest.mark.parametrize(("build", "implementation"), TABLES)
+def test_every_proto_method_is_routed_to_a_handler_of_its_service(build: Any, implementation: type) -> None:
+    # spec=: a handler the implementation does not have is an AttributeError here.
+    service = build(Mock(spec=implementation))
+    assert sorted(rpc.name for rpc in service.rpcs) == sorted(m.name for m in service.descriptor.methods)
+    for rpc in service.rpcs:
+        assert rpc.handler._mock_name == re.sub(r"(?<!^)(?=[A-Z])", "_", rpc.name).lower(), rpc.name
+
+
+def test_a_table_that_drifts_from_its_proto_stops_the_server_from_starting() -> None:
+    table = routes.volume_service(Mock(spec=Api))
+    with pytest.raises(ValueError, match="the table names"):
+        Service(table.descriptor, table.rpcs[:-1])
+    create = table.rpcs[0]
+    with pytest.raises(ValueError, match="not the proto's"):
+        Service(
+            table.descriptor,
+            (Unary(create.name, vol.GetVolumeRequest, create.response, create.handler), *table.rpcs[1:]),
+        )
+    with pytest.raises(ValueError, match="streaming"):
+        Service(
+            table.descriptor,
+            (ServerStream(create.name, create.request, create.response, create.handler), *table.rpcs[1:]),
+        )
+
+
+def test_only_the_data_planes_credential_methods_skip_the_token() -> None:
+    services = [build(Mock(spec=implementation)) for build, implementation in (p.values for p in TABLES)]
+    open_paths = set().union(*(service.credential_paths for service in services))
+    assert open_paths == {
+        "/kibo.ctrl.v1.DataPlaneService/ExecWorkspaceCommand",
+        "/kibo.ctrl.v1.DataPlaneService/ReadWorkspaceFile",
+        "/kibo.ctrl.v1.DataPlaneService/WriteWorkspaceFile",
+    }

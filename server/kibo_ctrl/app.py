@@ -7,16 +7,13 @@ import contextlib
 import logging
 import resource
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from kibo.ctrl.v1 import observation_service_pb2, volume_service_pb2, workspace_service_pb2
-from kibo.sim.v1 import simulator_pb2
 
-from . import tokens
+from . import routes, tokens
 from .api import data_plane
 from .api.auth import Authenticator
 from .api.control_plane import Api
@@ -216,7 +213,7 @@ class App:
         for workspace in pending:
             if workspace.storage_pool == pool:
                 report = StorageReleased(workspace.id, pool_lost=True)
-                await self.store.transact(partial(controller.apply_storage, report=report))
+                await self.store.transact(controller.apply_storage, report)
 
     async def _supervise(self, coroutine: object) -> None:
         try:
@@ -241,23 +238,21 @@ class App:
             ("grpc.max_connection_idle_ms", GRPC_MAX_CONNECTION_IDLE_MS),
         ]
         self.server = grpc.aio.server(options=options)
-        # (service, implementation, methods authorized by a credential instead of a token)
+        # The RPC tables (routes.py): each proto method bound to its handler.
         services = [
-            (workspace_service_pb2.DESCRIPTOR.services_by_name["WorkspaceService"], self.api, frozenset[str]()),
-            (observation_service_pb2.DESCRIPTOR.services_by_name["WorkspaceObservationService"], self.api, frozenset()),
-            (volume_service_pb2.DESCRIPTOR.services_by_name["VolumeService"], self.api, frozenset()),
-            (data_plane.SERVICE, self.data_plane, data_plane.CREDENTIAL_METHODS),
+            routes.workspace_service(self.api),
+            routes.observation_service(self.api),
+            routes.volume_service(self.api),
+            routes.data_plane_service(self.data_plane),
         ]
         # Fault injection drives simulated nodes only: a real runtime does not serve it at all
         # (UNIMPLEMENTED on both listeners, absent from reflection and health).
         if self.sim_api is not None:
-            services.append((simulator_pb2.DESCRIPTOR.services_by_name["SimulatorService"], self.sim_api, frozenset()))
-        self.server.add_generic_rpc_handlers(
-            [service_handler(d, impl, self.authenticator, open_) for d, impl, open_ in services]
-        )
+            services.append(routes.simulator_service(self.sim_api))
+        self.server.add_generic_rpc_handlers([service_handler(service, self.authenticator) for service in services])
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        names = [d.full_name for d, _, _ in services] + [health.SERVICE_NAME, reflection.SERVICE_NAME]
+        names = [service.full_name for service in services] + [health.SERVICE_NAME, reflection.SERVICE_NAME]
         reflection.enable_server_reflection(names, self.server)
         tls = self.config.tls
         if tls is None:
@@ -269,13 +264,9 @@ class App:
         await self.server.start()
         self.http: HttpServer | None = None
         if self.config.http_listen:
-            asgi = application(
-                [(d.full_name, impl, open_) for d, impl, open_ in services], MAX_MESSAGE_BYTES, self.authenticator
-            )
+            asgi = application(services, MAX_MESSAGE_BYTES, self.authenticator)
             # Health, and the methods a data-plane credential in the body authorizes, need no token.
-            open_paths = frozenset(
-                ["/healthz", *(f"/{d.full_name}/{method}" for d, _, open_ in services for method in open_)]
-            )
+            open_paths = frozenset(["/healthz"]).union(*(service.credential_paths for service in services))
             guarded = guard(asgi, self.authenticator, open_paths, self.config.http_body)
             http_server = SERVERS[self.config.http_server]
             try:
@@ -289,7 +280,7 @@ class App:
                 await self.server.stop(None)
                 raise
         # SERVING only once both listeners accept calls.
-        for name in ["", *(d.full_name for d, _, _ in services)]:
+        for name in ["", *(service.full_name for service in services)]:
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
 
     def _grpc_connection_cap(self) -> int:

@@ -13,7 +13,6 @@ import json
 import time
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, replace
-from functools import partial
 from typing import TypeVar
 
 from kibo.ctrl.v1 import (
@@ -112,7 +111,7 @@ class Api:
         caller.require_admin(type(message).__name__.removesuffix("Request"))
         request = replace(parser(message), tenant=caller.tenant)
         validation.command_id(request.command_id)
-        workspace, command = await self._store.transact(lambda tx: self._service.execute(tx, request))
+        workspace, command = await self._store.transact(self._service.execute, request)
         if command.terminal or self._settle <= 0:
             return workspace, command
         done = self._hub.command_done(command.key)
@@ -289,7 +288,7 @@ class Api:
         while True:
             sliced = replace(query, after_seq=after)
             want = size + 1 - len(found)
-            part = await self._store.scan(partial(_scan_slice, query=sliced, max_rows=rows, want=want))
+            part = await self._store.scan(_scan_slice, sliced, rows, want)
             found.extend(part.workspaces)
             scanned += rows
             if len(found) > size:
@@ -393,9 +392,7 @@ class Api:
         validation.command_id(command_id)
         capacity = request.capacity_gib or validation.DEFAULT_DATA_VOLUME_GIB
         digest = parse.fingerprint("CreateVolume", request)
-        volume = await self._store.transact(
-            lambda tx: self._service.create_volume(tx, caller.tenant, command_id, digest, capacity)
-        )
+        volume = await self._store.transact(self._service.create_volume, caller.tenant, command_id, digest, capacity)
         return vol_pb2.CreateVolumeResponse(volume=render.volume(volume))
 
     async def get_volume(self, request: vol_pb2.GetVolumeRequest, caller: Caller) -> vol_pb2.GetVolumeResponse:
@@ -411,9 +408,7 @@ class Api:
         volume_id = validation.resource_id(request.volume_id, "volume_id", "vol-")
         validation.command_id(command_id)
         digest = parse.fingerprint("DeleteVolume", request)
-        volume = await self._store.transact(
-            lambda tx: self._service.delete_volume(tx, caller.tenant, command_id, digest, volume_id)
-        )
+        volume = await self._store.transact(self._service.delete_volume, caller.tenant, command_id, digest, volume_id)
         return vol_pb2.DeleteVolumeResponse(volume=render.volume(volume))
 
 

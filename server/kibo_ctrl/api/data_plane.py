@@ -55,9 +55,8 @@ from .data_plane_sessions import Session, Sessions
 
 log = logging.getLogger(__name__)
 
-SERVICE = dp.DESCRIPTOR.services_by_name["DataPlaneService"]
-# Authorized by the data-plane credential in the request, not by a control-plane token.
-CREDENTIAL_METHODS = frozenset({"ExecWorkspaceCommand", "ReadWorkspaceFile", "WriteWorkspaceFile"})
+# Exec and file calls are authorized by this credential in the request (routes.py:
+# credential=True), not by a control-plane token.
 TOKEN_PREFIX = "kdp1"
 # A file read or written in one message stays well under the 4 MiB message limit.
 MAX_FILE_BYTES = 3 << 20

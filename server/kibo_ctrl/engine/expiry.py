@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import time
-from functools import partial
 
 from ..store.base import Changes, Store
 from .hub import Wakeup
@@ -33,7 +32,7 @@ class ExpiryLoop:
             for workspace_id, when, active in times:
                 if when <= now and active is None:
                     try:
-                        await self._store.transact(partial(self._service.expire, workspace_id=workspace_id))
+                        await self._store.transact(self._service.expire, workspace_id=workspace_id)
                     except Exception:
                         log.exception("expiring %s failed", workspace_id)
             timeout = min(later) - now if later else None

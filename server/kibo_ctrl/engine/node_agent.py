@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import time
 from dataclasses import dataclass
@@ -205,7 +204,7 @@ class NodeAgent:
                     continue
                 await self.runtime.reachable.wait()
                 report = StorageReleased(workspace_id, volume_ids=tuple(workspace.storage.volume_ids))
-                await self._store.transact(functools.partial(controller.apply_storage, report=report))
+                await self._store.transact(controller.apply_storage, report)
                 return
         except asyncio.CancelledError:
             raise
@@ -231,7 +230,7 @@ class NodeAgent:
                 try:
                     await self.runtime.delete_volumes((volume_id,))
                     await self.runtime.reachable.wait()
-                    await self._store.transact(lambda tx: controller.apply_volume_released(tx, volume_id))
+                    await self._store.transact(controller.apply_volume_released, volume_id)
                     log.info("node %s: deleted volume %s: its files are destroyed", self.node.id, volume_id)
                     return
                 except (OSError, StoreError) as error:
@@ -249,7 +248,7 @@ class NodeAgent:
             # A silent node's reports arrive when it is back.
             await self.runtime.reachable.wait()
             try:
-                await self._store.transact(lambda tx: controller.apply(tx, report))
+                await self._store.transact(controller.apply, report)
                 return
             except StoreError as error:
                 log.warning("node %s: storing %s failed (%s); retrying in %.1f s", self.node.id, report, error, delay)
@@ -309,7 +308,7 @@ class Liveness:
 
     async def _write(self, node_id: str, silent: bool) -> None:
         try:
-            await self._store.transact(lambda tx: controller.set_node_silent(tx, node_id, silent))
+            await self._store.transact(controller.set_node_silent, node_id, silent)
         except Exception:
             log.exception("recording node %s silent=%s failed; retrying at the next beat", node_id, silent)
             self._silent[node_id] = None

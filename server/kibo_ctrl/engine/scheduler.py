@@ -78,7 +78,7 @@ class Scheduler:
         while True:
             await self._wakeup.wait()
             try:
-                self._waiting = await self._store.transact(lambda tx: schedule_pending(tx, self._nodes))
+                self._waiting = await self._store.transact(schedule_pending, self._nodes)
             except Exception:
                 log.exception("scheduling pass failed; retrying")
                 await asyncio.sleep(1)

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol, TypeVar
+from typing import Concatenate, ParamSpec, Protocol, TypeVar
 
 from ..domain.access import TokenRecord
 from ..domain.model import Command, Event, Instance, Volume, Workspace, WorkspaceState
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 
 @dataclass
@@ -115,11 +116,23 @@ class Tx(Reader, Protocol):
 
 
 class Store(Protocol):
-    async def transact(self, fn: Callable[[Tx], T]) -> T: ...
-    async def read(self, fn: Callable[[Reader], T]) -> T: ...
-    # For reads that scan (lists): their own connection and thread, so a scan never delays
-    # the point reads (gets, commands, tokens) behind it.
-    async def scan(self, fn: Callable[[Reader], T]) -> T: ...
+    """Each call runs `fn(tx_or_reader, *args, **kwargs)` on the store's side and answers
+    its result: `await store.transact(controller.apply, report)` names the function that
+    does the work, so a reader can go to it (no lambda in between)."""
+
+    async def transact(self, fn: Callable[Concatenate[Tx, P], T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        """`fn` in one write transaction, committed (on disk) before this returns."""
+        ...
+
+    async def read(self, fn: Callable[Concatenate[Reader, P], T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        """`fn` in one read snapshot."""
+        ...
+
+    async def scan(self, fn: Callable[Concatenate[Reader, P], T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        """For reads that scan (lists): their own connection and thread, so a scan never
+        delays the point reads (gets, commands, tokens) behind it."""
+        ...
+
     def subscribe(self, listener: Callable[[Changes], None]) -> None: ...
     def published_mark(self) -> int | None: ...
     async def close(self) -> None: ...

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import msgspec
 
@@ -32,6 +32,7 @@ from .base import Changes, Reader, Tx, WorkspaceQuery, WorkspaceSlice
 from .migrations import MIGRATIONS
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 
 # SQLite conditions that pass (space returns, a lock is released, the disk is remounted):
@@ -389,25 +390,25 @@ class SqliteStore:
         published = self._batches_published
         return published if self._batches_begun == published else None
 
-    async def transact(self, fn: Callable[[Tx], T]) -> T:
+    async def transact(self, fn: Callable[Concatenate[Tx, P], T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         if self._closed:
             raise RuntimeError("store is closed")
         future: asyncio.Future[T] = self._loop.create_future()
-        self._queue.put(_Job(fn, future))
+        self._queue.put(_Job(lambda on: fn(on, *args, **kwargs), future))
         return await future
 
-    async def read(self, fn: Callable[[Reader], T]) -> T:
+    async def read(self, fn: Callable[Concatenate[Reader, P], T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         if self._closed:
             raise RuntimeError("store is closed")
         future: asyncio.Future[T] = self._loop.create_future()
-        self._read_queue.put(_Job(fn, future))
+        self._read_queue.put(_Job(lambda on: fn(on, *args, **kwargs), future))
         return await future
 
-    async def scan(self, fn: Callable[[Reader], T]) -> T:
+    async def scan(self, fn: Callable[Concatenate[Reader, P], T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         if self._closed:
             raise RuntimeError("store is closed")
         future: asyncio.Future[T] = self._loop.create_future()
-        self._scan_queue.put(_Job(fn, future))
+        self._scan_queue.put(_Job(lambda on: fn(on, *args, **kwargs), future))
         return await future
 
     def _read_loop(self, jobs: queue.SimpleQueue[_Job | object]) -> None:
