@@ -82,6 +82,35 @@ def test_the_copy_without_a_wrong_import_passes(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def _architecture_md_modules() -> set[str]:
+    """The modules ARCHITECTURE.md's "Modules" list names, as paths under kibo_ctrl/."""
+    text = (REPO / "ARCHITECTURE.md").read_text()
+    start = text.index("### Modules")
+    section = text[start : text.index("\n## ", start)]
+    groups: list[str] = []
+    for line in section.splitlines():
+        if line.startswith("- "):
+            groups.append(line[2:])
+        elif line.startswith("  ") and groups:
+            groups[-1] += " " + line.strip()
+    named = set()
+    for group in groups:
+        head = re.match(r"(top|`([\w/]+/)`):", group)
+        assert head, f"ARCHITECTURE.md: a module group must start with top: or `package/`: {group!r}"
+        prefix = head.group(2) or ""
+        named.update(prefix + module for module in re.findall(r"`([\w/]+\.py)`", group[head.end() :]))
+    return named
+
+
+def test_architecture_md_names_every_module_and_no_other() -> None:
+    actual = {p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("*.py") if p.name != "__init__.py"}
+    named = _architecture_md_modules()
+    assert not actual - named, f"ARCHITECTURE.md's module list does not name: {sorted(actual - named)}"
+    assert not named - actual, (
+        f"ARCHITECTURE.md's module list names modules that do not exist: {sorted(named - actual)}"
+    )
+
+
 # -- explicit dispatch: each RPC table names every proto method, with the proto's types ------
 
 TABLES = [
