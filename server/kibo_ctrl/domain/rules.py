@@ -26,7 +26,7 @@ RESERVED_PREFIXES: tuple[str, ...] = tuple(SERVER_STOP_PREFIXES.values())
 
 @dataclass(frozen=True)
 class Facts:
-    """What the rules look at. Derived from a workspace record (see facts_of in service)."""
+    """What the rules look at. Derived from a workspace record (see rule_facts in engine/steps.py)."""
 
     state: S
     holds_execution: bool = False
