@@ -20,6 +20,7 @@ PACKAGES=(
   golang-google-grpc-dev
   golang-github-golang-protobuf-1-5-dev
   golang-google-protobuf-dev
+  libseccomp2
   nghttp2-client
   protobuf-compiler
   protoc-gen-go

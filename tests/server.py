@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import resource
 import signal
 import socket
 import subprocess
@@ -80,15 +79,14 @@ class ServerProcess:
             *(() if self.auth else ("--insecure-no-auth",)),
             *self.flags,
         ]
-        self.process = subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ}, preexec_fn=self._limit_files
-        )
+        if self.nofile is not None:
+            # prlimit, not a preexec_fn: a preexec_fn makes subprocess fork() (not vfork) while
+            # grpc's threads run, and grpc's fork handler can abort the child before its exec
+            # (grpc/grpc#43055: "epoll_wait error: Bad file descriptor", exit -6).
+            command = ["prlimit", f"--nofile={self.nofile}:{self.nofile}", "--", *command]
+        self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ})
         self._wait_serving(timeout)
         return self
-
-    def _limit_files(self) -> None:
-        if self.nofile is not None:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (self.nofile, self.nofile))
 
     def _wait_serving(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout

@@ -17,6 +17,7 @@ from kibo.ctrl.v1 import workspace_pb2 as wp
 from kibo.sim.v1 import simulator_pb2 as sim
 
 from tests.server import ServerProcess
+from tests.test_auth import make_token
 from tests.test_real_clients import NODE_EXAMPLE, go_client, node_client
 
 # The compiled Go and Node examples, built as tests/test_real_clients.py builds them.
@@ -116,7 +117,9 @@ def test_recover_from_failed_holding_execution(firecracker: ServerProcess, sdk: 
 
 
 def test_recover_from_failed_not_holding_execution(firecracker: ServerProcess, sdk: kibotos.Client) -> None:
-    sdk.inject_fault("", sim.FAULT_CREATE_FAIL)
+    # Arming a fault for the next workspace created reaches the whole node: an operator's.
+    with kibotos.Client(firecracker.address, token=make_token(firecracker, "ops", "operator")) as operator:
+        operator.inject_fault("", sim.FAULT_CREATE_FAIL)
     with pytest.raises(kibotos.CommandFailedError) as caught:
         sdk.create_workspace()
     assert caught.value.workspace is not None

@@ -27,6 +27,7 @@ from .engine.node_agent import Liveness, NodeAgent
 from .engine.scheduler import Scheduler
 from .engine.service import Quotas, Service, Settings
 from .runtime.base import Closable, GuestAccess, MachineObserver, Runtime
+from .runtime.process.idmap import IdRange
 from .runtime.process.runtime import ProcessOptions, ProcessRuntime
 from .runtime.sim.api import SimulatorApi
 from .runtime.sim.simulator import SimBoard, SimNode
@@ -85,6 +86,7 @@ class Config:
     base_image: Path | None = None
     guest_command: tuple[str, ...] = ()
     stop_grace_ms: float = 10_000.0
+    guest_id_base: int = 100_000  # host uids/gids base..base+65535 are the guests'
     storage_overcommit: float = 1.0
 
 
@@ -139,6 +141,7 @@ class App:
                 base_image=config.base_image,
                 guest_command=config.guest_command,
                 grace_s=config.stop_grace_ms / 1000,
+                guest_ids=IdRange(base=config.guest_id_base),
                 storage_overcommit=config.storage_overcommit,
             )
             process = await asyncio.to_thread(ProcessRuntime, nodes[0].id, options)

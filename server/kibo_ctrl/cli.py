@@ -94,8 +94,20 @@ def serve(
         Backend, typer.Option(help="Backend personality of the process runtime (guest reboot/power-off handling).")
     ] = Backend.FIRECRACKER,
     sandbox: Annotated[
-        str, typer.Option(help="Process runtime isolation: auto, bwrap, unshare or none (no isolation).")
+        str,
+        typer.Option(
+            help="Process runtime isolation: auto (= bwrap, or an error) or bwrap; none runs guests as plain "
+            "host processes and is NOT a security boundary."
+        ),
     ] = "auto",
+    guest_id_base: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Process runtime: guests' uids/gids 0..65535 are these host ids onward (a subordinate "
+            "range no host user has, like /etc/subuid).",
+        ),
+    ] = 100_000,
     limits: Annotated[
         str, typer.Option(help="Process runtime CPU/memory limits: auto, cgroup-v2, cgroup-v1, rlimit or none.")
     ] = "auto",
@@ -184,6 +196,7 @@ def serve(
         base_image=base_image,
         guest_command=tuple(shlex.split(guest_command)),
         stop_grace_ms=stop_grace_ms,
+        guest_id_base=guest_id_base,
         storage_overcommit=storage_overcommit,
         auth=not insecure_no_auth,
         rate_limit_rps=rate_limit_rps,

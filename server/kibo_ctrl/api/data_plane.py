@@ -197,7 +197,7 @@ class DataPlane:
         """A read or write job on `path`, tracked under its credential like an exec."""
         with self.sessions.track(*self._claims(credential)) as session:
             runtime, instance_id, mounts = await self._authorize(session)
-            _check_path(path, mounts)
+            _check_path(runtime, path, mounts)
             items = runtime.guest_job(instance_id, {**job, "path": path}, stdin, 0.0, session.stop)
             try:
                 async with aclosing(items):
@@ -240,12 +240,13 @@ class DataPlane:
         return dp.WriteWorkspaceFileResponse(size=len(request.content))
 
 
-def _check_path(path: str, mounts: list[str]) -> None:
+def _check_path(guests: GuestAccess, path: str, mounts: list[str]) -> None:
     if len(path.encode()) > MAX_PATH_BYTES:
         raise InvalidArgument(f"path is longer than {MAX_PATH_BYTES} bytes", field="path")
-    inside = any(path.startswith(m.rstrip("/") + "/") for m in mounts)
-    if not path.startswith("/") or not inside or "\0" in path:
-        raise InvalidArgument(f"path {path!r} is not under a volume mount ({', '.join(mounts)})", field="path")
+    try:
+        guests.check_file_path(path, mounts)
+    except ValueError as error:
+        raise InvalidArgument(str(error), field="path") from None
 
 
 def _revoked(session: Session) -> Unauthenticated:

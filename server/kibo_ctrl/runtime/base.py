@@ -131,6 +131,11 @@ class GuestAccess(Protocol):
         """Whether the instance's guest runs and has answered (not restarting, not halted)."""
         ...
 
+    def check_file_path(self, path: str, mounts: list[str]) -> None:
+        """Refuse (ValueError, saying why) a file path the guest's hands would refuse, before
+        a job starts: the same rule they apply in the guest."""
+        ...
+
     def guest_job(
         self,
         instance_id: str,

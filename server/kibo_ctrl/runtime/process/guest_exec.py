@@ -6,11 +6,14 @@ JOB_JSON = {"mode": "exec", "argv": [...], "env": {...}, "cwd": "/"}
          | {"mode": "read", "path": "/data/x"} | {"mode": "write", "path": "/data/x", "file_mode": 420}
 
 It joins the guest's cgroup (its limits apply, and a stop kills it), opens the guest's
-namespaces (IPC, UTS, network, PID, mount) through /proc/<guest>/ns, enters its root,
-forks (so the child is in the guest's PID namespace), drops every capability (the guest
-has none either) and then runs the command, or reads the file to stdout, or writes stdin
-to the file (atomically). File paths are resolved inside the guest's root, so a symlink
-cannot lead outside it, and must lie under one of the guest's volume mounts.
+namespaces (user, IPC, UTS, network, PID, mount) through /proc/<guest>/ns, enters its
+root, forks (so the child is in the guest's PID namespace), becomes the guest's root
+(host uid `host_id_base`, see idmap.py), drops every capability and the bounding set,
+sets no_new_privs, loads the guest's seccomp filter (like every guest process: see
+userns.py, seccomp.py) and then runs the command, or reads the file to stdout, or writes
+stdin to the file (atomically). File work is done as that guest uid, inside the guest's
+root (so a symlink cannot lead outside it), and paths must lie under one of the guest's
+volume mounts (safepath.guest_file_path, the data plane's rule).
 
 Standard streams are the command's. How it ended goes to the job's `status_fd` as one JSON line:
 {"status": "ok"|"unavailable"|"invalid"|"os-error"|"error", "code": N, "error": "...", "errno": "ENOSPC"}
@@ -28,13 +31,22 @@ import posixpath
 import signal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kibo_ctrl.runtime.process import safepath, userns
+else:
+    sys.path.insert(0, str(Path(__file__).parent))  # run as a script: its sibling modules
+    import safepath
+    import userns
 
 PR_SET_PDEATHSIG = 1
 PR_CAPBSET_DROP = 24
 PR_SET_NO_NEW_PRIVS = 38
 CAP_VERSION_3 = 0x20080522
-NAMESPACES = ("ipc", "uts", "net", "pid", "mnt")
+CLONE_NEWUSER = 0x10000000
+# The user namespace first: the others belong to it.
+NAMESPACES = ("user", "ipc", "uts", "net", "pid", "mnt")
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -95,10 +107,10 @@ def drop_capabilities(last_cap: int) -> None:
 
 
 def guest_file(path: str, mounts: list[str]) -> str:
-    clean = posixpath.normpath(path)
-    if not path.startswith("/") or not any(clean.startswith(m.rstrip("/") + "/") for m in mounts):
-        raise Refused("invalid", f"{path!r} is not under a volume mount ({', '.join(mounts)})")
-    return clean
+    try:
+        return safepath.guest_file_path(path, mounts)
+    except safepath.UnsafePath as error:
+        raise Refused("invalid", str(error)) from None
 
 
 def write_atomically(path: str, mode: int) -> None:
@@ -136,6 +148,9 @@ def main() -> None:
         with open(procs, "w") as f:
             f.write(str(os.getpid()))
     last_cap = int(Path("/proc/sys/kernel/cap_last_cap").read_text())
+    # Guests started before they had their own user namespace (no host_id_base) run on as they were.
+    own_userns = spec["isolation"] == "bwrap" and "host_id_base" in spec
+    program = Path(spec["seccomp_filter"]).read_bytes() if own_userns else b""
     env = {**spec["guest_env"], **job.get("env", {})}
     cwd = str(job.get("cwd") or "/")
     if spec["isolation"] == "none":
@@ -146,8 +161,11 @@ def main() -> None:
                 path = host_path + path[len(guest_path.rstrip("/")) :]
         cwd = spec["cwd"] if cwd == "/" else cwd
     else:
-        fds = [os.open(f"ns/{name}", os.O_RDONLY, dir_fd=proc) for name in NAMESPACES]
+        names = NAMESPACES if own_userns else NAMESPACES[1:]
+        fds = [os.open(f"ns/{name}", os.O_RDONLY, dir_fd=proc) for name in names]
         root = os.open("root", os.O_RDONLY | os.O_DIRECTORY, dir_fd=proc)
+        # Not dumpable: no guest process may ptrace or open /proc/<this> while it is privileged.
+        _libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE
         for fd in fds:
             if _libc.setns(fd, 0) != 0:
                 raise OSError(ctypes.get_errno(), "setns")
@@ -158,8 +176,14 @@ def main() -> None:
     child = os.fork()
     if child == 0:
         try:
-            _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-            drop_capabilities(last_cap)
+            if own_userns:
+                # The guest's root (host uid host_id_base), like every guest process.
+                userns.become_root()
+                userns.drop_privileges()
+                userns.load_seccomp(program)
+            else:
+                drop_capabilities(last_cap)
+            _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # after the credential change
             os.chdir(cwd)
             if job["mode"] == "exec":
                 try:

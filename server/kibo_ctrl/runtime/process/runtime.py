@@ -1,8 +1,10 @@
 """The process runtime: workspaces as isolated process trees on this machine.
 
 An instance is one supervisor process (`supervisor.py`, the "VMM") that runs the guest's
-process tree in its own PID, mount, UTS, IPC and network namespaces (bubblewrap, else
-unshare, else, said loudly, no isolation: see `sandbox.py`), in a cgroup with the
+process tree in its own user, PID, mount, UTS, IPC and network namespaces (bubblewrap;
+only with an explicit `--sandbox none`, said loudly, no isolation: see `sandbox.py`), as
+an unprivileged host uid range (`idmap.py`) without capabilities and under a seccomp
+filter (`seccomp.py`), in a cgroup with the
 workspace's CPU and memory limits (`cgroups.py`). The supervisor is started in its own
 session, so a kill -9 of the control plane leaves it running, and `adopt` re-attaches.
 
@@ -59,7 +61,8 @@ and namespaces and runs a command or reads/writes a file as the guest sees it; i
 comes through bounded queues (guest_jobs.py: back-pressure down to the guest's pipe).
 
 Not (yet) done here: the guest has loopback networking only, whatever the network
-policy; the guest runs as uid 0 without capabilities; the cgroup v2 path is written but was not
+policy; the guest runs as uid 0 of its own user namespace (host uid `--guest-id-base`) without
+capabilities; the cgroup v2 path is written but was not
 exercised on the (cgroup v1) machine this was built on.
 """
 
@@ -83,9 +86,10 @@ from typing import Any
 from ...domain.model import Backend, Component, Instance, Phase, StopDurability, VolumeState
 from ...domain.reports import ExitReason, Report, VmmExited
 from ..base import DestroyError, Exit, GuestRefused, LaunchError, LaunchSpec, Output, RestartError, SyncError
-from . import sandbox, storage
+from . import safepath, sandbox, seccomp, storage
 from .cgroups import Cgroups
 from .guest_jobs import run_guest_exec
+from .idmap import IdRange
 from .supervisor_handle import Supervised, exit_report, kill_supervisor, lock_held, parent_pid, read_json, running
 
 log = logging.getLogger(__name__)
@@ -102,7 +106,7 @@ SYNC_TIMEOUT_S = 60.0
 class ProcessOptions:
     data_dir: Path
     backend: Backend = Backend.FIRECRACKER
-    sandbox: str = "auto"  # auto, bwrap, unshare, none
+    sandbox: str = "auto"  # auto (= bwrap, or an error), bwrap, none
     limits: str = "auto"  # auto, cgroup-v2, cgroup-v1, rlimit, none
     base_image: Path | None = None  # a directory tree; None: the host's /usr read-only
     guest_command: tuple[str, ...] = ()  # empty: the guest agent
@@ -111,6 +115,7 @@ class ProcessOptions:
     ready_timeout_s: float = 30.0
     # New images may promise this many times the free disk (1: no overcommit; see storage.py).
     storage_overcommit: float = 1.0
+    guest_ids: IdRange = field(default_factory=IdRange)  # the host ids guests' ids map to
 
 
 @dataclass
@@ -134,13 +139,19 @@ class ProcessRuntime:
         self.reachable = asyncio.Event()
         self.reachable.set()
         self.data_dir = options.data_dir.resolve()
-        self.isolation = sandbox.detect(options.sandbox)
+        self.host_ids = options.guest_ids
+        (self.data_dir / "runtime").mkdir(parents=True, exist_ok=True)
+        self.seccomp_filter = self.data_dir / "runtime" / "seccomp.bpf"
+        if options.sandbox != "none":
+            seccomp.write_filter(self.seccomp_filter)
+        self.isolation = sandbox.detect(options.sandbox, self.host_ids, self.seccomp_filter)
+        if self.isolation == "bwrap":
+            sandbox.make_stage_dir()
         if self.isolation == "none":
-            why = "--sandbox none" if options.sandbox == "none" else "neither bubblewrap nor unshare works here"
             log.warning(
-                "!!! NO ISOLATION (%s): guests run as plain host processes with the control plane's "
-                "privileges and see the host's files. Install bubblewrap (apt-get install bubblewrap).",
-                why,
+                "!!! NO ISOLATION (--sandbox none): THIS IS NOT A SECURITY BOUNDARY. Guests run as plain "
+                "host processes with the control plane's privileges (root) and see the host's files: "
+                "run only code you would run on this host yourself."
             )
         tag = hashlib.sha256(str(self.data_dir).encode()).hexdigest()[:10]
         self.cgroups = Cgroups(tag, options.limits)
@@ -161,8 +172,10 @@ class ProcessRuntime:
         if not self.images:
             log.warning("writable layers and volumes are plain directories: their sizes are NOT enforced")
         log.info(
-            "process runtime: isolation %s, limits %s, base image %s, personality %s",
+            "process runtime: isolation %s (guest ids: host %d+%d), limits %s, base image %s, personality %s",
             self.isolation,
+            self.host_ids.base,
+            self.host_ids.count,
             self.cgroups.mode,
             options.base_image or "host /usr (read-only)",
             self.backend.value,
@@ -285,6 +298,11 @@ class ProcessRuntime:
         storage.admit(self.data_dir, layout.images, self.options.storage_overcommit)
         return layout, tuple(created)
 
+    def _guest_root(self) -> tuple[int, int] | None:
+        """Who owns what the runtime creates in a guest's tree: the guest's root on the host
+        (the supervisor shifts older trees into the range: see idmap.py)."""
+        return self.host_ids.root if self.isolation == "bwrap" else None
+
     def _layer_layout(self, workspace_id: str, capacity_gib: int) -> _Layout:
         """The writable layer: an image (new layers), or a directory (layers from before images)."""
         layer = self.layer_dir(workspace_id)
@@ -294,7 +312,7 @@ class ProcessRuntime:
             layout.upper.mkdir(parents=True, exist_ok=True)
             if not host_usr:
                 layout.work.mkdir(exist_ok=True)
-            sandbox.seed_layer(layout.upper, host_usr=host_usr)
+            sandbox.seed_layer(layout.upper, host_usr=host_usr, owner=self._guest_root())
             return layout
         mnt = layer / "mnt"
         layout = _Layout(layer=layer, upper=mnt / "upper", work=mnt / "work")
@@ -307,7 +325,7 @@ class ProcessRuntime:
             shutil.rmtree(seed, ignore_errors=True)
             (seed / "upper").mkdir(parents=True)
             (seed / "work").mkdir()
-            sandbox.seed_layer(seed / "upper", host_usr=host_usr)
+            sandbox.seed_layer(seed / "upper", host_usr=host_usr, owner=self._guest_root())
         layout.images.append(storage.entry(layer, storage.LAYER_IMAGE, capacity_gib, seed))
         return layout
 
@@ -321,6 +339,9 @@ class ProcessRuntime:
                 self._release_sync(old)
                 shutil.rmtree(old, ignore_errors=True)
         (directory / "run").mkdir(parents=True, exist_ok=True)
+        if self._guest_root() is not None:
+            # The guest's /run/kibo (its agent writes the ready file there).
+            os.chown(directory / "run", *self.host_ids.root, follow_symlinks=False)
         for stale in ("exit.json", "state.json"):
             with contextlib.suppress(FileNotFoundError):
                 (directory / stale).unlink()
@@ -351,6 +372,14 @@ class ProcessRuntime:
             "run_dir": str(plan.run_dir),
             "isolation": self.isolation,
             "mounts": [[str(path), target] for path, target in layout.volumes],
+            # The guest's user namespace: guest ids 0..count-1 are host ids base..base+count-1.
+            "host_id_base": self.host_ids.base,
+            "host_id_count": self.host_ids.count,
+            "seccomp_filter": str(self.seccomp_filter),
+            "bin_dir": str(plan.bin_dir),
+            # Staged by the supervisor where the guest's uid reaches them (the guest's trees).
+            "stage_dir": sandbox.STAGE_DIR,
+            "staged": [str(plan.root), str(plan.run_dir)] + [str(path) for path, _ in layout.volumes],
             # The environment of data-plane commands: the guest's (unisolated: with the KIBO_* paths).
             "guest_env": command.env
             if self.isolation == "none"
@@ -580,7 +609,7 @@ class ProcessRuntime:
         if guest > 0:
             guest_alive = running(guest, state.get("guest_start"))
         else:
-            # Not ready yet: the sandbox (bwrap/unshare, the supervisor's child) holds the namespaces.
+            # Not ready yet: the sandbox (bwrap, the supervisor's child) holds the namespaces.
             sandbox_pid = int(state.get("sandbox_pid") or 0)
             guest_alive = alive and running(sandbox_pid, None) and parent_pid(sandbox_pid) == supervisor
         seen[Component.INSTANCE] = alive
@@ -598,6 +627,11 @@ class ProcessRuntime:
         """Whether the instance's guest runs and has answered (not restarting, not halted)."""
         supervised = self._supervised.get(instance_id)
         return supervised is not None and not supervised.closed and supervised.state == "ready"
+
+    def check_file_path(self, path: str, mounts: list[str]) -> None:
+        """The data plane's file-path rule (safepath.guest_file_path), which guest_exec.py
+        applies again in the guest: one rule, in the file both import."""
+        safepath.guest_file_path(path, mounts)
 
     async def guest_job(
         self,

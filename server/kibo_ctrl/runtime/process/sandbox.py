@@ -1,32 +1,50 @@
-"""How a guest process tree is isolated: the bubblewrap / unshare / plain command line.
+"""How a guest process tree is isolated: the bubblewrap (or, said loudly, plain) command line.
 
-Three isolation modes, picked once at start-up (`detect`):
-- `bwrap`: bubblewrap; own PID, mount, UTS, IPC and network namespaces (loopback only).
-  The guest is PID 2 (bwrap is PID 1 and dies with the supervisor: --die-with-parent).
-- `unshare`: util-linux unshare with the same namespaces; a small shell script binds the
-  root together and chroots into it. The guest is PID 1 of its namespace.
-- `none`: no isolation at all. The guest runs on the host with its root, volume and run
-  directory passed as environment variables; the runtime says so loudly.
+Two isolation modes, picked once at start-up (`detect`):
+- `bwrap`: bubblewrap inside the guest's own user namespace (see idmap.py and
+  supervisor.py): own user, PID, mount, UTS, IPC, cgroup and network namespaces (loopback
+  only). The guest is PID 2 (bwrap is PID 1 and dies with the supervisor). No process of
+  the guest holds a capability (all sets and the bounding set empty), no_new_privs is set,
+  and the seccomp filter of seccomp.py applies to everything in it. /proc/sys, /proc/bus,
+  /proc/fs, /proc/irq and /proc/sysrq-trigger are read-only, the entries of
+  MASKED_PATHS are hidden, /sys is absent.
+- `none`: no isolation at all, only with an explicit `--sandbox none`. The guest runs on
+  the host with its root, volume and run directory passed as environment variables, and
+  the runtime says loudly that this is no security boundary.
+
+(util-linux `unshare`, the former middle mode, was removed: it ran the guest as host root
+with a chroot that a capable guest leaves.)
 
 The guest's filesystem: its retained writable layer is its root (`/`), the base image is
 mounted read-only beneath (default: the host's /usr, with the /bin, /lib, /sbin symlinks
 seeded in the layer), volumes are bound at their mount paths (/data), /run/kibo is the
-instance's run directory (the ready file) and /run/kibo/bin holds the guest agent.
-With `--base-image DIR`, the root is an overlay (lower DIR, upper the layer) that the
-supervisor mounts in its own mount namespace."""
+instance's run directory (the ready file) and /run/kibo/bin, read-only, holds the guest
+agent (a copy in the supervisor's stage tmpfs). With `--base-image DIR`, the root is an
+overlay (lower DIR, upper the layer) that the supervisor mounts in its own mount namespace.
+The bubblewrap options reach bwrap through a file descriptor (`--args`), so the guest's
+/proc/1/cmdline shows no host path."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import safepath
+from .idmap import IdRange
+
 # Guest exit codes with a meaning (the guest's "reboot(2)"): see process.py for the mapping.
 EXIT_REBOOT = 100
 EXIT_POWEROFF = 101
 
-MODES = ("bwrap", "unshare", "none")
+MODES = ("bwrap", "none")
+
+# Where the supervisor stages a bwrap guest's trees (a tmpfs over it in its own mount
+# namespace; on the host an empty directory): reachable by the guest's unprivileged uid,
+# unlike the data directory.
+STAGE_DIR = "/run/kibo-stage"
 
 # Where the guest sees the instance's run directory and the agent.
 GUEST_RUN = "/run/kibo"
@@ -65,34 +83,20 @@ exec kill -USR2 "$(cat "$RUN/agent.pid")"
 """
 GUEST_SCRIPTS = {"agent": AGENT, "reboot": REBOOT, "poweroff": POWEROFF}
 
-# The unshare mode's setup, run as PID 1 of the new namespaces before the guest:
-# $1 root, $2 base (or ""), $3 hostname, then triples "bind SRC DEST" / "robind SRC DEST",
-# then "--" and the guest command.
-_UNSHARE_SETUP = r"""set -e
-root=$1; base=$2; name=$3; shift 3
-mount --make-rprivate /
-mount --bind "$root" "$root"
-if [ -z "$base" ]; then
-    mkdir -p "$root/usr"; mount --bind /usr "$root/usr"; mount -o remount,bind,ro "$root/usr"
-fi
-mkdir -p "$root/proc" "$root/dev" "$root/tmp"
-mount -t proc proc "$root/proc"
-mount -t tmpfs -o mode=755,size=1m tmpfs "$root/dev"
-for d in null zero full random urandom tty; do
-    touch "$root/dev/$d"; mount --bind "/dev/$d" "$root/dev/$d"
-done
-ln -s /proc/self/fd "$root/dev/fd"
-mkdir -p "$root/dev/shm"; mount -t tmpfs tmpfs "$root/dev/shm"
-mount -t tmpfs tmpfs "$root/tmp"
-while [ "$1" != "--" ]; do
-    kind=$1; src=$2; dest=$root$3; shift 3
-    mkdir -p "$dest"; mount --bind "$src" "$dest"
-    if [ "$kind" = robind ]; then mount -o remount,bind,ro "$dest"; fi
-done
-shift
-hostname "$name"
-exec chroot "$root" "$@"
-"""
+# Read-only in the guest, and hidden (an empty file or directory over them), like the OCI
+# runtimes' defaults: kernel tunables, host devices' state, and what leaks host-wide state.
+READ_ONLY_PATHS = ("/proc/sys", "/proc/bus", "/proc/fs", "/proc/irq", "/proc/sysrq-trigger")
+MASKED_PATHS = (
+    "/proc/kcore",
+    "/proc/keys",
+    "/proc/timer_list",
+    "/proc/timer_stats",
+    "/proc/sched_debug",
+    "/proc/latency_stats",
+    "/proc/acpi",
+    "/proc/asound",
+    "/proc/scsi",
+)
 
 
 @dataclass(frozen=True)
@@ -103,7 +107,7 @@ class GuestPlan:
     base: Path | None  # a base image mounted as overlay lower (None: the host's /usr)
     binds: tuple[tuple[Path, str], ...]  # (host directory, guest path), read-write
     run_dir: Path  # -> /run/kibo
-    bin_dir: Path  # -> /run/kibo/bin, read-only
+    bin_dir: Path  # the agent scripts (-> /run/kibo/bin, read-only; bwrap: staged, as run_dir/bin)
     hostname: str
     command: tuple[str, ...]  # the entry command; empty: the guest agent
     env: dict[str, str] = field(default_factory=dict)
@@ -118,65 +122,56 @@ class Command:
     entry_depth: int
 
 
+def proc_protection() -> list[str]:
+    """bwrap options that make kernel tunables read-only and hide host-wide /proc entries
+    (only those this kernel has: bwrap cannot mount over a missing file)."""
+    options: list[str] = []
+    for path in READ_ONLY_PATHS:
+        if os.path.exists(path):
+            options += ["--ro-bind", path, path]
+    for path in MASKED_PATHS:
+        if os.path.isdir(path):
+            options += ["--tmpfs", path, "--remount-ro", path]
+        elif os.path.exists(path):
+            options += ["--ro-bind", "/dev/null", path]
+    return options
+
+
 def command(mode: str, plan: GuestPlan) -> Command:
     entry = list(plan.command) or ["/bin/sh", f"{GUEST_BIN}/agent"]
     guest_env = {"PATH": GUEST_PATH, "HOME": "/root", "TERM": "dumb", **plan.env}
     if mode == "bwrap":
+        # Run by the supervisor inside the guest's user namespace, as its root with an empty
+        # bounding set (supervisor.py); --cap-drop ALL empties the guest's other sets.
         argv = [
             "bwrap",
             "--unshare-pid",
             "--unshare-net",
             "--unshare-uts",
             "--unshare-ipc",
+            "--unshare-cgroup",
             "--die-with-parent",
             "--new-session",
+            "--cap-drop",
+            "ALL",
             "--hostname",
             plan.hostname,
+            # The supervisor stages the guest's trees where the guest's uid can reach them
+            # (the `staged` sources: see supervisor.py) and /run/kibo in a tmpfs of its own.
             "--bind",
             str(plan.root),
             "/",
         ]
         if plan.base is None:
             argv += ["--ro-bind", "/usr", "/usr"]
-        argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+        argv += ["--proc", "/proc", *proc_protection(), "--dev", "/dev", "--tmpfs", "/tmp"]
         for source, target in plan.binds:
             argv += ["--bind", str(source), target]
-        argv += ["--bind", str(plan.run_dir), GUEST_RUN, "--ro-bind", str(plan.bin_dir), GUEST_BIN]
+        argv += ["--bind", str(plan.run_dir), GUEST_RUN, "--ro-bind", str(plan.run_dir / "bin"), GUEST_BIN]
         argv += ["--chdir", "/", "--clearenv"]
         for key, value in guest_env.items():
             argv += ["--setenv", key, value]
         return Command([*argv, "--", *entry], {"PATH": GUEST_PATH}, "/", entry_depth=2)
-    if mode == "unshare":
-        binds: list[str] = []
-        for source, target in plan.binds:
-            binds += ["bind", str(source), target]
-        binds += ["bind", str(plan.run_dir), GUEST_RUN, "robind", str(plan.bin_dir), GUEST_BIN]
-        argv = [
-            "unshare",
-            "--pid",
-            "--fork",
-            "--mount",
-            "--uts",
-            "--ipc",
-            "--net",
-            "--kill-child=SIGKILL",
-            "--propagation",
-            "private",
-            "/bin/sh",
-            "-c",
-            _UNSHARE_SETUP,
-            "kibo-setup",
-            str(plan.root),
-            str(plan.base or ""),
-            plan.hostname,
-            *binds,
-            "--",
-            "/usr/bin/env",
-            "-i",
-            *(f"{k}={v}" for k, v in guest_env.items()),
-            *entry,
-        ]
-        return Command(argv, {"PATH": GUEST_PATH}, "/", entry_depth=1)
     if mode == "none":
         # No namespaces: the guest sees host paths; tell it where its parts are.
         env = {
@@ -193,75 +188,91 @@ def command(mode: str, plan: GuestPlan) -> Command:
     raise ValueError(f"unknown sandbox mode {mode!r}; choose one of {', '.join(MODES)}")
 
 
-def _works(argv: list[str]) -> bool:
-    if shutil.which(argv[0]) is None:
-        return False
+class SandboxUnavailable(RuntimeError):
+    """The wanted isolation does not work on this machine."""
+
+
+def probe_bwrap(ids: IdRange, seccomp_filter: Path) -> str:
+    """Run a tiny guest the way supervisors run them (own user namespace, no capabilities,
+    the seccomp filter): "" if it works, else why not."""
+    if shutil.which("bwrap") is None:
+        return "bubblewrap is not installed (apt-get install bubblewrap)"
+    if os.geteuid() != 0:
+        return "the process runtime's sandbox needs root (it maps each guest to its own host uid range)"
+    from . import userns
+
+    argv = ["bwrap", "--unshare-pid", "--unshare-net", "--die-with-parent", "--cap-drop", "ALL"]
+    argv += ["--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
     try:
-        done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=10, check=False)
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return done.returncode == 0
+        with userns.GuestNamespace(ids.base, ids.count) as namespace, open(seccomp_filter, "rb") as program:
+            done = subprocess.run(
+                [*argv, "--seccomp", str(program.fileno()), "true"],
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                timeout=10,
+                check=False,
+                pass_fds=(program.fileno(), namespace.fd),
+                preexec_fn=namespace.enter,
+            )
+    except (OSError, subprocess.SubprocessError) as error:
+        return f"cannot start a sandbox: {error}"
+    if done.returncode != 0:
+        return f"bwrap failed: {done.stderr.decode(errors='replace').strip()[-300:]}"
+    return ""
 
 
-def probe(mode: str) -> bool:
-    """Whether this machine can run guests in `mode` (runs a tiny sandbox)."""
-    if mode == "bwrap":
-        return _works(
-            [
-                "bwrap",
-                "--unshare-pid",
-                "--unshare-net",
-                "--unshare-uts",
-                "--unshare-ipc",
-                "--die-with-parent",
-                "--ro-bind",
-                "/",
-                "/",
-                "--proc",
-                "/proc",
-                "--dev",
-                "/dev",
-                "--tmpfs",
-                "/tmp",
-                "true",
-            ]
+def detect(wanted: str, ids: IdRange, seccomp_filter: Path) -> str:
+    """The isolation mode to use. `auto` is bwrap, or an error: it never falls back to none."""
+    if wanted == "none":
+        return "none"
+    if wanted == "unshare":
+        raise ValueError("sandbox 'unshare' was removed: it ran guests as host root in a chroot; use bwrap")
+    if wanted not in ("auto", "bwrap"):
+        raise ValueError(f"unknown sandbox {wanted!r}; choose auto, bwrap or none (no isolation)")
+    why = probe_bwrap(ids, seccomp_filter)
+    if why:
+        raise SandboxUnavailable(
+            f"the bwrap sandbox does not work here: {why}. Fix that, or pass --sandbox none to run "
+            "workspaces without any isolation (not a security boundary)."
         )
-    if mode == "unshare":
-        return _works(
-            ["unshare", "--pid", "--fork", "--mount", "--uts", "--ipc", "--net", "--mount-proc", "true"]
-        ) and _works(["unshare", "--mount", "--propagation", "private", "mount", "-t", "tmpfs", "tmpfs", "/mnt"])
-    return mode == "none"
+    return "bwrap"
 
 
-def detect(wanted: str) -> str:
-    """The isolation mode to use: `wanted` if it works, or for `auto` the best that works."""
-    if wanted == "auto":
-        return next(mode for mode in MODES if probe(mode))
-    if wanted not in MODES:
-        raise ValueError(f"unknown sandbox {wanted!r}; choose auto, {', '.join(MODES)}")
-    if not probe(wanted):
-        raise RuntimeError(f"sandbox {wanted!r} does not work on this machine (is it installed? are we root?)")
-    return wanted
+# The skeleton of a new writable layer (host /usr beneath): directories, symlinks, /etc files.
+SKELETON_DIRS = ("proc", "dev", "tmp", "run/kibo", "root", "etc", "var/tmp", "home")
+USR_LINKS = (("bin", "usr/bin"), ("sbin", "usr/sbin"), ("lib", "usr/lib"), ("lib64", "usr/lib64"))
+ETC_DEFAULTS = {
+    "passwd": "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
+    "group": "root:x:0:\nnogroup:x:65534:\n",
+    "hosts": "127.0.0.1\tlocalhost\n::1\tlocalhost\n",
+    "nsswitch.conf": "passwd: files\ngroup: files\nhosts: files\n",
+}
 
 
-def seed_layer(root: Path, host_usr: bool) -> None:
-    """Give a new writable layer the skeleton a guest expects (idempotent)."""
-    for name in ("proc", "dev", "tmp", "run/kibo", "root", "etc", "var/tmp", "home"):
-        (root / name).mkdir(parents=True, exist_ok=True)
-    if host_usr:
-        (root / "usr").mkdir(exist_ok=True)
-        for name, target in (("bin", "usr/bin"), ("sbin", "usr/sbin"), ("lib", "usr/lib"), ("lib64", "usr/lib64")):
-            link = root / name
-            if not link.exists() and not link.is_symlink():
-                link.symlink_to(target)
-        etc = root / "etc"
-        defaults = {
-            "passwd": "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
-            "group": "root:x:0:\nnogroup:x:65534:\n",
-            "hosts": "127.0.0.1\tlocalhost\n::1\tlocalhost\n",
-            "nsswitch.conf": "passwd: files\ngroup: files\nhosts: files\n",
-        }
-        for name, text in defaults.items():
-            path = etc / name
-            if not path.exists():
-                path.write_text(text)
+def seed_layer(root: Path, host_usr: bool, owner: tuple[int, int] | None = None) -> None:
+    """Give a writable layer the skeleton a guest expects (idempotent). The layer is the
+    guest's: every name is resolved beneath it and nothing the guest put there (a symlink
+    to a host path, say) is followed out of it or replaced; new entries belong to `owner`
+    (the guest's root; None: whoever runs this)."""
+    root.mkdir(parents=True, exist_ok=True)  # the layer's root itself is the runtime's, not the guest's
+    root_fd = safepath.open_root(str(root))
+    try:
+        for name in SKELETON_DIRS:
+            safepath.make_dirs(root_fd, name, owner=owner)
+        if not host_usr:
+            return
+        safepath.make_dirs(root_fd, "usr", owner=owner)
+        for name, target in USR_LINKS:
+            safepath.create_symlink(root_fd, name, target, owner=owner)
+        for name, text in ETC_DEFAULTS.items():
+            safepath.create_file(root_fd, f"etc/{name}", text.encode(), owner=owner)
+    finally:
+        os.close(root_fd)
+
+
+def make_stage_dir() -> None:
+    """The (empty, root-owned) host directory supervisors mount their stage tmpfs over."""
+    os.makedirs(STAGE_DIR, mode=0o755, exist_ok=True)
+    info = os.lstat(STAGE_DIR)
+    if not os.path.isdir(STAGE_DIR) or os.path.islink(STAGE_DIR) or info.st_uid != 0:
+        raise SandboxUnavailable(f"{STAGE_DIR} must be a directory owned by root")

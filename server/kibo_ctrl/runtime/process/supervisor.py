@@ -23,7 +23,16 @@ code), `oom` (the OOM killer killed in the guest's cgroup: the whole guest is ki
 supervisor running and idle (`{"state": "idle", "why": "poweroff"}`), like a VMM whose
 guest halted. A graceful stop whose sync fails also leaves it idle (`why: sync-failed`).
 
-INSTANCE_DIR/state.json records the supervisor's and the guest's PIDs."""
+INSTANCE_DIR/state.json records the supervisor's and the guest's PIDs.
+
+With bubblewrap isolation (`prepare_guest`, `_start_guest`) the guest runs in its own user
+namespace mapped to the node's unprivileged id range (spec `host_id_base`, `host_id_count`):
+bwrap is started as that namespace's root with an empty bounding set (userns.py), gets its
+options through a file descriptor (no host path in the guest's /proc/1/cmdline) and the
+seccomp filter (seccomp.py) through another. The stage (`stage_dir`) is a small tmpfs of the supervisor's
+own mount namespace where the guest's trees (layer or overlay root, volumes, run directory)
+are bound, since the guest's uid cannot traverse the data directory, and where the agent
+scripts are copied (the guest's mount table shows no host path for them)."""
 
 from __future__ import annotations
 
@@ -41,12 +50,22 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kibo_ctrl.runtime.process import idmap, userns
+else:
+    sys.path.insert(0, str(Path(__file__).parent))  # run as a script: its sibling modules
+    import idmap
+    import userns
 
 PR_SET_PDEATHSIG = 1
 CLONE_NEWNS = 0x00020000
 MS_REC = 0x4000
 MS_PRIVATE = 1 << 18
+MS_NOSUID = 2
+MS_NODEV = 4
+MS_BIND = 4096
 TICK = 0.25
 EXIT_BUSY = 75
 # What of the guest's own stdout/stderr goes into supervisor.log (per supervisor): the rest is
@@ -133,6 +152,7 @@ class Supervisor:
         self.stop_waiters: list[socket.socket] = []
         self.sync_error = ""
         self.exit_status: int | None = None
+        self.namespace: userns.GuestNamespace | None = None
         self.output_fd = -1
         self.output_logged = 0
 
@@ -148,11 +168,36 @@ class Supervisor:
         # Our own mount namespace: the overlay disappears with us, no mount is left behind.
         _check(_libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
         _check(_libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "mount --make-rprivate /")
-        options = f"lowerdir={overlay['lower']},upperdir={overlay['upper']},workdir={overlay['work']}"
+        lower, upper, work = overlay["lower"], overlay["upper"], overlay["work"]
+        if self.namespace is not None:
+            lower, upper, work = self._overlay_layers(lower, upper, work)
+        options = f"lowerdir={lower},upperdir={upper},workdir={work}"
         _check(
             _libc.mount(b"overlay", overlay["merged"].encode(), b"overlay", 0, options.encode()),
             "mount overlay",
         )
+        os.chdir("/")
+
+    def _overlay_layers(self, lower: str, upper: str, work: str) -> tuple[str, str, str]:
+        """The base image idmapped to the guest's ids (its root's files are the guest root's,
+        so the guest may change them: copied up into its layer), and relative names for the
+        layers, so that the guest's mount table shows no host path. Leaves the cwd in the
+        instance directory, for the relative names."""
+        os.chdir(self.dir)
+        assert self.namespace is not None
+        for name in ("lower", "layer"):
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(name, 0o700)
+        try:
+            idmapped = userns.idmapped_clone(lower, self.namespace.fd)
+        except OSError as error:
+            self.log(f"base image not idmapped ({error}): its files are nobody's in the guest")
+            _check(_libc.mount(lower.encode(), b"lower", None, MS_BIND | MS_REC, None), "bind the base image")
+        else:
+            userns.move_mount(idmapped, "lower")
+        layer = os.path.dirname(upper)
+        _check(_libc.mount(layer.encode(), b"layer", None, MS_BIND, None), "bind the layer")
+        return "lower", f"layer/{os.path.basename(upper)}", f"layer/{os.path.basename(work)}"
 
     def prepare_storage(self) -> None:
         """Format new layer/volume images and mount them all (storage.py), in a mount namespace
@@ -187,6 +232,9 @@ class Supervisor:
         for name, value in self.spec.get("rlimits", []):
             limit = getattr(resource, name)
             resource.setrlimit(limit, (value, value))
+        if self.namespace is not None:
+            self.namespace.enter()
+        # After the credential change, which would clear it.
         _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
     def spawn(self) -> None:
@@ -194,19 +242,84 @@ class Supervisor:
             with contextlib.suppress(FileNotFoundError):
                 (Path(self.spec["run_dir"]) / stale).unlink()
         self.oom_base = oom_kills(self.spec["oom_file"])
-        self.guest = subprocess.Popen(
-            self.spec["argv"],
-            env=self.spec["env"],
-            cwd=self.spec["cwd"],
-            stdin=subprocess.DEVNULL,
-            stdout=(output := self.guest_output()),
-            stderr=output,
-            preexec_fn=self._enter_cgroup,
-        )
-        os.close(output)
+        self.guest = self._start_guest()
         self.pidfd = os.pidfd_open(self.guest.pid)
         self.selector.register(self.pidfd, selectors.EVENT_READ, "guest")
         self.save_state()
+
+    # -- the guest's isolation (bubblewrap) ---------------------------------------------
+
+    def create_namespace(self) -> None:
+        """The guest's user namespace (bubblewrap isolation only), held by this process."""
+        if self.spec["isolation"] != "bwrap":
+            return
+        self.namespace = userns.GuestNamespace(int(self.spec["host_id_base"]), int(self.spec["host_id_count"]))
+        self.namespace.create()
+
+    def prepare_guest(self) -> None:
+        """The guest's user namespace, and its trees staged where its uid can reach them
+        (bubblewrap isolation only; see the module docstring)."""
+        if self.namespace is None:
+            return
+        # The guest's writable trees (plain directories or mounted images) are its ids' (once:
+        # trees from before the guests had their own ids are real root's). The guest is not running.
+        ids = idmap.IdRange(self.namespace.base, self.namespace.count)
+        for tree in self.spec["sync_paths"]:
+            idmap.shift_tree(Path(tree), ids)
+        _check(_libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+        _check(_libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "mount --make-rprivate /")
+        # A fresh tmpfs over the stage directory: nothing in it the guest could have planted.
+        stage = self.spec["stage_dir"]
+        options = b"size=1m,nr_inodes=1024,mode=0755"
+        _check(_libc.mount(b"kibo-stage", stage.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, options), "mount tmpfs")
+        # The agent scripts, host root's (nobody's in the guest: it cannot change its agent).
+        scripts = f"{stage}/bin"
+        os.mkdir(scripts, 0o755)
+        for name in sorted(os.listdir(self.spec["bin_dir"])):
+            with open(os.path.join(self.spec["bin_dir"], name), "rb") as source:
+                script = source.read()
+            fd = os.open(f"{scripts}/{name}", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o755)
+            with os.fdopen(fd, "wb") as copy:
+                copy.write(script)
+        staged = {os.path.join(self.spec["run_dir"], "bin"): scripts}
+        for i, source in enumerate(self.spec["staged"]):
+            target = f"{stage}/t{i}"
+            os.mkdir(target, 0o700)
+            _check(_libc.mount(source.encode(), target.encode(), None, MS_BIND | MS_REC, None), f"bind {source}")
+            staged[source] = target
+        argv = list(self.spec["argv"])
+        for i, arg in enumerate(argv[:-1]):
+            if arg in ("--bind", "--ro-bind") and argv[i + 1] in staged:
+                argv[i + 1] = staged[argv[i + 1]]
+        self.spec["argv"] = argv
+
+    def _start_guest(self) -> subprocess.Popen[bytes]:
+        argv, fds = list(self.spec["argv"]), []
+        if self.namespace is not None:
+            # bwrap OPTIONS -- ENTRY: the options (host paths) go through a memfd.
+            split = argv.index("--")
+            program = os.open(self.spec["seccomp_filter"], os.O_RDONLY)
+            options = os.memfd_create("bwrap-args", 0)
+            fds = [program, options]
+            bwrap_options = [*argv[1:split], "--seccomp", str(program)]
+            os.write(options, b"".join(arg.encode() + b"\0" for arg in bwrap_options))
+            os.lseek(options, 0, os.SEEK_SET)
+            argv = [argv[0], "--args", str(options), *argv[split:]]
+        try:
+            return subprocess.Popen(
+                argv,
+                env=self.spec["env"],
+                cwd=self.spec["cwd"],
+                stdin=subprocess.DEVNULL,
+                stdout=(output := self.guest_output()),
+                stderr=output,
+                pass_fds=fds,
+                preexec_fn=self._enter_cgroup,
+            )
+        finally:
+            os.close(output)
+            for fd in fds:
+                os.close(fd)
 
     def guest_output(self) -> int:
         """The write end of a pipe for the guest's stdout and stderr, drained into our log
@@ -377,6 +490,14 @@ class Supervisor:
         self.pidfd = -1
         # Whatever the guest left behind in its cgroup (the unisolated mode) goes with it.
         self.kill_guest()
+        # Its last words (a guest "kernel panic" message) before the exit is reported.
+        for _ in range(64):
+            if self.output_fd < 0 or self.output_logged >= GUEST_OUTPUT_LIMIT:
+                break
+            before = self.output_logged
+            self.drain_output()
+            if self.output_logged == before:
+                break
         code = status if status >= 0 else None
         killed = -status if status < 0 else None
         self.log(f"the guest exited: code {code} signal {killed}")
@@ -431,10 +552,12 @@ class Supervisor:
         return pid
 
     def run(self) -> None:
+        self.create_namespace()
         self.prepare_storage()
         self.mount_overlay()
         self.listen()
         try:
+            self.prepare_guest()
             self.spawn()
         except OSError as error:
             self.exit("spawn-failed", error=f"cannot start the guest: {error}")
