@@ -23,8 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from kibo_ctrl.runtime import sandbox, seccomp, userns
-from kibo_ctrl.runtime.idmap import IdRange
+from kibo_ctrl.runtime.process import sandbox, seccomp, userns
+from kibo_ctrl.runtime.process.idmap import IdRange
 
 
 def percentile(values: list[float], q: float) -> float:

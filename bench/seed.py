@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
-from kibo_ctrl.model import Command, Event, Instance, Volume, Workspace
-from kibo_ctrl.store import Reader, SqliteStore, Tx
+from kibo_ctrl.domain.model import Command, Event, Instance, Volume, Workspace
+from kibo_ctrl.store.base import Reader, Tx
+from kibo_ctrl.store.sqlite import SqliteStore
 
 CHUNK = 5000
 _ENCODE = msgspec.json.Encoder()

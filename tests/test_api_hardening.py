@@ -25,7 +25,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from kibo.ctrl.v1 import workspace_pb2 as wp
 from kibo.ctrl.v1 import workspace_service_pb2 as ws
 from kibo.sim.v1 import simulator_pb2 as sim
-from kibo_ctrl.fairness import TenantSlots
+from kibo_ctrl.api.fairness import TenantSlots
 
 from tests.client import Client, S, error_of, meta, rejected
 from tests.conftest import TRANSPORTS

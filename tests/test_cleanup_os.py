@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 from kibo.ctrl.v1 import observation_service_pb2 as obs
 from kibo.ctrl.v1 import workspace_pb2 as wp
-from kibo_ctrl import cleanup
-from kibo_ctrl.model import (
+from kibo_ctrl.domain import cleanup
+from kibo_ctrl.domain.model import (
     EXECUTION_PARTS,
     Binding,
     CleanupCompleteness,

@@ -533,7 +533,7 @@ def test_the_errno_table_names_real_errnos_and_canonical_codes() -> None:
     """Every row of guest_errors.py names an errno of this system, and none maps to a code
     the contract forbids for a rejection (INTERNAL, UNKNOWN)."""
     # Imported here: the rest of this file only talks to a server, so it replays against any version.
-    from kibo_ctrl.guest_errors import ERRNO_RULES, file_error
+    from kibo_ctrl.domain.guest_errors import ERRNO_RULES, file_error
     from kibo_ctrl.transport.errors import to_status
 
     for name in ERRNO_RULES:

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from kibo_ctrl import cleanup, status
-from kibo_ctrl.model import (
+from kibo_ctrl.domain import cleanup, status
+from kibo_ctrl.domain.model import (
     EXECUTION_PARTS,
     Binding,
     CleanupCompleteness,
@@ -28,9 +28,9 @@ from kibo_ctrl.model import (
     StoragePending,
     Workspace,
 )
-from kibo_ctrl.model import CommandKind as Op
-from kibo_ctrl.model import WorkspaceState as S
-from kibo_ctrl.status import StatusFacts
+from kibo_ctrl.domain.model import CommandKind as Op
+from kibo_ctrl.domain.model import WorkspaceState as S
+from kibo_ctrl.domain.status import StatusFacts
 
 # -- status.derive_state: predicates in priority order -------------------------------------
 

@@ -13,16 +13,16 @@ from dataclasses import dataclass
 
 import grpc
 import pytest
-from kibo_ctrl import rules, status
-from kibo_ctrl.errors import Conflict, Reason
-from kibo_ctrl.model import CommandKind as Op
-from kibo_ctrl.model import (
+from kibo_ctrl.domain import rules, status
+from kibo_ctrl.domain.errors import Conflict, Reason
+from kibo_ctrl.domain.model import CommandKind as Op
+from kibo_ctrl.domain.model import (
     Phase,
     StopCause,
 )
-from kibo_ctrl.model import WorkspaceState as S
-from kibo_ctrl.rules import Facts, ForceStop
-from kibo_ctrl.status import StatusFacts
+from kibo_ctrl.domain.model import WorkspaceState as S
+from kibo_ctrl.domain.rules import Facts, ForceStop
+from kibo_ctrl.domain.status import StatusFacts
 from kibo_ctrl.transport.errors import to_status
 
 # The twelve operations on an existing workspace (the spec's table, its bullets, the API).

@@ -291,7 +291,7 @@ async def test_a_base_image_is_the_guests_own_and_shows_no_host_path(
 def test_shifting_an_old_layer_follows_no_symlink_and_keeps_outside_links(tmp_path: Path) -> None:
     """A layer from before the guests had their own ids (root's files) is chowned into the
     range once; a symlink to a host file and a hard link of one are not a way to chown it."""
-    from kibo_ctrl.runtime.idmap import IdRange, shift_tree, shifted
+    from kibo_ctrl.runtime.process.idmap import IdRange, shift_tree, shifted
 
     host_file = tmp_path / "host-secret"
     host_file.write_text("host")
@@ -317,7 +317,7 @@ def test_shifting_an_old_layer_follows_no_symlink_and_keeps_outside_links(tmp_pa
 def test_seeding_a_layer_never_leaves_it(tmp_path: Path) -> None:
     """The layer's skeleton is made beneath it: a guest's absolute symlinks resolve inside
     its tree, what it put at a name stays, and nothing is made at a host path."""
-    from kibo_ctrl.runtime import sandbox
+    from kibo_ctrl.runtime.process import sandbox
 
     host = tmp_path / "host"
     host.mkdir()

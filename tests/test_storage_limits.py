@@ -25,7 +25,7 @@ import pytest
 from kibo.ctrl.v1 import volume_service_pb2 as vol
 from kibo.ctrl.v1 import workspace_pb2 as wp
 from kibo.ctrl.v1 import workspace_service_pb2 as ws
-from kibo_ctrl.runtime.sandbox import seed_layer
+from kibo_ctrl.runtime.process.sandbox import seed_layer
 
 from tests.client import Client, S, meta
 from tests.server import ServerProcess

@@ -9,9 +9,9 @@ import grpc
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from kibo_ctrl import validation
-from kibo_ctrl.errors import InvalidArgument, KiboError, Reason, ReservedCommandId
-from kibo_ctrl.model import WorkspaceState as S
+from kibo_ctrl.domain import validation
+from kibo_ctrl.domain.errors import InvalidArgument, KiboError, Reason, ReservedCommandId
+from kibo_ctrl.domain.model import WorkspaceState as S
 from kibo_ctrl.transport.errors import to_status
 
 # -- validation: command IDs -------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Every domain IntEnum has exactly the names and numbers of its wire enum.
 
-Rendering casts domain enums to wire numbers (transport/render.py), so a renamed,
+Rendering casts domain enums to wire numbers (api/render.py), so a renamed,
 renumbered, missing or extra value on either side would put a wrong value on the wire.
 The wire's `*_UNSPECIFIED = 0` may be absent from a domain enum that never holds it
 (errors.Reason, sim.Fault); when the domain enum has UNSPECIFIED, it must be 0.
@@ -18,9 +18,9 @@ from kibo.ctrl.v1 import command_pb2, error_pb2, workspace_pb2
 from kibo.ctrl.v1 import observation_service_pb2 as obs_pb2
 from kibo.ctrl.v1 import volume_service_pb2 as vol_pb2
 from kibo.sim.v1 import simulator_pb2 as sim_pb2
-from kibo_ctrl import model
-from kibo_ctrl.errors import Reason
-from kibo_ctrl.runtime.sim import Fault
+from kibo_ctrl.domain import model
+from kibo_ctrl.domain.errors import Reason
+from kibo_ctrl.runtime.sim.simulator import Fault
 
 # domain enum -> (wire enum, prefix of its value names)
 PAIRS: dict[type[IntEnum], tuple[EnumTypeWrapper, str]] = {

@@ -7,35 +7,36 @@ import contextlib
 import logging
 import resource
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from kibo.ctrl.v1 import observation_service_pb2, volume_service_pb2, workspace_service_pb2
-from kibo.sim.v1 import simulator_pb2
 
-from . import controller, data_plane, tokens
-from .api import Api, SimulatorApi
-from .auth import DEFAULT_TENANT, Authenticator, Role, TokenRecord
-from .expiry import ExpiryLoop
-from .hub import Hub
-from .model import Backend, Node
-from .node_agent import Liveness, NodeAgent
-from .reports import StorageReleased
-from .runtime.base import Runtime
-from .runtime.idmap import IdRange
-from .runtime.process import ProcessOptions, ProcessRuntime
-from .runtime.sim import SimBoard, SimNode
-from .scheduler import Scheduler
-from .service import Quotas, Service, Settings
-from .store import SqliteStore
-from .tls import Tls
+from . import routes, tokens
+from .api import data_plane
+from .api.auth import Authenticator
+from .api.control_plane import Api
+from .domain.access import DEFAULT_TENANT, Role, TokenRecord
+from .domain.model import Backend, Node, Workspace
+from .domain.reports import StorageReleased
+from .engine import controller
+from .engine.expiry import ExpiryLoop
+from .engine.hub import Hub
+from .engine.node_agent import Liveness, NodeAgent
+from .engine.scheduler import Scheduler
+from .engine.service import Quotas, Service, Settings
+from .runtime.base import Closable, GuestAccess, MachineObserver, Runtime
+from .runtime.process.idmap import IdRange
+from .runtime.process.runtime import ProcessOptions, ProcessRuntime
+from .runtime.sim.api import SimulatorApi
+from .runtime.sim.simulator import SimBoard, SimNode
+from .store.sqlite import SqliteStore
 from .transport.connect import application
 from .transport.grpc import service_handler
 from .transport.http import SERVERS, HttpLimits, HttpServer, open_file_limit
 from .transport.http_guard import BodyLimits, guard
+from .transport.tls import Tls
 
 log = logging.getLogger("kibo")
 
@@ -124,11 +125,14 @@ class App:
             )
             for i in range(config.sim_nodes if config.runtime == "sim" else 1)
         ]
-        self.board = SimBoard()
-        self.sim_nodes = {n.id: SimNode(n.id, config.sim_backend, config.sim_step_ms / 1000, self.board) for n in nodes}
-        self.runtimes: dict[str, Runtime] = dict(self.sim_nodes)
+        # The runtimes, and who gets which of their capabilities (runtime/base.py): only the
+        # process runtime reaches guests, reads the machine and has connections to close.
+        self.runtimes: dict[str, Runtime] = {}
+        guests: dict[str, GuestAccess] = {}
+        observer: MachineObserver | None = None
+        self._closables: list[Closable] = []
+        self.sim_api: SimulatorApi | None = None
         if config.runtime == "process":
-            self.sim_nodes = {}
             options = ProcessOptions(
                 data_dir=config.data_dir,
                 backend=config.backend,
@@ -140,7 +144,15 @@ class App:
                 guest_ids=IdRange(base=config.guest_id_base),
                 storage_overcommit=config.storage_overcommit,
             )
-            self.runtimes = {nodes[0].id: await asyncio.to_thread(ProcessRuntime, nodes[0].id, options)}
+            process = await asyncio.to_thread(ProcessRuntime, nodes[0].id, options)
+            self.runtimes[nodes[0].id] = guests[nodes[0].id] = process
+            observer = process
+            self._closables.append(process)
+        else:
+            board = SimBoard()
+            sim_nodes = {n.id: SimNode(n.id, config.sim_backend, config.sim_step_ms / 1000, board) for n in nodes}
+            self.runtimes.update(sim_nodes)
+            self.sim_api = SimulatorApi(self._find_workspace, board, sim_nodes, self._pool_lost)
         liveness = Liveness(self.store, [n.id for n in nodes], config.node_timeout_ms / 1000)
         # The pool's files are deleted by its first node.
         agents = [
@@ -160,14 +172,10 @@ class App:
             self.hub.listen(listener)
         self._agents = agents
         capabilities = next(iter(self.runtimes.values())).capabilities()
-        # The process runtime reads the cleanup status off this machine; the simulator has no machine.
-        local = [r for r in self.runtimes.values() if isinstance(r, ProcessRuntime)]
-        observer = local[0].observe if len(local) == 1 else None
         self.api = Api(
             self.store, self.hub, self.service, capabilities, config.settle_ms / 1000, observer, MAX_MESSAGE_BYTES
         )
-        self.sim_api = SimulatorApi(self.store, self.board, self.sim_nodes, self._pool_lost)
-        self.data_plane = data_plane.DataPlane(self.store, self.runtimes, config.data_dir)
+        self.data_plane = data_plane.DataPlane(self.store, guests, config.data_dir)
         # Revoke, stop and delete end the data-plane calls running under the old credential.
         self.hub.listen(self.data_plane.on_changes)
         for coroutine in (scheduler.run(), expiry.run(), liveness.run(), *(a.run() for a in agents)):
@@ -200,12 +208,15 @@ class App:
 
         return Authenticator(lookup, rate)
 
+    async def _find_workspace(self, workspace_id: str) -> Workspace | None:
+        return await self.store.read(lambda r: r.get_workspace(workspace_id))
+
     async def _pool_lost(self, pool: str) -> None:
         pending = await self.store.read(lambda r: r.storage_pending())
         for workspace in pending:
             if workspace.storage_pool == pool:
                 report = StorageReleased(workspace.id, pool_lost=True)
-                await self.store.transact(partial(controller.apply_storage, report=report))
+                await self.store.transact(controller.apply_storage, report)
 
     async def _supervise(self, coroutine: object) -> None:
         try:
@@ -230,23 +241,21 @@ class App:
             ("grpc.max_connection_idle_ms", GRPC_MAX_CONNECTION_IDLE_MS),
         ]
         self.server = grpc.aio.server(options=options)
-        # (service, implementation, methods authorized by a credential instead of a token)
+        # The RPC tables (routes.py): each proto method bound to its handler.
         services = [
-            (workspace_service_pb2.DESCRIPTOR.services_by_name["WorkspaceService"], self.api, frozenset[str]()),
-            (observation_service_pb2.DESCRIPTOR.services_by_name["WorkspaceObservationService"], self.api, frozenset()),
-            (volume_service_pb2.DESCRIPTOR.services_by_name["VolumeService"], self.api, frozenset()),
-            (data_plane.SERVICE, self.data_plane, data_plane.CREDENTIAL_METHODS),
+            routes.workspace_service(self.api),
+            routes.observation_service(self.api),
+            routes.volume_service(self.api),
+            routes.data_plane_service(self.data_plane),
         ]
         # Fault injection drives simulated nodes only: a real runtime does not serve it at all
         # (UNIMPLEMENTED on both listeners, absent from reflection and health).
-        if self.config.runtime == "sim":
-            services.append((simulator_pb2.DESCRIPTOR.services_by_name["SimulatorService"], self.sim_api, frozenset()))
-        self.server.add_generic_rpc_handlers(
-            [service_handler(d, impl, self.authenticator, open_) for d, impl, open_ in services]
-        )
+        if self.sim_api is not None:
+            services.append(routes.simulator_service(self.sim_api))
+        self.server.add_generic_rpc_handlers([service_handler(service, self.authenticator) for service in services])
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        names = [d.full_name for d, _, _ in services] + [health.SERVICE_NAME, reflection.SERVICE_NAME]
+        names = [service.full_name for service in services] + [health.SERVICE_NAME, reflection.SERVICE_NAME]
         reflection.enable_server_reflection(names, self.server)
         tls = self.config.tls
         if tls is None:
@@ -258,13 +267,9 @@ class App:
         await self.server.start()
         self.http: HttpServer | None = None
         if self.config.http_listen:
-            asgi = application(
-                [(d.full_name, impl, open_) for d, impl, open_ in services], MAX_MESSAGE_BYTES, self.authenticator
-            )
+            asgi = application(services, MAX_MESSAGE_BYTES, self.authenticator)
             # Health, and the methods a data-plane credential in the body authorizes, need no token.
-            open_paths = frozenset(
-                ["/healthz", *(f"/{d.full_name}/{method}" for d, _, open_ in services for method in open_)]
-            )
+            open_paths = frozenset(["/healthz"]).union(*(service.credential_paths for service in services))
             guarded = guard(asgi, self.authenticator, open_paths, self.config.http_body)
             http_server = SERVERS[self.config.http_server]
             try:
@@ -278,7 +283,7 @@ class App:
                 await self.server.stop(None)
                 raise
         # SERVING only once both listeners accept calls.
-        for name in ["", *(d.full_name for d, _, _ in services)]:
+        for name in ["", *(service.full_name for service in services)]:
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
 
     def _grpc_connection_cap(self) -> int:
@@ -301,9 +306,8 @@ class App:
         for task in self._tasks:
             with contextlib.suppress(BaseException):
                 await task
-        for runtime in self.runtimes.values():
-            if isinstance(runtime, ProcessRuntime):
-                await runtime.close()
+        for closable in self._closables:
+            await closable.close()
         await self.store.close()
 
 

@@ -7,7 +7,6 @@ import logging
 import os
 import shlex
 import signal
-import sqlite3
 import ssl
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -18,14 +17,14 @@ from kibo_cli.help import command_of
 
 from . import log_limit, tokens
 from .app import MAX_HTTP_BODY_BYTES, App, Config
-from .auth import Role, tenant_name
-from .errors import KiboError
-from .model import Backend
-from .service import Quotas
-from .store import SqliteStore
-from .tls import Tls
+from .domain.access import Role, tenant_name
+from .domain.errors import KiboError, StoreError
+from .domain.model import Backend
+from .engine.service import Quotas
+from .store.sqlite import SqliteStore
 from .transport.http import HttpLimits
 from .transport.http_guard import BodyLimits
+from .transport.tls import Tls
 
 T = TypeVar("T")
 
@@ -208,7 +207,7 @@ def serve(
         raise typer.BadParameter("choose uvicorn or hypercorn", param_hint="--http-server")
     try:
         asyncio.run(_serve(config))
-    except (OSError, RuntimeError, ValueError, sqlite3.Error) as error:
+    except (OSError, RuntimeError, ValueError, StoreError) as error:
         typer.echo(f"kibo-ctrl: {error}", err=True)
         raise typer.Exit(2) from None
 

@@ -9,8 +9,9 @@ from pathlib import Path
 
 from kibotos.token_discovery import write_pointer
 
-from .auth import Role, TokenRecord, new_token, tenant_name, token_hash
-from .store import Store, Tx
+from .api.auth import new_token, token_hash
+from .domain.access import Role, TokenRecord, tenant_name
+from .store.base import Store, Tx
 
 ADMIN_TOKEN_FILE = "admin.token"
 

@@ -1,5 +1,2 @@
-"""Runtimes: the only code that touches a sandbox. The engine sees the Runtime protocol."""
-
-from .base import DestroyError, LaunchError, LaunchSpec, RestartError, Runtime, SyncError
-
-__all__ = ["DestroyError", "LaunchError", "LaunchSpec", "RestartError", "Runtime", "SyncError"]
+"""Runtimes: the only code that touches a sandbox. The engine sees the protocols in base.py;
+sim/ and process/ are the adapters, chosen in app.py."""

@@ -1,13 +1,23 @@
-"""The interface between a node agent and whatever really runs instances."""
+"""The interface between the engine and whatever really runs instances.
+
+`Runtime` is what every runtime does (the node agent drives it). What only some runtimes
+can do is a capability protocol of its own, so a caller asks for exactly what it needs and
+app.py, which builds the runtimes, hands each capability to whoever uses it:
+
+- `GuestAccess`: commands and files inside a running guest (the data plane);
+- `MachineObserver`: which parts of a workspace are on this machine (cleanup status);
+- `Closable`: connections to drop at shutdown.
+
+The simulator has none of them; the process runtime has all three."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
-from ..model import (
+from ..domain.model import (
     Backend,
     Binding,
     Component,
@@ -18,7 +28,7 @@ from ..model import (
     StopDurability,
     Volume,
 )
-from ..reports import Report
+from ..domain.reports import Report
 
 
 @dataclass(frozen=True)
@@ -80,3 +90,77 @@ class Runtime(Protocol):
 
     async def delete_volumes(self, volume_ids: tuple[str, ...]) -> None:
         """Destroy deleted volumes' data for good (idempotent: a volume with no files here is done)."""
+
+
+# -- capabilities some runtimes have ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Output:
+    """A chunk of a guest job's output."""
+
+    stream: str  # "stdout" or "stderr"
+    data: bytes
+
+
+@dataclass(frozen=True)
+class Exit:
+    """How a guest job ended: the command's exit code (128 + N: killed by signal N; 124: timed out)."""
+
+    code: int
+
+
+class GuestRefused(Exception):
+    """A guest job could not run or failed: `status` is unavailable, invalid, not-found,
+    os-error (with the errno's name in `errno`) or error."""
+
+    def __init__(self, status: str, message: str, errno: str = "") -> None:
+        super().__init__(message)
+        self.status = status
+        self.errno = errno
+
+
+class JobStopped(Exception):
+    """The job's `stop` event was set: its command was killed and its output dropped."""
+
+
+class GuestAccess(Protocol):
+    """Commands and files inside a running guest: the data plane's hands."""
+
+    def guest_ready(self, instance_id: str) -> bool:
+        """Whether the instance's guest runs and has answered (not restarting, not halted)."""
+        ...
+
+    def check_file_path(self, path: str, mounts: list[str]) -> None:
+        """Refuse (ValueError, saying why) a file path the guest's hands would refuse, before
+        a job starts: the same rule they apply in the guest."""
+        ...
+
+    def guest_job(
+        self,
+        instance_id: str,
+        job: dict[str, Any],
+        stdin: bytes = b"",
+        seconds: float = 0.0,
+        stop: asyncio.Event | None = None,
+    ) -> AsyncGenerator[Output | Exit, None]:
+        """Run a job in the guest: its output, then how it ended; GuestRefused when it cannot
+        run; JobStopped once `stop` is set (the command is killed)."""
+        ...
+
+
+class MachineObserver(Protocol):
+    """Reads off this machine which parts of a workspace are present (cleanup status)."""
+
+    def observe(
+        self, instance_id: str | None, workspace_id: str, volume_ids: tuple[str, ...] = ()
+    ) -> dict[Component, bool] | None:
+        """Which parts are here right now (True: present); None for IDs that are not this
+        runtime's. Blocking, cheap: call it in a thread."""
+        ...
+
+
+class Closable(Protocol):
+    async def close(self) -> None:
+        """At control-plane shutdown: drop connections; what runs keeps running."""
+        ...

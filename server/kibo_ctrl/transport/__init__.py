@@ -1,1 +1,2 @@
-"""Transports: parse wire requests, call the API, render responses. No rules live here."""
+"""Transports: decode wire bytes, authenticate, call the API (api/), map domain errors to
+status codes (errors.py). No rules live here."""

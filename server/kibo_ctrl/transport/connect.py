@@ -1,33 +1,34 @@
 """The Connect transport: Connect (JSON and binary), gRPC-Web and plain HTTP JSON on one
-ASGI app, calling the same Api as the gRPC server. Errors go through transport/errors.py."""
+ASGI app, serving the same RPC tables (rpc.py, routes.py) as the gRPC server. Errors go
+through transport/errors.py."""
 
 from __future__ import annotations
 
 import contextlib
-import functools
-import inspect
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, cast
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any, cast
 
 from connectrpc.code import Code
 from connectrpc.codec import Codec
 from connectrpc.compat import google_protobuf_binary_codec
 from connectrpc.errors import ConnectError, ErrorDetail
+from connectrpc.method import IdempotencyLevel, MethodInfo, StreamType
 from connectrpc.request import RequestContext
+from connectrpc.server import ConnectASGIApplication, Endpoint
 from google.protobuf import json_format
 from google.protobuf.message import Message
-from kibo.ctrl.v1 import (
-    data_plane_service_connect,
-    observation_service_connect,
-    volume_service_connect,
-    workspace_service_connect,
-)
-from kibo.sim.v1 import simulator_connect
 from protobuf.wkt import Any as ConnectAny
 
-from ..auth import OPEN, Authenticator
-from ..errors import InvalidArgument, KiboError
+from ..api.auth import OPEN, Authenticator
+from ..domain.errors import InvalidArgument, KiboError
 from .errors import status_of
+from .rpc import Rpc, ServerStream, Service, Unary
+
+if TYPE_CHECKING:
+    # connectrpc exports only their base class, Endpoint.
+    from connectrpc._server_shared import EndpointServerStream, EndpointUnary
+
+    AnyEndpoint = EndpointUnary[Any, Any] | EndpointServerStream[Any, Any]
 
 ASGIApp = Callable[[dict[str, Any], Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]], Awaitable[None]]
 
@@ -72,72 +73,74 @@ class StrictJsonCodec:
 CODECS: list[Codec[Any, Any]] = [google_protobuf_binary_codec(), cast(Codec[Any, Any], StrictJsonCodec())]
 
 
-class _Adapter:
-    """Presents an Api object as a connectrpc service: `name(request, ctx)` -> `api.name(request)`."""
+def _unary(
+    rpc: Unary[Any, Any], auth: Authenticator
+) -> Callable[[Message, RequestContext[Any, Any]], Awaitable[Message]]:
+    async def unary(request: Message, ctx: RequestContext[Any, Any]) -> Message:
+        try:
+            caller = await auth.authenticate(ctx.request_headers.get("authorization"))
+            response: Message = await rpc.handler(request, caller)
+        except Exception as error:  # every exception: status_of tells a domain error from a bug
+            raise connect_error(error) from None
+        return response
 
-    def __init__(self, api: object, auth: Authenticator, credential_methods: frozenset[str]) -> None:
-        self._api = api
-        self._auth = auth
-        self._open = credential_methods
-
-    def __getattr__(self, name: str) -> Any:
-        target = getattr(self._api, name)
-        auth = OPEN if _pascal(name) in self._open else self._auth
-        if _is_async_generator(target):
-
-            @functools.wraps(target)
-            async def stream(request: Message, ctx: RequestContext[Any, Any]) -> AsyncIterator[Message]:
-                try:
-                    caller = await auth.authenticate(ctx.request_headers.get("authorization"))
-                    # Closed at once when the client goes away (connectrpc closes this stream).
-                    async with contextlib.aclosing(target(request, caller)) as responses:
-                        async for response in responses:
-                            yield response
-                except Exception as error:  # every exception: status_of tells a domain error from a bug
-                    raise connect_error(error) from None
-
-            return stream
-
-        @functools.wraps(target)
-        async def unary(request: Message, ctx: RequestContext[Any, Any]) -> Message:
-            try:
-                caller = await auth.authenticate(ctx.request_headers.get("authorization"))
-                response: Message = await target(request, caller)
-            except Exception as error:  # as in stream
-                raise connect_error(error) from None
-            return response
-
-        return unary
+    return unary
 
 
-def _pascal(name: str) -> str:
-    return "".join(part.title() for part in name.split("_"))
+def _stream(
+    rpc: ServerStream[Any, Any], auth: Authenticator
+) -> Callable[[Message, RequestContext[Any, Any]], AsyncIterator[Message]]:
+    async def stream(request: Message, ctx: RequestContext[Any, Any]) -> AsyncIterator[Message]:
+        try:
+            caller = await auth.authenticate(ctx.request_headers.get("authorization"))
+            # Closed at once when the client goes away (connectrpc closes this stream).
+            async with contextlib.aclosing(rpc.handler(request, caller)) as responses:
+                async for response in responses:
+                    yield response
+        except Exception as error:  # as in _unary
+            raise connect_error(error) from None
+
+    return stream
 
 
-def _is_async_generator(function: Any) -> bool:
-    return inspect.isasyncgenfunction(function)
+def _endpoint(service: Service, rpc: Rpc, auth: Authenticator) -> AnyEndpoint:
+    """connectrpc's endpoint for one RPC of the table (what its generated code would build)."""
+    # Methods authorized by a credential in the request need no token.
+    rpc_auth = OPEN if rpc.credential else auth
+    streaming = isinstance(rpc, ServerStream)
+    method = MethodInfo(
+        name=rpc.name,
+        service_name=service.full_name,
+        input=rpc.request,
+        output=rpc.response,
+        idempotency_level=IdempotencyLevel.UNKNOWN,
+        stream_type=StreamType.SERVER_STREAM if streaming else StreamType.UNARY,
+    )
+    if isinstance(rpc, ServerStream):
+        return Endpoint.server_stream(method=method, function=_stream(rpc, rpc_auth))
+    return Endpoint.unary(method=method, function=_unary(rpc, rpc_auth))
 
 
-# connectrpc's generated ASGI application for each service, by full name.
-APPLICATIONS: dict[str, Any] = {
-    "kibo.ctrl.v1.WorkspaceService": workspace_service_connect.WorkspaceServiceASGIApplication,
-    "kibo.ctrl.v1.WorkspaceObservationService": observation_service_connect.WorkspaceObservationServiceASGIApplication,
-    "kibo.ctrl.v1.VolumeService": volume_service_connect.VolumeServiceASGIApplication,
-    "kibo.ctrl.v1.DataPlaneService": data_plane_service_connect.DataPlaneServiceASGIApplication,
-    "kibo.sim.v1.SimulatorService": simulator_connect.SimulatorServiceASGIApplication,
-}
+class ServiceApplication(ConnectASGIApplication[Service]):
+    """One service's table as a connectrpc ASGI application, mounted at /FULL.NAME/."""
+
+    def __init__(self, service: Service, auth: Authenticator, read_max_bytes: int) -> None:
+        endpoints = {f"/{service.full_name}/{rpc.name}": _endpoint(service, rpc, auth) for rpc in service.rpcs}
+
+        def resolve(_: Service) -> Mapping[str, AnyEndpoint]:
+            return endpoints
+
+        super().__init__(service=service, endpoints=resolve, read_max_bytes=read_max_bytes, codecs=CODECS)
+        self._path = f"/{service.full_name}"
+
+    @property
+    def path(self) -> str:
+        return self._path
 
 
-def application(
-    services: list[tuple[str, object, frozenset[str]]], read_max_bytes: int, auth: Authenticator
-) -> ASGIApp:
-    """One ASGI app routing each service's path prefix to its connectrpc application.
-
-    `services`: (full name, implementation, methods authorized by a credential, not a token)."""
-    apps = [
-        APPLICATIONS[name](cast(Any, _Adapter(impl, auth, open_)), read_max_bytes=read_max_bytes, codecs=CODECS)
-        for name, impl, open_ in services
-    ]
+def application(services: list[Service], read_max_bytes: int, auth: Authenticator) -> ASGIApp:
+    """One ASGI app routing each service's path prefix to its connectrpc application."""
+    apps = [ServiceApplication(service, auth, read_max_bytes) for service in services]
     routes = {f"/{app.path.strip('/')}/": app for app in apps}
 
     async def route(

@@ -9,7 +9,6 @@ the log holds with the traceback; no exception text, class or SQL reaches the cl
 from __future__ import annotations
 
 import logging
-import sqlite3
 import uuid
 
 import grpc
@@ -18,23 +17,19 @@ from google.protobuf.message import Message
 from google.rpc import error_details_pb2, status_pb2
 from kibo.ctrl.v1 import error_pb2
 
-from ..errors import GuestExhausted, GuestPermissionDenied, KiboError, QuotaExceeded, RateLimited, Reason, Unavailable
+from ..domain.errors import (
+    GuestExhausted,
+    GuestPermissionDenied,
+    KiboError,
+    QuotaExceeded,
+    RateLimited,
+    Reason,
+    StoreError,
+)
 
 log = logging.getLogger("kibo.errors")
 
 DOMAIN = "kibo.dev"
-
-# SQLite conditions that pass (space returns, a lock is released, the disk is remounted):
-# UNAVAILABLE, so clients retry. Every other SQLite error is a bug in a query: INTERNAL.
-STORE_UNAVAILABLE: dict[str, str] = {
-    "SQLITE_FULL": "its disk is full",
-    "SQLITE_READONLY": "it cannot write (read-only)",
-    "SQLITE_IOERR": "its disk reports I/O errors",
-    "SQLITE_CANTOPEN": "its files cannot be opened",
-    "SQLITE_BUSY": "it is locked by another process",
-    "SQLITE_LOCKED": "it is locked",
-    "SQLITE_PROTOCOL": "it is locked",
-}
 
 CODES: dict[Reason, grpc.StatusCode] = {
     Reason.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
@@ -88,17 +83,6 @@ def to_status(error: KiboError) -> tuple[grpc.StatusCode, status_pb2.Status]:
     return code, status
 
 
-def store_unavailable(error: sqlite3.Error) -> Unavailable | None:
-    """The UNAVAILABLE answer for a passing store condition, or None for a bug."""
-    name = getattr(error, "sqlite_errorname", "") or ""
-    # Extended codes (SQLITE_IOERR_WRITE, SQLITE_READONLY_DBMOVED) share their primary's words.
-    words = next((text for prefix, text in STORE_UNAVAILABLE.items() if name.startswith(prefix)), None)
-    if words is None:
-        return None
-    log.error("store error (answered UNAVAILABLE): %s: %s", name, error)
-    return Unavailable(f"the store is unavailable: {words}; retry later")
-
-
 def internal_status(error: BaseException) -> tuple[grpc.StatusCode, status_pb2.Status]:
     """INTERNAL with an error ID; the log has the ID with the traceback."""
     error_id = uuid.uuid4().hex[:16]
@@ -116,10 +100,9 @@ def internal_status(error: BaseException) -> tuple[grpc.StatusCode, status_pb2.S
 
 def status_of(error: Exception) -> tuple[grpc.StatusCode, status_pb2.Status]:
     """The wire status for any exception a handler raised."""
-    if isinstance(error, sqlite3.Error):
-        unavailable = store_unavailable(error)
-        if unavailable is not None:
-            return to_status(unavailable)
+    if isinstance(error, StoreError) and error.unavailable is not None:
+        log.error("store error (answered UNAVAILABLE): %s", error)
+        return to_status(error.unavailable)
     if isinstance(error, KiboError):
         return to_status(error)
     return internal_status(error)

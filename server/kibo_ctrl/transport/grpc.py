@@ -4,25 +4,20 @@ request that cannot be decoded is INVALID_ARGUMENT, not grpc.aio's UNKNOWN."""
 from __future__ import annotations
 
 import contextlib
-import re
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
-from google.protobuf.descriptor import ServiceDescriptor
 from google.protobuf.message import DecodeError, Message
-from google.protobuf.message_factory import GetMessageClass
 
-from ..auth import OPEN, Authenticator
-from ..errors import InvalidArgument
+from ..api.auth import OPEN, Authenticator
+from ..domain.access import Caller
+from ..domain.errors import InvalidArgument
 from .errors import status_of
+from .rpc import ServerStream, Service
 
-UnaryFn = Callable[[Any, Any], Awaitable[Message]]
-StreamFn = Callable[[Any, Any], AsyncGenerator[Message, None]]
-
-
-def _snake(name: str) -> str:
-    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+UnaryFn = Callable[[Any, Caller], Awaitable[Message]]
+StreamFn = Callable[[Any, Caller], AsyncGenerator[Message, None]]
 
 
 async def _abort(context: grpc.aio.ServicerContext[Any, Any], error: Exception) -> None:
@@ -76,19 +71,15 @@ def _stream(request_class: type[Message], fn: StreamFn, auth: Authenticator) -> 
     return grpc.unary_stream_rpc_method_handler(handle)
 
 
-def service_handler(
-    descriptor: ServiceDescriptor,
-    implementation: object,
-    auth: Authenticator,
-    credential_methods: frozenset[str] = frozenset(),
-) -> grpc.GenericRpcHandler:
-    """Bind every method of `descriptor` to the snake_case method of `implementation`,
-    called as `method(request, caller)` once the caller is authenticated."""
+def service_handler(service: Service, auth: Authenticator) -> grpc.GenericRpcHandler:
+    """Serve `service`'s table: each RPC calls its handler as `handler(request, caller)` once
+    the caller is authenticated."""
     handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
-    for method in descriptor.methods:
-        fn = getattr(implementation, _snake(method.name))
-        request_class = GetMessageClass(method.input_type)
-        handler = _stream if method.server_streaming else _unary
+    for rpc in service.rpcs:
         # Methods authorized by a credential in the request need no token.
-        handlers[method.name] = handler(request_class, fn, OPEN if method.name in credential_methods else auth)
-    return grpc.method_handlers_generic_handler(descriptor.full_name, handlers)
+        rpc_auth = OPEN if rpc.credential else auth
+        if isinstance(rpc, ServerStream):
+            handlers[rpc.name] = _stream(rpc.request, rpc.handler, rpc_auth)
+        else:
+            handlers[rpc.name] = _unary(rpc.request, rpc.handler, rpc_auth)
+    return grpc.method_handlers_generic_handler(service.full_name, handlers)

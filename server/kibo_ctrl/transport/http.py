@@ -17,9 +17,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..tls import Tls
 from .connect import ASGIApp
 from .listener import CappedListener, ConnectionCaps, listen
+from .tls import Tls
 
 log = logging.getLogger(__name__)
 

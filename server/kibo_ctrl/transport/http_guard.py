@@ -25,7 +25,7 @@ from typing import Any
 import grpc
 from google.rpc import status_pb2
 
-from ..auth import Authenticator
+from ..api.auth import Authenticator
 from .errors import status_of
 
 log = logging.getLogger(__name__)

@@ -1,0 +1,437 @@
+"""The API, transport-free: parse the wire request, call the domain, render the answer.
+
+gRPC and Connect both call these methods, so every rule, check and error exists once."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import contextlib
+import hashlib
+import json
+import time
+from collections.abc import AsyncGenerator, Callable
+from dataclasses import dataclass, replace
+from typing import TypeVar
+
+from kibo.ctrl.v1 import (
+    observation_service_pb2 as obs_pb2,
+)
+from kibo.ctrl.v1 import (
+    volume_service_pb2 as vol_pb2,
+)
+from kibo.ctrl.v1 import (
+    workspace_pb2 as wp_pb2,
+)
+from kibo.ctrl.v1 import (
+    workspace_service_pb2 as ws_pb2,
+)
+
+from ..domain import cleanup, validation
+from ..domain.access import Caller
+from ..domain.errors import InvalidArgument, NotFound, Unavailable
+from ..domain.model import Command, Instance, Workspace
+from ..engine.hub import Hub, Signal
+from ..engine.service import CommandRequest, Service
+from ..runtime.base import MachineObserver
+from ..store.base import Changes, Reader, Store, WorkspaceQuery, WorkspaceSlice
+from . import parse, render
+from .fairness import TenantSlots
+
+RequestT = TypeVar("RequestT")
+
+# How many rendered workspaces GetWorkspace, ListWorkspaces and WatchWorkspace remember,
+# and how many workspace records GetWorkspace and WatchWorkspace can answer from memory.
+RENDERED_WORKSPACES = 4096
+LATEST_WORKSPACES = 4096
+
+
+@dataclass(frozen=True)
+class ListCost:
+    """What one ListWorkspaces may cost, in term evaluations (rows scanned x (1 + terms))."""
+
+    # One read on the store's scan thread: short, so other lists and checkpoints go between.
+    slice: int = 4096
+    # One request: past it the page ends short, with a page token to go on from.
+    request: int = 200_000
+    # Lists a tenant may run at once; its further lists wait for one of its own slots.
+    per_tenant: int = 2
+
+
+LIST_COST = ListCost()
+# Room in a response for what is not a workspace (the page token, framing).
+PAGE_HEADROOM_BYTES = 16 * 1024
+
+
+class Api:
+    def __init__(
+        self,
+        store: Store,
+        hub: Hub,
+        service: Service,
+        capabilities: list[str],
+        settle_seconds: float,
+        observer: MachineObserver | None = None,
+        max_message_bytes: int = 4 * 1024 * 1024,
+    ) -> None:
+        self._store = store
+        # A page must fit in one message (gRPC refuses larger ones): lists cut pages by size.
+        self._page_bytes = max_message_bytes - PAGE_HEADROOM_BYTES
+        self._list_slots = TenantSlots(LIST_COST.per_tenant)
+        # The runtime that can read the cleanup status off this machine (none in the simulator).
+        self._observer = observer
+        self._hub = hub
+        self._service = service
+        self._capabilities = sorted(set(capabilities))
+        self._settle = settle_seconds
+        self._rendered: dict[str, tuple[int, wp_pb2.Workspace]] = {}
+        self._latest: dict[str, Workspace] = {}
+        hub.listen(self._on_changes)
+
+    def _render(self, workspace: Workspace) -> wp_pb2.Workspace:
+        """render.workspace, remembered by (ID, version): a version is one stored state of the
+        workspace, so its rendering never changes. Gets, lists and every watcher of a change
+        share one rendering. Callers must not modify the message they get."""
+        cached = self._rendered.get(workspace.id)
+        if cached is not None and cached[0] == workspace.version:
+            return cached[1]
+        message = render.workspace(workspace)
+        if cached is None and len(self._rendered) >= RENDERED_WORKSPACES:
+            del self._rendered[next(iter(self._rendered))]  # the oldest entry
+        self._rendered[workspace.id] = (workspace.version, message)
+        return message
+
+    # -- commands ----------------------------------------------------------------------
+
+    async def _command(
+        self, caller: Caller, parser: Callable[[RequestT], CommandRequest], message: RequestT
+    ) -> tuple[Workspace, Command]:
+        # Permission before anything else (AIP-193), then every field, then reserved prefixes.
+        caller.require_admin(type(message).__name__.removesuffix("Request"))
+        request = replace(parser(message), tenant=caller.tenant)
+        validation.command_id(request.command_id)
+        workspace, command = await self._store.transact(self._service.execute, request)
+        if command.terminal or self._settle <= 0:
+            return workspace, command
+        done = self._hub.command_done(command.key)
+        try:
+            latest = await self._store.read(lambda r: r.get_command(command.tenant, command.id))
+            if latest is not None and not latest.terminal:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(done), self._settle)
+        finally:
+            self._hub.forget(command.key, done)
+
+        def both(reader: Reader) -> tuple[Workspace, Command]:
+            ws, cmd = reader.get_workspace(workspace.id), reader.get_command(command.tenant, command.id)
+            assert ws is not None and cmd is not None
+            return ws, cmd
+
+        return await self._store.read(both)
+
+    async def create_workspace(
+        self, request: ws_pb2.CreateWorkspaceRequest, caller: Caller
+    ) -> ws_pb2.CreateWorkspaceResponse:
+        ws, cmd = await self._command(caller, parse.create, request)
+        return ws_pb2.CreateWorkspaceResponse(workspace=render.workspace(ws), command=render.command(cmd))
+
+    async def stop_workspace(
+        self, request: ws_pb2.StopWorkspaceRequest, caller: Caller
+    ) -> ws_pb2.StopWorkspaceResponse:
+        ws, cmd = await self._command(caller, parse.stop, request)
+        return ws_pb2.StopWorkspaceResponse(workspace=render.workspace(ws), command=render.command(cmd))
+
+    async def start_workspace(
+        self, request: ws_pb2.StartWorkspaceRequest, caller: Caller
+    ) -> ws_pb2.StartWorkspaceResponse:
+        ws, cmd = await self._command(caller, parse.start, request)
+        return ws_pb2.StartWorkspaceResponse(workspace=render.workspace(ws), command=render.command(cmd))
+
+    async def delete_workspace(
+        self, request: ws_pb2.DeleteWorkspaceRequest, caller: Caller
+    ) -> ws_pb2.DeleteWorkspaceResponse:
+        ws, cmd = await self._command(caller, parse.delete, request)
+        return ws_pb2.DeleteWorkspaceResponse(workspace=render.workspace(ws), command=render.command(cmd))
+
+    async def set_workspace_expiration(
+        self, request: ws_pb2.SetWorkspaceExpirationRequest, caller: Caller
+    ) -> ws_pb2.SetWorkspaceExpirationResponse:
+        ws, cmd = await self._command(caller, parse.set_expiration, request)
+        return ws_pb2.SetWorkspaceExpirationResponse(workspace=render.workspace(ws), command=render.command(cmd))
+
+    async def clear_workspace_expiration(
+        self, request: ws_pb2.ClearWorkspaceExpirationRequest, caller: Caller
+    ) -> ws_pb2.ClearWorkspaceExpirationResponse:
+        ws, cmd = await self._command(caller, parse.clear_expiration, request)
+        return ws_pb2.ClearWorkspaceExpirationResponse(workspace=render.workspace(ws), command=render.command(cmd))
+
+    async def set_workspace_labels(
+        self, request: ws_pb2.SetWorkspaceLabelsRequest, caller: Caller
+    ) -> ws_pb2.SetWorkspaceLabelsResponse:
+        ws, cmd = await self._command(caller, parse.set_labels, request)
+        return ws_pb2.SetWorkspaceLabelsResponse(workspace=render.workspace(ws), command=render.command(cmd))
+
+    async def resize_workspace(
+        self, request: ws_pb2.ResizeWorkspaceRequest, caller: Caller
+    ) -> ws_pb2.ResizeWorkspaceResponse:
+        ws, cmd = await self._command(caller, parse.resize, request)
+        return ws_pb2.ResizeWorkspaceResponse(workspace=render.workspace(ws), command=render.command(cmd))
+
+    async def set_workspace_network_policy(
+        self, request: ws_pb2.SetWorkspaceNetworkPolicyRequest, caller: Caller
+    ) -> ws_pb2.SetWorkspaceNetworkPolicyResponse:
+        ws, cmd = await self._command(caller, parse.set_network_policy, request)
+        return ws_pb2.SetWorkspaceNetworkPolicyResponse(workspace=render.workspace(ws), command=render.command(cmd))
+
+    async def bind_workspace_volume(
+        self, request: ws_pb2.BindWorkspaceVolumeRequest, caller: Caller
+    ) -> ws_pb2.BindWorkspaceVolumeResponse:
+        ws, cmd = await self._command(caller, parse.bind_volume, request)
+        return ws_pb2.BindWorkspaceVolumeResponse(workspace=render.workspace(ws), command=render.command(cmd))
+
+    async def unbind_workspace_volume(
+        self, request: ws_pb2.UnbindWorkspaceVolumeRequest, caller: Caller
+    ) -> ws_pb2.UnbindWorkspaceVolumeResponse:
+        ws, cmd = await self._command(caller, parse.unbind_volume, request)
+        return ws_pb2.UnbindWorkspaceVolumeResponse(workspace=render.workspace(ws), command=render.command(cmd))
+
+    async def revoke_workspace_data_plane_access(
+        self, request: ws_pb2.RevokeWorkspaceDataPlaneAccessRequest, caller: Caller
+    ) -> ws_pb2.RevokeWorkspaceDataPlaneAccessResponse:
+        ws, cmd = await self._command(caller, parse.revoke, request)
+        return ws_pb2.RevokeWorkspaceDataPlaneAccessResponse(
+            workspace=render.workspace(ws), command=render.command(cmd)
+        )
+
+    # -- queries -----------------------------------------------------------------------
+
+    def _on_changes(self, changes: Changes) -> None:
+        # Published commits keep the remembered records current (rows are never removed).
+        for workspace in changes.workspaces.values():
+            if workspace.id in self._latest:
+                self._latest[workspace.id] = workspace
+
+    def _recall(self, workspace_id: str) -> Workspace | None:
+        """The stored record from memory, when the store vouches that every commit is published."""
+        return self._latest.get(workspace_id) if self._store.published_mark() is not None else None
+
+    async def _read_workspace(self, workspace_id: str) -> Workspace | None:
+        workspace = self._recall(workspace_id)
+        if workspace is not None:
+            return workspace
+        mark = self._store.published_mark()
+        workspace = await self._store.read(lambda r: r.get_workspace(workspace_id))
+        # Remember it only if nothing committed meanwhile: then it is what is stored now, and
+        # _on_changes keeps it so. (A read overtaken by a commit may be older than that.)
+        if workspace is not None and mark is not None and self._store.published_mark() == mark:
+            if len(self._latest) >= LATEST_WORKSPACES:
+                del self._latest[next(iter(self._latest))]  # the oldest entry
+            self._latest[workspace.id] = workspace
+        return workspace
+
+    async def _workspace(self, caller: Caller, workspace_id: str) -> Workspace:
+        workspace = await self._read_workspace(workspace_id)
+        # Another tenant's workspace does not exist for this caller.
+        if workspace is None or workspace.tenant != caller.tenant:
+            raise NotFound(f"workspace {workspace_id} not found", field="workspace_id")
+        return workspace
+
+    async def get_workspace(self, request: ws_pb2.GetWorkspaceRequest, caller: Caller) -> ws_pb2.GetWorkspaceResponse:
+        workspace = await self._workspace(caller, parse.workspace_id(request.workspace_id))
+        return ws_pb2.GetWorkspaceResponse(workspace=self._render(workspace))
+
+    async def list_workspaces(
+        self, request: ws_pb2.ListWorkspacesRequest, caller: Caller
+    ) -> ws_pb2.ListWorkspacesResponse:
+        size = validation.page_size(request.page_size, 50)
+        where = validation.workspace_filter(request.filter)
+        scope = _digest(f"{request.include_deleted}|{request.filter}")
+        query = WorkspaceQuery(
+            tenant=caller.tenant,
+            after_seq=_decode_token(request.page_token, scope),
+            include_deleted=request.include_deleted,
+            states=where.states,
+            labels=where.labels,
+        )
+        # A tenant's lists run a few at a time, each as bounded scans (fairness.py, LIST_COST).
+        async with self._list_slots.slot(caller.tenant):
+            found, resume = await self._scan_page(query, size)
+        workspaces: list[wp_pb2.Workspace] = []
+        budget = self._page_bytes
+        for workspace in found:
+            message = self._render(workspace)
+            # Its bytes in the response: the message, its tag and its length (a varint).
+            cost = message.ByteSize() + 6
+            if workspaces and cost > budget:
+                # The page is as large as a message may be: the rest comes on the next page.
+                resume = found[len(workspaces) - 1].seq
+                break
+            budget -= cost
+            workspaces.append(message)
+        token = _encode_token(resume, scope) if resume else ""
+        return ws_pb2.ListWorkspacesResponse(workspaces=workspaces, next_page_token=token)
+
+    async def _scan_page(self, query: WorkspaceQuery, size: int) -> tuple[list[Workspace], int]:
+        """Up to `size` matching workspaces, and the seq to resume after (0: nothing is left).
+        The scan runs in slices of at most LIST_COST.slice term evaluations, and stops after
+        LIST_COST.request of them with what it has (fewer than `size`, or none, with a page
+        token: AIP-158 allows a short page)."""
+        terms = 1 + len(query.labels) + len(query.states)
+        largest = max(16, LIST_COST.slice // terms)
+        scanned = 0
+        found: list[Workspace] = []
+        after = query.after_seq
+        # Slices start at what the page still needs (a dense match is one read) and double up
+        # to `largest` (a sparse one takes few reads).
+        rows = min(largest, size + 1)
+        while True:
+            sliced = replace(query, after_seq=after)
+            want = size + 1 - len(found)
+            part = await self._store.scan(_scan_slice, sliced, rows, want)
+            found.extend(part.workspaces)
+            scanned += rows
+            if len(found) > size:
+                return found[:size], found[size - 1].seq
+            if part.exhausted:
+                return found, 0
+            after = part.last_seq
+            if len(found) == size or scanned * terms >= LIST_COST.request:
+                return found, after
+            rows = min(largest, rows * 2)
+
+    async def get_workspace_command(
+        self, request: ws_pb2.GetWorkspaceCommandRequest, caller: Caller
+    ) -> ws_pb2.GetWorkspaceCommandResponse:
+        command_id = request.command_id
+        if not command_id or not validation.COMMAND_ID.fullmatch(command_id):
+            raise InvalidArgument("command_id is not a valid command ID", field="command_id")
+        command = await self._store.read(lambda r: r.get_command(caller.tenant, command_id))
+        if command is None:
+            raise NotFound(f"command {command_id} not found", field="command_id")
+        return ws_pb2.GetWorkspaceCommandResponse(command=render.command(command))
+
+    async def watch_workspace(
+        self, request: ws_pb2.WatchWorkspaceRequest, caller: Caller
+    ) -> AsyncGenerator[ws_pb2.WatchWorkspaceResponse, None]:
+        workspace_id = parse.workspace_id(request.workspace_id)
+        with self._hub.watch(workspace_id) as changes:
+            workspace = await self._workspace(caller, workspace_id)
+            yield ws_pb2.WatchWorkspaceResponse(workspace=self._render(workspace))
+            version = workspace.version
+            while not workspace.deleted:
+                snapshot = await changes.get()
+                if snapshot is Signal.CLOSED:
+                    raise Unavailable("the server is shutting down: watch again")
+                if snapshot is Signal.RESYNC:
+                    snapshot = await self._workspace(caller, workspace_id)
+                if snapshot.version <= version:
+                    continue
+                workspace, version = snapshot, snapshot.version
+                yield ws_pb2.WatchWorkspaceResponse(workspace=self._render(workspace))
+
+    async def get_capabilities(
+        self, request: ws_pb2.GetCapabilitiesRequest, caller: Caller
+    ) -> ws_pb2.GetCapabilitiesResponse:
+        return ws_pb2.GetCapabilitiesResponse(capabilities=self._capabilities)
+
+    # -- observation -------------------------------------------------------------------
+
+    async def get_workspace_cleanup(
+        self, request: obs_pb2.GetWorkspaceCleanupRequest, caller: Caller
+    ) -> obs_pb2.GetWorkspaceCleanupResponse:
+        workspace_id = parse.workspace_id(request.workspace_id)
+
+        def load(reader: Reader) -> tuple[Workspace | None, Instance | None]:
+            workspace = reader.get_workspace(workspace_id)
+            instance = reader.get_instance(workspace.instance_id) if workspace and workspace.instance_id else None
+            return workspace, instance
+
+        workspace, instance = await self._store.read(load)
+        if workspace is None or workspace.tenant != caller.tenant:
+            raise NotFound(f"workspace {workspace_id} not found", field="workspace_id")
+        derived = cleanup.derive(workspace, instance, time.time())
+        if self._observer is not None:
+            # The machine itself, where the runtime can look: it wins over what the store remembers.
+            going = tuple(b.volume_id for b in workspace.bindings if b.delete_with_workspace)
+            seen = await asyncio.to_thread(
+                self._observer.observe, instance.id if instance else None, workspace.id, going
+            )
+            derived = cleanup.with_observation(workspace, derived, seen, time.time())
+        return obs_pb2.GetWorkspaceCleanupResponse(cleanup=render.cleanup(workspace_id, derived))
+
+    async def list_workspace_events(
+        self, request: obs_pb2.ListWorkspaceEventsRequest, caller: Caller
+    ) -> obs_pb2.ListWorkspaceEventsResponse:
+        workspace_id = parse.workspace_id(request.workspace_id)
+        size = validation.page_size(request.page_size, 100)
+        scope = _digest(workspace_id)
+        after = _decode_token(request.page_token, scope)
+        await self._workspace(caller, workspace_id)
+        events = await self._store.read(lambda r: r.list_events(workspace_id, after, size + 1))
+        token = _encode_token(events[size - 1].seq, scope) if len(events) > size else ""
+        return obs_pb2.ListWorkspaceEventsResponse(
+            events=[render.event(e) for e in events[:size]], next_page_token=token
+        )
+
+    async def list_workspace_instances(
+        self, request: obs_pb2.ListWorkspaceInstancesRequest, caller: Caller
+    ) -> obs_pb2.ListWorkspaceInstancesResponse:
+        workspace_id = parse.workspace_id(request.workspace_id)
+        await self._workspace(caller, workspace_id)
+        instances = await self._store.read(lambda r: r.list_instances(workspace_id))
+        return obs_pb2.ListWorkspaceInstancesResponse(instances=[render.instance(i) for i in instances])
+
+    # -- volumes -----------------------------------------------------------------------
+
+    async def create_volume(self, request: vol_pb2.CreateVolumeRequest, caller: Caller) -> vol_pb2.CreateVolumeResponse:
+        caller.require_admin("CreateVolume")
+        command_id = validation.command_id(request.metadata.command_id, reserved_ok=True)
+        if not 0 <= request.capacity_gib <= validation.MAX_VOLUME_GIB:
+            raise InvalidArgument("capacity_gib is out of range", field="capacity_gib")
+        validation.command_id(command_id)
+        capacity = request.capacity_gib or validation.DEFAULT_DATA_VOLUME_GIB
+        digest = parse.fingerprint("CreateVolume", request)
+        volume = await self._store.transact(self._service.create_volume, caller.tenant, command_id, digest, capacity)
+        return vol_pb2.CreateVolumeResponse(volume=render.volume(volume))
+
+    async def get_volume(self, request: vol_pb2.GetVolumeRequest, caller: Caller) -> vol_pb2.GetVolumeResponse:
+        volume_id = validation.resource_id(request.volume_id, "volume_id", "vol-")
+        volume = await self._store.read(lambda r: r.get_volume(volume_id))
+        if volume is None or volume.tenant != caller.tenant:
+            raise NotFound(f"volume {volume_id} not found", field="volume_id")
+        return vol_pb2.GetVolumeResponse(volume=render.volume(volume))
+
+    async def delete_volume(self, request: vol_pb2.DeleteVolumeRequest, caller: Caller) -> vol_pb2.DeleteVolumeResponse:
+        caller.require_admin("DeleteVolume")
+        command_id = validation.command_id(request.metadata.command_id, reserved_ok=True)
+        volume_id = validation.resource_id(request.volume_id, "volume_id", "vol-")
+        validation.command_id(command_id)
+        digest = parse.fingerprint("DeleteVolume", request)
+        volume = await self._store.transact(self._service.delete_volume, caller.tenant, command_id, digest, volume_id)
+        return vol_pb2.DeleteVolumeResponse(volume=render.volume(volume))
+
+
+def _scan_slice(reader: Reader, query: WorkspaceQuery, max_rows: int, want: int) -> WorkspaceSlice:
+    return reader.scan_workspaces(query, max_rows, want)
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _encode_token(seq: int, scope: str) -> str:
+    return base64.urlsafe_b64encode(json.dumps({"after": seq, "scope": scope}).encode()).decode()
+
+
+def _decode_token(token: str, scope: str) -> int:
+    if not token:
+        return 0
+    try:
+        data = json.loads(base64.urlsafe_b64decode(token.encode()))
+        after, token_scope = int(data["after"]), str(data["scope"])
+    except (ValueError, KeyError, TypeError, binascii.Error, UnicodeDecodeError):
+        raise InvalidArgument("page_token is not valid", field="page_token") from None
+    if token_scope != scope or after < 0:
+        raise InvalidArgument("page_token belongs to another query", field="page_token")
+    return after

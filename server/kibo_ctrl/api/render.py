@@ -1,0 +1,161 @@
+"""Records -> wire messages."""
+
+from __future__ import annotations
+
+from google.protobuf.timestamp_pb2 import Timestamp
+from google.rpc import status_pb2
+from kibo.ctrl.v1 import command_pb2, volume_service_pb2, workspace_pb2
+from kibo.ctrl.v1 import observation_service_pb2 as obs_pb2
+
+from ..domain.cleanup import Cleanup
+from ..domain.model import Command, Event, Instance, Volume, Workspace
+
+
+def timestamp(seconds: float | None) -> Timestamp | None:
+    if seconds is None:
+        return None
+    stamp = Timestamp()
+    stamp.FromNanoseconds(int(seconds * 1e9))
+    return stamp
+
+
+def workspace(record: Workspace) -> workspace_pb2.Workspace:
+    resources = workspace_pb2.Resources(
+        vcpus=record.resources.vcpus,
+        memory_mib=record.resources.memory_mib,
+        writable_layer_gib=record.resources.writable_layer_gib,
+    )
+    policy = workspace_pb2.NetworkPolicy(
+        egress=int(record.network_policy.egress), allowed_cidrs=record.network_policy.allowed_cidrs
+    )
+    bindings = [
+        workspace_pb2.VolumeBinding(
+            volume_id=b.volume_id,
+            mount_path=b.mount_path,
+            delete_with_workspace=b.delete_with_workspace,
+            storage_pool=record.storage_pool,
+        )
+        for b in record.bindings
+    ]
+    message = workspace_pb2.Workspace(
+        workspace_id=record.id,
+        state=int(record.state),
+        spec=workspace_pb2.WorkspaceSpec(
+            resources=resources,
+            labels=record.labels,
+            annotations=record.annotations,
+            volumes=bindings,
+            network_policy=policy,
+        ),
+        labels=record.labels,
+        annotations=record.annotations,
+        expiration=workspace_pb2.Expiration(
+            revision=record.expiration.revision,
+            expire_time=timestamp(record.expiration.expire_time),
+            action=int(record.expiration.action),
+        ),
+        create_time=timestamp(record.create_time),
+        update_time=timestamp(record.update_time),
+        delete_time=timestamp(record.delete_time),
+        execution_generation=record.generation,
+        node_id=record.node_id or "",
+        guest=workspace_pb2.GuestStatus(
+            reset_count=record.guest.reset_count,
+            last_reset_time=timestamp(record.guest.last_reset_time),
+            responding=record.guest.responding,
+        ),
+        data_plane=workspace_pb2.DataPlane(credential_revision=record.data_plane_revision),
+        etag=f"{record.version}",
+        deletion_started=record.deletion_started,
+    )
+    if record.last_stop is not None:
+        message.last_stop.CopyFrom(
+            workspace_pb2.LastStop(
+                cause=int(record.last_stop.cause),
+                command_id=record.last_stop.command_id,
+                durability=int(record.last_stop.durability),
+            )
+        )
+    if record.failure is not None:
+        message.failure.CopyFrom(workspace_pb2.Failure(stage=record.failure.stage, message=record.failure.message))
+    return message
+
+
+def command(record: Command) -> command_pb2.WorkspaceCommand:
+    message = command_pb2.WorkspaceCommand(
+        command_id=record.id,
+        workspace_id=record.workspace_id,
+        state=int(record.state),
+        result=command_pb2.CommandResult(durability=int(record.durability)),
+        kind=int(record.kind),
+        create_time=timestamp(record.create_time),
+        update_time=timestamp(record.update_time),
+        stop_cause=int(record.stop_cause),
+        volume_id=record.volume_id,
+    )
+    if record.error is not None:
+        message.error.CopyFrom(status_pb2.Status(code=int(record.error.code), message=record.error.message))
+    return message
+
+
+def event(record: Event) -> obs_pb2.WorkspaceEvent:
+    return obs_pb2.WorkspaceEvent(
+        sequence=record.seq,
+        event_time=timestamp(record.time),
+        type=int(record.type),
+        from_state=int(record.from_state),
+        to_state=int(record.to_state),
+        command_id=record.command_id,
+        message=record.message,
+        execution_generation=record.generation,
+    )
+
+
+def instance(record: Instance) -> obs_pb2.Instance:
+    return obs_pb2.Instance(
+        instance_id=record.id,
+        execution_generation=record.generation,
+        node_id=record.node_id or "",
+        phase=int(record.phase),
+        reason=record.reason,
+        restart_count=record.restart_count,
+        holds_execution=record.holds_execution,
+        observe_time=timestamp(record.observe_time),
+        create_time=timestamp(record.create_time),
+    )
+
+
+def cleanup(workspace_id: str, record: Cleanup) -> obs_pb2.WorkspaceCleanup:
+    message = obs_pb2.WorkspaceCleanup(
+        workspace_id=workspace_id,
+        state=int(record.state),
+        completeness=int(record.completeness),
+        components=[
+            obs_pb2.CleanupComponentStatus(
+                component=int(row.component),
+                status=int(row.status),
+                source=int(row.source),
+                observe_time=timestamp(row.observe_time),
+            )
+            for row in record.components
+        ],
+    )
+    if record.pending_since is not None:
+        message.release.CopyFrom(
+            obs_pb2.CleanupRelease(
+                pending_since=timestamp(record.pending_since),
+                last_confirmed_time=timestamp(record.last_confirmed_time),
+            )
+        )
+    return message
+
+
+def volume(record: Volume) -> volume_service_pb2.Volume:
+    return volume_service_pb2.Volume(
+        volume_id=record.id,
+        storage_pool=record.storage_pool,
+        capacity_gib=record.capacity_gib,
+        state=int(record.state),
+        workspace_id=record.workspace_id or "",
+        create_time=timestamp(record.create_time),
+    )

@@ -1,0 +1,113 @@
+"""Wakes whoever cares about a commit: watchers of a workspace, callers waiting for a
+command to finish, and the engine's loops. A wake-up is a hint; readers re-read the
+store, so a missed or duplicated one is harmless."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from enum import Enum
+
+from ..domain.model import Command, Workspace
+from ..store.base import Changes
+
+WATCH_QUEUE = 1024
+
+
+class Signal(Enum):
+    # The watcher fell behind: re-read the workspace from the store.
+    RESYNC = "resync"
+    # The server is shutting down: end the stream.
+    CLOSED = "closed"
+
+
+class Hub:
+    def __init__(self) -> None:
+        self._watchers: dict[str, set[asyncio.Queue[Workspace | Signal]]] = defaultdict(set)
+        self._waiters: dict[str, list[asyncio.Future[Command]]] = defaultdict(list)
+        self._listeners: list[Callable[[Changes], None]] = []
+
+    def close(self) -> None:
+        """Tell every watcher the server is shutting down."""
+        for watchers in self._watchers.values():
+            for watcher in watchers:
+                _drain(watcher)
+                watcher.put_nowait(Signal.CLOSED)
+
+    def listen(self, listener: Callable[[Changes], None]) -> None:
+        self._listeners.append(listener)
+
+    def publish(self, changes: Changes) -> None:
+        for snapshot in changes.workspace_history:
+            for watcher in self._watchers.get(snapshot.id, ()):
+                try:
+                    watcher.put_nowait(snapshot)
+                except asyncio.QueueFull:
+                    # Too slow a reader: tell it to resynchronise from the store.
+                    _drain(watcher)
+                    watcher.put_nowait(Signal.RESYNC)
+        for command in changes.commands.values():
+            if command.terminal:
+                for waiter in self._waiters.pop(command.key, ()):
+                    if not waiter.done():
+                        waiter.set_result(command)
+        for listener in self._listeners:
+            listener(changes)
+
+    @contextlib.contextmanager
+    def watch(self, workspace_id: str) -> Iterator[asyncio.Queue[Workspace | Signal]]:
+        """Snapshots of each stored change of the workspace, or a Signal."""
+        queue: asyncio.Queue[Workspace | Signal] = asyncio.Queue(WATCH_QUEUE)
+        self._watchers[workspace_id].add(queue)
+        try:
+            yield queue
+        finally:
+            watchers = self._watchers.get(workspace_id)
+            if watchers is not None:
+                watchers.discard(queue)
+                if not watchers:
+                    del self._watchers[workspace_id]
+
+    @property
+    def watcher_count(self) -> int:
+        return sum(len(w) for w in self._watchers.values())
+
+    def command_done(self, command_key: str) -> asyncio.Future[Command]:
+        """A future resolved when the command is next published in a terminal state."""
+        future: asyncio.Future[Command] = asyncio.get_running_loop().create_future()
+        self._waiters[command_key].append(future)
+        return future
+
+    def forget(self, command_key: str, future: asyncio.Future[Command]) -> None:
+        waiters = self._waiters.get(command_key)
+        if waiters and future in waiters:
+            waiters.remove(future)
+            if not waiters:
+                del self._waiters[command_key]
+
+
+def _drain(queue: asyncio.Queue[Workspace | Signal]) -> None:
+    while not queue.empty():
+        queue.get_nowait()
+
+
+class Wakeup:
+    """A level-triggered wake-up for a loop, with the IDs that changed since last time."""
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+        self.ids: set[str] = set()
+
+    def set(self, ids: frozenset[str] | None = None) -> None:
+        if ids:
+            self.ids |= ids
+        self._event.set()
+
+    async def wait(self, within: float | None = None) -> frozenset[str]:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._event.wait(), within)
+        self._event.clear()
+        ids, self.ids = frozenset(self.ids), set()
+        return ids

@@ -1,0 +1,85 @@
+"""The scheduler: binds each unscheduled instance to a node with room (filter, then score)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from ..domain.model import Component, EventType, Node, Phase
+from ..store.base import Changes, Store, Tx
+from . import steps
+from .hub import Wakeup
+from .steps import event, save
+
+log = logging.getLogger(__name__)
+
+
+def schedule_pending(tx: Tx, nodes: list[Node]) -> int:
+    """One pass over the unscheduled instances; returns how many are still waiting."""
+    pending = tx.unscheduled_instances()
+    if not pending:
+        return 0
+    usage = {node.id: tx.node_usage(node.id) for node in nodes}
+    waiting = 0
+    for instance in pending:
+        workspace = tx.get_workspace(instance.workspace_id)
+        if workspace is None or workspace.instance_id != instance.id:
+            continue
+        fits = [
+            node
+            for node in nodes
+            if usage[node.id][0] + instance.vcpus <= node.vcpus
+            and usage[node.id][1] + instance.memory_mib <= node.memory_mib
+        ]
+        if not fits:
+            waiting += 1
+            reason = f"unschedulable: no node has {instance.vcpus} vCPU and {instance.memory_mib} MiB free"
+            if instance.reason != reason:
+                instance.reason = reason
+                event(tx, workspace, EventType.UNSCHEDULABLE, message=reason)
+                save(tx, workspace, instance)
+            continue
+
+        def free_share(node: Node) -> float:
+            cpu, memory = usage[node.id]
+            return min((node.vcpus - cpu) / node.vcpus, (node.memory_mib - memory) / node.memory_mib)
+
+        # Score: the most free share left (spread); ties go to the first node listed.
+        node = max(fits, key=free_share)
+        cpu, memory = usage[node.id]
+        usage[node.id] = (cpu + instance.vcpus, memory + instance.memory_mib)
+        instance.node_id = node.id
+        instance.phase = Phase.SCHEDULED
+        instance.holds = [Component.RESERVATION]
+        instance.reason = ""
+        workspace.node_id = node.id
+        steps.mark_running(tx, workspace)
+        event(tx, workspace, EventType.SCHEDULED, message=f"scheduled on {node.id}")
+        save(tx, workspace, instance)
+    return waiting
+
+
+class Scheduler:
+    def __init__(self, store: Store, nodes: list[Node]) -> None:
+        self._store = store
+        self._nodes = nodes
+        self._wakeup = Wakeup()
+        self._waiting = 0
+
+    def on_changes(self, changes: Changes) -> None:
+        for instance in changes.instances.values():
+            # New work, or (when some wait for room) any change that may free capacity.
+            if self._waiting or (instance.node_id is None and instance.phase is Phase.PENDING):
+                self._wakeup.set()
+                return
+
+    async def run(self) -> None:
+        self._wakeup.set()
+        while True:
+            await self._wakeup.wait()
+            try:
+                self._waiting = await self._store.transact(schedule_pending, self._nodes)
+            except Exception:
+                log.exception("scheduling pass failed; retrying")
+                await asyncio.sleep(1)
+                self._wakeup.set()

@@ -1,0 +1,466 @@
+"""Commands: each is checked and recorded in one store transaction.
+
+Order of checks (the contract's error table): the request is well formed (done by the
+caller, see validation), the workspace exists, the command ID is new or a resend of the
+same request, the expiration revision matches, the state allows the operation."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..domain import rules
+from ..domain.errors import CommandIdReused, Conflict, InvalidArgument, NotFound, QuotaExceeded, RevisionMismatch
+from ..domain.model import (
+    Binding,
+    Command,
+    CommandKind,
+    CommandState,
+    Desired,
+    EventType,
+    Expiration,
+    ExpirationAction,
+    Instance,
+    NetworkPolicy,
+    Phase,
+    Resources,
+    StopCause,
+    Volume,
+    VolumeState,
+    Workspace,
+    WorkspaceState,
+)
+from ..store.base import Tx
+from . import steps
+from .steps import event, save
+
+
+@dataclass(frozen=True)
+class CreateSpec:
+    resources: Resources
+    labels: dict[str, str]
+    annotations: dict[str, str]
+    bindings: list[Binding]
+    network_policy: NetworkPolicy
+    data_volume_gib: int
+    expire_time: float | None = None
+    expire_action: ExpirationAction = ExpirationAction.UNSPECIFIED
+
+
+@dataclass(frozen=True)
+class CommandRequest:
+    kind: CommandKind
+    command_id: str
+    # A digest of the whole request: a resend has the same one, a reuse another.
+    fingerprint: str
+    workspace_id: str = ""
+    expected_revision: int = 0
+    create: CreateSpec | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
+    expire_time: float | None = None
+    expire_action: ExpirationAction = ExpirationAction.UNSPECIFIED
+    resources: Resources | None = None
+    network_policy: NetworkPolicy | None = None
+    binding: Binding | None = None
+    volume_id: str = ""
+    # Whose command this is: command IDs and workspaces are scoped per tenant.
+    tenant: str = "default"
+
+
+@dataclass(frozen=True)
+class Quotas:
+    """Per-tenant limits over workspaces not deleted; 0 means no limit."""
+
+    workspaces: int = 0
+    vcpus: int = 0
+    memory_mib: int = 0
+
+
+@dataclass(frozen=True)
+class Settings:
+    storage_pool: str = "local"
+    quotas: Quotas = field(default_factory=Quotas)
+
+
+class Service:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._handlers: dict[CommandKind, Callable[[Tx, Workspace, CommandRequest], Command]] = {
+            CommandKind.STOP: self._stop,
+            CommandKind.FORCE_STOP: self._force_stop,
+            CommandKind.START: self._start,
+            CommandKind.DELETE: self._delete,
+            CommandKind.SET_EXPIRATION: self._set_expiration,
+            CommandKind.CLEAR_EXPIRATION: self._clear_expiration,
+            CommandKind.SET_LABELS: self._set_labels,
+            CommandKind.RESIZE: self._resize,
+            CommandKind.SET_NETWORK_POLICY: self._set_network_policy,
+            CommandKind.BIND_VOLUME: self._bind_volume,
+            CommandKind.UNBIND_VOLUME: self._unbind_volume,
+            CommandKind.REVOKE_DATA_PLANE_ACCESS: self._revoke,
+        }
+
+    # -- entry point -------------------------------------------------------------------
+
+    def execute(self, tx: Tx, request: CommandRequest) -> tuple[Workspace, Command]:
+        if request.kind is CommandKind.CREATE:
+            existing = self._existing(tx, request)
+            if existing is not None:
+                return existing
+            return self._create(tx, request)
+        workspace = tx.get_workspace(request.workspace_id)
+        if workspace is None or workspace.tenant != request.tenant:
+            raise NotFound(f"workspace {request.workspace_id} not found", field="workspace_id")
+        existing = self._existing(tx, request)
+        if existing is not None:
+            return existing
+        if request.expected_revision and request.expected_revision != workspace.expiration.revision:
+            raise RevisionMismatch(
+                f"expected expiration revision {request.expected_revision}, "
+                f"the workspace is at {workspace.expiration.revision}",
+                field="expected_expiration_revision",
+            )
+        command = self._handlers[request.kind](tx, workspace, request)
+        return workspace, command
+
+    def _existing(self, tx: Tx, request: CommandRequest) -> tuple[Workspace, Command] | None:
+        command = tx.get_command(request.tenant, request.command_id)
+        if command is None:
+            return None
+        if command.fingerprint != request.fingerprint:
+            raise CommandIdReused(
+                f"command ID {request.command_id} was already used for another request",
+                field="metadata.command_id",
+            )
+        workspace = tx.get_workspace(command.workspace_id)
+        assert workspace is not None  # commands are never recorded without their workspace
+        return workspace, command
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def _create(self, tx: Tx, request: CommandRequest) -> tuple[Workspace, Command]:
+        spec = request.create
+        assert spec is not None
+        workspace_id = f"ws-{uuid.uuid4().hex[:20]}"
+        self._check_quotas(tx, request.tenant, 1, spec.resources.vcpus, spec.resources.memory_mib)
+        own_volume = Volume(
+            tenant=request.tenant,
+            id=f"vol-{uuid.uuid4().hex[:20]}",
+            storage_pool=self.settings.storage_pool,
+            capacity_gib=spec.data_volume_gib,
+            state=VolumeState.PENDING,
+            create_time=tx.now,
+            workspace_id=workspace_id,
+        )
+        bindings = [Binding(volume_id=own_volume.id, mount_path="/data", delete_with_workspace=True)]
+        for binding in spec.bindings:
+            volume = self._bindable_volume(tx, binding.volume_id, workspace_id, request.tenant)
+            volume.workspace_id = workspace_id
+            tx.put_volume(volume)
+            bindings.append(binding)
+        _check_mount_paths(bindings)
+        tx.put_volume(own_volume)
+        expiration = Expiration()
+        if spec.expire_time is not None:
+            expiration = Expiration(revision=1, expire_time=spec.expire_time, action=spec.expire_action)
+        workspace = Workspace(
+            id=workspace_id,
+            seq=tx.next_workspace_seq(),
+            state=WorkspaceState.UNSPECIFIED,
+            resources=spec.resources,
+            bindings=bindings,
+            create_time=tx.now,
+            update_time=tx.now,
+            storage_pool=self.settings.storage_pool,
+            tenant=request.tenant,
+            labels=spec.labels,
+            annotations=spec.annotations,
+            network_policy=spec.network_policy,
+            expiration=expiration,
+        )
+        command = steps.new_command(tx, workspace, request.command_id, CommandKind.CREATE, request.fingerprint)
+        instance = self._new_instance(tx, workspace)
+        save(tx, workspace, instance, command_id=command.id)
+        return workspace, command
+
+    def _new_instance(self, tx: Tx, workspace: Workspace) -> Instance:
+        workspace.generation += 1
+        instance = Instance(
+            id=f"{workspace.id}-g{workspace.generation}",
+            workspace_id=workspace.id,
+            generation=workspace.generation,
+            vcpus=workspace.resources.vcpus,
+            memory_mib=workspace.resources.memory_mib,
+            create_time=tx.now,
+        )
+        workspace.instance_id = instance.id
+        workspace.node_id = None
+        workspace.guest.reset_times.clear()
+        workspace.guest.reset_count = 0
+        workspace.guest.last_reset_time = None
+        workspace.guest.responding = True
+        return instance
+
+    def _start(self, tx: Tx, workspace: Workspace, request: CommandRequest) -> Command:
+        rules.check(CommandKind.START, steps.rule_facts(workspace))
+        command = steps.new_command(tx, workspace, request.command_id, CommandKind.START, request.fingerprint)
+        workspace.last_stop = None
+        workspace.failure = None
+        workspace.release_pending_since = None
+        instance = self._new_instance(tx, workspace)
+        save(tx, workspace, instance, command_id=command.id)
+        return command
+
+    def _stop(self, tx: Tx, workspace: Workspace, request: CommandRequest) -> Command:
+        return self.stop(tx, workspace, request.command_id, request.fingerprint, StopCause.REQUESTED)
+
+    def stop(self, tx: Tx, workspace: Workspace, command_id: str, fingerprint: str, cause: StopCause) -> Command:
+        rules.check(CommandKind.STOP, steps.rule_facts(workspace))
+        instance = steps.current_instance(tx, workspace)
+        command = steps.new_command(tx, workspace, command_id, CommandKind.STOP, fingerprint, cause=cause)
+        steps.begin_stop(tx, workspace, instance, command_id, force=False, cause=cause)
+        save(tx, workspace, instance, command_id=command_id)
+        return command
+
+    def _force_stop(self, tx: Tx, workspace: Workspace, request: CommandRequest) -> Command:
+        decision = rules.check(CommandKind.FORCE_STOP, steps.rule_facts(workspace))
+        if decision is rules.ForceStop.SUPERSEDE:
+            steps.cancel_active(tx, workspace, request.command_id, "superseded by a force stop")
+        instance = steps.current_instance(tx, workspace)
+        command = steps.new_command(
+            tx, workspace, request.command_id, CommandKind.FORCE_STOP, request.fingerprint, cause=StopCause.REQUESTED
+        )
+        workspace.failure = None
+        steps.begin_stop(tx, workspace, instance, request.command_id, force=True, cause=StopCause.REQUESTED)
+        save(tx, workspace, instance, command_id=command.id)
+        return command
+
+    def _delete(self, tx: Tx, workspace: Workspace, request: CommandRequest) -> Command:
+        return self.delete(tx, workspace, request.command_id, request.fingerprint)
+
+    def delete(self, tx: Tx, workspace: Workspace, command_id: str, fingerprint: str) -> Command:
+        rules.check(CommandKind.DELETE, steps.rule_facts(workspace))
+        if workspace.active_command is not None:
+            steps.cancel_active(tx, workspace, command_id, "cancelled by a delete")
+        command = steps.new_command(tx, workspace, command_id, CommandKind.DELETE, fingerprint)
+        workspace.deletion_started = True
+        workspace.last_stop = None
+        workspace.failure = None
+        workspace.owed_stop = None
+        workspace.data_plane_revision += 1
+        if workspace.release_pending_since is None:
+            workspace.release_pending_since = tx.now
+        workspace.expiration.expire_time = None
+        instance = steps.current_instance(tx, workspace)
+        if instance is not None and instance.node_id is None:
+            # Never reached a node: nothing to release there.
+            instance.phase = Phase.RELEASED
+            instance.done_step = instance.step
+        if (
+            instance is not None
+            and instance.node_id is not None
+            and (instance.holds or instance.step != instance.done_step)
+        ):
+            steps.set_desired(instance, Desired.DESTROYED)
+        else:
+            steps.finish_delete(tx, workspace)
+        save(tx, workspace, instance, command_id=command_id)
+        return command
+
+    # -- configuration (immediate commands) --------------------------------------------
+
+    def _immediate(self, tx: Tx, workspace: Workspace, request: CommandRequest, message: str) -> Command:
+        rules.check(request.kind, steps.rule_facts(workspace))
+        return steps.immediate_command(tx, workspace, request.command_id, request.kind, request.fingerprint, message)
+
+    def _set_expiration(self, tx: Tx, workspace: Workspace, request: CommandRequest) -> Command:
+        command = self._immediate(tx, workspace, request, "expiration set")
+        workspace.expiration = Expiration(
+            revision=workspace.expiration.revision + 1,
+            expire_time=request.expire_time,
+            action=request.expire_action,
+        )
+        save(tx, workspace, None)
+        return command
+
+    def _clear_expiration(self, tx: Tx, workspace: Workspace, request: CommandRequest) -> Command:
+        command = self._immediate(tx, workspace, request, "expiration cleared")
+        workspace.expiration = Expiration(revision=workspace.expiration.revision + 1)
+        save(tx, workspace, None)
+        return command
+
+    def _set_labels(self, tx: Tx, workspace: Workspace, request: CommandRequest) -> Command:
+        command = self._immediate(tx, workspace, request, "labels and annotations replaced")
+        workspace.labels = dict(request.labels)
+        workspace.annotations = dict(request.annotations)
+        save(tx, workspace, None)
+        return command
+
+    def _resize(self, tx: Tx, workspace: Workspace, request: CommandRequest) -> Command:
+        assert request.resources is not None
+        rules.check(request.kind, steps.rule_facts(workspace))
+        wanted, current = request.resources, workspace.resources
+        resized = Resources(
+            vcpus=wanted.vcpus or current.vcpus,
+            memory_mib=wanted.memory_mib or current.memory_mib,
+            writable_layer_gib=wanted.writable_layer_gib or current.writable_layer_gib,
+        )
+        self._check_quotas(
+            tx, workspace.tenant, 0, resized.vcpus - current.vcpus, resized.memory_mib - current.memory_mib
+        )
+        command = self._immediate(tx, workspace, request, "resources changed")
+        workspace.resources = resized
+        save(tx, workspace, None)
+        return command
+
+    def _set_network_policy(self, tx: Tx, workspace: Workspace, request: CommandRequest) -> Command:
+        assert request.network_policy is not None
+        when = "now" if workspace.state is WorkspaceState.AVAILABLE else "at the next start"
+        command = self._immediate(tx, workspace, request, f"network policy changed, effective {when}")
+        workspace.network_policy = request.network_policy
+        save(tx, workspace, None)
+        return command
+
+    def _bind_volume(self, tx: Tx, workspace: Workspace, request: CommandRequest) -> Command:
+        binding = request.binding
+        assert binding is not None
+        rules.check(request.kind, steps.rule_facts(workspace))
+        volume = self._bindable_volume(tx, binding.volume_id, workspace.id, workspace.tenant)
+        bindings = [b for b in workspace.bindings if b.volume_id != binding.volume_id] + [binding]
+        _check_mount_paths(bindings)
+        command = self._immediate(tx, workspace, request, f"volume {binding.volume_id} bound at {binding.mount_path}")
+        volume.workspace_id = workspace.id
+        tx.put_volume(volume)
+        workspace.bindings = bindings
+        save(tx, workspace, None)
+        return command
+
+    def _unbind_volume(self, tx: Tx, workspace: Workspace, request: CommandRequest) -> Command:
+        rules.check(request.kind, steps.rule_facts(workspace))
+        if not any(b.volume_id == request.volume_id for b in workspace.bindings):
+            raise NotFound(f"volume {request.volume_id} is not bound to {workspace.id}", field="volume_id")
+        command = self._immediate(tx, workspace, request, f"volume {request.volume_id} unbound and kept")
+        workspace.bindings = [b for b in workspace.bindings if b.volume_id != request.volume_id]
+        volume = tx.get_volume(request.volume_id)
+        if volume is not None:
+            volume.workspace_id = None
+            tx.put_volume(volume)
+        save(tx, workspace, None)
+        return command
+
+    def _revoke(self, tx: Tx, workspace: Workspace, request: CommandRequest) -> Command:
+        command = self._immediate(tx, workspace, request, "every data-plane credential revoked")
+        workspace.data_plane_revision += 1
+        save(tx, workspace, None)
+        return command
+
+    def _check_quotas(self, tx: Tx, tenant: str, workspaces: int, vcpus: int, memory_mib: int) -> None:
+        quotas = self.settings.quotas
+        if not (quotas.workspaces or quotas.vcpus or quotas.memory_mib):
+            return
+        used = tx.tenant_usage(tenant)
+        for name, limit, in_use, more in (
+            ("workspaces", quotas.workspaces, used[0], workspaces),
+            ("vcpus", quotas.vcpus, used[1], vcpus),
+            ("memory_mib", quotas.memory_mib, used[2], memory_mib),
+        ):
+            if limit and more > 0 and in_use + more > limit:
+                raise QuotaExceeded(
+                    f"tenant {tenant} would exceed its {name} quota",
+                    quota=name,
+                    limit=limit,
+                    used=in_use,
+                    requested=more,
+                )
+
+    def _bindable_volume(self, tx: Tx, volume_id: str, workspace_id: str, tenant: str) -> Volume:
+        volume = tx.get_volume(volume_id)
+        if volume is None or volume.tenant != tenant or volume.state is VolumeState.DELETED:
+            raise NotFound(f"volume {volume_id} not found", field="volume_id")
+        if volume.workspace_id not in (None, workspace_id):
+            raise Conflict(f"volume {volume_id} is bound to workspace {volume.workspace_id}", field="volume_id")
+        return volume
+
+    # -- volumes ------------------------------------------------------------------------
+
+    def create_volume(self, tx: Tx, tenant: str, command_id: str, fingerprint: str, capacity_gib: int) -> Volume:
+        existing = tx.get_command(tenant, command_id)
+        if existing is not None:
+            if existing.fingerprint != fingerprint:
+                raise CommandIdReused(f"command ID {command_id} was already used for another request")
+            volume = tx.get_volume(existing.volume_id)
+            assert volume is not None
+            return volume
+        volume = Volume(
+            id=f"vol-{uuid.uuid4().hex[:20]}",
+            storage_pool=self.settings.storage_pool,
+            capacity_gib=capacity_gib,
+            # Standalone volumes live in the control plane's pool record until first bound.
+            state=VolumeState.READY,
+            create_time=tx.now,
+            tenant=tenant,
+        )
+        tx.put_volume(volume)
+        steps.record_command(
+            tx, tenant, command_id, CommandKind.CREATE_VOLUME, fingerprint, CommandState.SUCCEEDED, volume_id=volume.id
+        )
+        return volume
+
+    def delete_volume(self, tx: Tx, tenant: str, command_id: str, fingerprint: str, volume_id: str) -> Volume:
+        volume = tx.get_volume(volume_id)
+        if volume is None or volume.tenant != tenant:
+            raise NotFound(f"volume {volume_id} not found", field="volume_id")
+        existing = tx.get_command(tenant, command_id)
+        if existing is not None:
+            if existing.fingerprint != fingerprint:
+                raise CommandIdReused(f"command ID {command_id} was already used for another request")
+            return volume
+        if volume.workspace_id is not None:
+            raise Conflict(
+                f"volume {volume_id} is bound to workspace {volume.workspace_id}",
+                hint="unbind it (the workspace must be STOPPED) or delete the workspace first",
+            )
+        if volume.state is VolumeState.DELETED:
+            raise Conflict(f"volume {volume_id} is already deleted")
+        volume.state = VolumeState.DELETED
+        # Its files (on a node of its pool, if it was ever mounted) go too: the node agent
+        # destroys them and clears this (controller.apply_volume_released).
+        volume.storage_pending = True
+        tx.put_volume(volume)
+        steps.record_command(
+            tx, tenant, command_id, CommandKind.DELETE_VOLUME, fingerprint, CommandState.SUCCEEDED, volume_id=volume.id
+        )
+        return volume
+
+    # -- expiration --------------------------------------------------------------------
+
+    def expire(self, tx: Tx, *, workspace_id: str) -> None:
+        """Act on a due expiration. Waits (does nothing) while another command runs."""
+        workspace = tx.get_workspace(workspace_id)
+        if workspace is None or workspace.expiration.expire_time is None:
+            return
+        if workspace.expiration.expire_time > tx.now or workspace.active_command is not None:
+            return
+        action = workspace.expiration.action
+        command_id = f"expiration/{workspace.id}/r{workspace.expiration.revision}"
+        if tx.get_command(workspace.tenant, command_id) is not None:
+            command_id = f"{command_id}/{uuid.uuid4()}"
+        workspace.expiration = Expiration(revision=workspace.expiration.revision + 1)
+        event(tx, workspace, EventType.EXPIRED, command_id=command_id, message=f"expiration: {action.name}")
+        if action is ExpirationAction.DELETE and workspace.state not in (
+            WorkspaceState.DELETING,
+            WorkspaceState.DELETED,
+        ):
+            self.delete(tx, workspace, command_id, "expiration")
+        elif action is ExpirationAction.STOP and workspace.state is WorkspaceState.AVAILABLE:
+            self.stop(tx, workspace, command_id, "expiration", StopCause.EXPIRED)
+        else:
+            save(tx, workspace, None, message=f"expiration found the workspace {workspace.state.name}: nothing to do")
+
+
+def _check_mount_paths(bindings: list[Binding]) -> None:
+    paths = [b.mount_path for b in bindings]
+    if len(set(paths)) != len(paths):
+        raise InvalidArgument("two volumes are bound at the same mount path", field="binding.mount_path")

@@ -1,0 +1,165 @@
+"""Every RPC kibo serves, bound to its handler: one table per proto service.
+
+Both transports serve these tables (transport/grpc.py, transport/connect.py), so this is
+where a method name leads to the code that answers it ("go to definition" on the handler).
+`Service` checks each table against its proto when it is built: a method added to a proto
+but not here, or with the wrong types, stops the server from starting (and the tests)."""
+
+from __future__ import annotations
+
+from kibo.ctrl.v1 import data_plane_service_pb2 as dp
+from kibo.ctrl.v1 import observation_service_pb2 as obs
+from kibo.ctrl.v1 import volume_service_pb2 as vol
+from kibo.ctrl.v1 import workspace_service_pb2 as ws
+from kibo.sim.v1 import simulator_pb2 as sim
+
+from .api.control_plane import Api
+from .api.data_plane import DataPlane
+from .runtime.sim.api import SimulatorApi
+from .transport.rpc import ServerStream, Service, Unary
+
+
+def workspace_service(api: Api) -> Service:
+    return Service(
+        ws.DESCRIPTOR.services_by_name["WorkspaceService"],
+        (
+            Unary("CreateWorkspace", ws.CreateWorkspaceRequest, ws.CreateWorkspaceResponse, api.create_workspace),
+            Unary("GetWorkspace", ws.GetWorkspaceRequest, ws.GetWorkspaceResponse, api.get_workspace),
+            Unary("ListWorkspaces", ws.ListWorkspacesRequest, ws.ListWorkspacesResponse, api.list_workspaces),
+            Unary("StopWorkspace", ws.StopWorkspaceRequest, ws.StopWorkspaceResponse, api.stop_workspace),
+            Unary("StartWorkspace", ws.StartWorkspaceRequest, ws.StartWorkspaceResponse, api.start_workspace),
+            Unary("DeleteWorkspace", ws.DeleteWorkspaceRequest, ws.DeleteWorkspaceResponse, api.delete_workspace),
+            Unary(
+                "GetWorkspaceCommand",
+                ws.GetWorkspaceCommandRequest,
+                ws.GetWorkspaceCommandResponse,
+                api.get_workspace_command,
+            ),
+            ServerStream("WatchWorkspace", ws.WatchWorkspaceRequest, ws.WatchWorkspaceResponse, api.watch_workspace),
+            Unary("GetCapabilities", ws.GetCapabilitiesRequest, ws.GetCapabilitiesResponse, api.get_capabilities),
+            Unary(
+                "SetWorkspaceExpiration",
+                ws.SetWorkspaceExpirationRequest,
+                ws.SetWorkspaceExpirationResponse,
+                api.set_workspace_expiration,
+            ),
+            Unary(
+                "ClearWorkspaceExpiration",
+                ws.ClearWorkspaceExpirationRequest,
+                ws.ClearWorkspaceExpirationResponse,
+                api.clear_workspace_expiration,
+            ),
+            Unary(
+                "SetWorkspaceLabels",
+                ws.SetWorkspaceLabelsRequest,
+                ws.SetWorkspaceLabelsResponse,
+                api.set_workspace_labels,
+            ),
+            Unary("ResizeWorkspace", ws.ResizeWorkspaceRequest, ws.ResizeWorkspaceResponse, api.resize_workspace),
+            Unary(
+                "SetWorkspaceNetworkPolicy",
+                ws.SetWorkspaceNetworkPolicyRequest,
+                ws.SetWorkspaceNetworkPolicyResponse,
+                api.set_workspace_network_policy,
+            ),
+            Unary(
+                "BindWorkspaceVolume",
+                ws.BindWorkspaceVolumeRequest,
+                ws.BindWorkspaceVolumeResponse,
+                api.bind_workspace_volume,
+            ),
+            Unary(
+                "UnbindWorkspaceVolume",
+                ws.UnbindWorkspaceVolumeRequest,
+                ws.UnbindWorkspaceVolumeResponse,
+                api.unbind_workspace_volume,
+            ),
+            Unary(
+                "RevokeWorkspaceDataPlaneAccess",
+                ws.RevokeWorkspaceDataPlaneAccessRequest,
+                ws.RevokeWorkspaceDataPlaneAccessResponse,
+                api.revoke_workspace_data_plane_access,
+            ),
+        ),
+    )
+
+
+def observation_service(api: Api) -> Service:
+    return Service(
+        obs.DESCRIPTOR.services_by_name["WorkspaceObservationService"],
+        (
+            Unary(
+                "GetWorkspaceCleanup",
+                obs.GetWorkspaceCleanupRequest,
+                obs.GetWorkspaceCleanupResponse,
+                api.get_workspace_cleanup,
+            ),
+            Unary(
+                "ListWorkspaceEvents",
+                obs.ListWorkspaceEventsRequest,
+                obs.ListWorkspaceEventsResponse,
+                api.list_workspace_events,
+            ),
+            Unary(
+                "ListWorkspaceInstances",
+                obs.ListWorkspaceInstancesRequest,
+                obs.ListWorkspaceInstancesResponse,
+                api.list_workspace_instances,
+            ),
+        ),
+    )
+
+
+def volume_service(api: Api) -> Service:
+    return Service(
+        vol.DESCRIPTOR.services_by_name["VolumeService"],
+        (
+            Unary("CreateVolume", vol.CreateVolumeRequest, vol.CreateVolumeResponse, api.create_volume),
+            Unary("GetVolume", vol.GetVolumeRequest, vol.GetVolumeResponse, api.get_volume),
+            Unary("DeleteVolume", vol.DeleteVolumeRequest, vol.DeleteVolumeResponse, api.delete_volume),
+        ),
+    )
+
+
+def data_plane_service(data_plane: DataPlane) -> Service:
+    # A credential in the request authorizes exec and file calls: they need no token.
+    return Service(
+        dp.DESCRIPTOR.services_by_name["DataPlaneService"],
+        (
+            Unary(
+                "IssueDataPlaneCredential",
+                dp.IssueDataPlaneCredentialRequest,
+                dp.IssueDataPlaneCredentialResponse,
+                data_plane.issue_data_plane_credential,
+            ),
+            ServerStream(
+                "ExecWorkspaceCommand",
+                dp.ExecWorkspaceCommandRequest,
+                dp.ExecWorkspaceCommandResponse,
+                data_plane.exec_workspace_command,
+                credential=True,
+            ),
+            Unary(
+                "ReadWorkspaceFile",
+                dp.ReadWorkspaceFileRequest,
+                dp.ReadWorkspaceFileResponse,
+                data_plane.read_workspace_file,
+                credential=True,
+            ),
+            Unary(
+                "WriteWorkspaceFile",
+                dp.WriteWorkspaceFileRequest,
+                dp.WriteWorkspaceFileResponse,
+                data_plane.write_workspace_file,
+                credential=True,
+            ),
+        ),
+    )
+
+
+def simulator_service(simulator: SimulatorApi) -> Service:
+    # Served only with --runtime sim (app.py builds SimulatorApi only there).
+    return Service(
+        sim.DESCRIPTOR.services_by_name["SimulatorService"],
+        (Unary("InjectFault", sim.InjectFaultRequest, sim.InjectFaultResponse, simulator.inject_fault),),
+    )

@@ -1,0 +1,219 @@
+"""One data-plane job in a guest (guest_exec.py as a child process), with bounded memory.
+
+Back-pressure, end to end: the job's stdout and stderr are pipes read `CHUNK` bytes at a
+time into a queue of `QUEUE_CHUNKS` chunks. When the consumer (the RPC handler, which
+awaits each write to its client) stops taking chunks, the queue fills, the readers stop
+reading, each pipe's reader pauses at 2 x CHUNK buffered, the kernel's pipe buffer
+(64 KiB) fills and the guest's command blocks in write(2). So a job holds at most about
+QUEUE_CHUNKS + 4 chunks of the server's memory (~0.5 MiB), whatever the guest writes.
+
+A job ends its command (SIGKILL to the process group of guest_exec, which the command and
+whatever it starts share, even inside the guest's PID namespace) when:
+- its consumer leaves (the client cancelled or disconnected: the generator is closed),
+- its timeout passes (Exit(124)),
+- its `stop` event is set (the credential it runs under was revoked, or the workspace is
+  stopping or being deleted): the kill is done at once by a watcher task, even while the
+  consumer is blocked on a client that does not read, and the job raises JobStopped.
+A process that leaves the process group (setsid, a daemon) is the guest's: only the end of
+the guest (stop, delete) reaches it.
+
+The pipes are the server's own (not asyncio's subprocess pipes), so ending a job closes them
+even while their readers are paused or a detached process still holds the other end."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+from collections.abc import AsyncGenerator, Callable
+from pathlib import Path
+from typing import Any
+
+from ..base import Exit, GuestRefused, JobStopped, Output
+
+GUEST_EXEC = Path(__file__).with_name("guest_exec.py")
+# One read from a pipe, and one message to the client (well under the 4 MiB message limit).
+CHUNK = 1 << 16
+# Chunks queued between the pipes and the consumer.
+QUEUE_CHUNKS = 4
+
+
+_EOF = None
+
+
+async def _pump(name: str, reader: asyncio.StreamReader, queue: asyncio.Queue[Output | None]) -> None:
+    while chunk := await reader.read(CHUNK):
+        await queue.put(Output(name, chunk))  # blocks while the consumer does not take: back-pressure
+    await queue.put(_EOF)
+
+
+async def _feed(transport: asyncio.WriteTransport, protocol: _WriteProtocol, data: bytes) -> None:
+    if data:
+        transport.write(data)
+        await protocol.drained()
+    transport.close()
+
+
+class _WriteProtocol(asyncio.Protocol):
+    """Enough of a protocol for a write pipe: waits for the pipe to drain."""
+
+    def __init__(self) -> None:
+        self._paused = False
+        self._resumed: asyncio.Future[None] | None = None
+        self.closed = False
+
+    def pause_writing(self) -> None:
+        self._paused = True
+
+    def resume_writing(self) -> None:
+        self._paused = False
+        if self._resumed is not None and not self._resumed.done():
+            self._resumed.set_result(None)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.resume_writing()
+
+    async def drained(self) -> None:
+        while self._paused and not self.closed:
+            self._resumed = asyncio.get_running_loop().create_future()
+            await self._resumed
+
+
+def _protocol_of(reader: asyncio.StreamReader) -> Callable[[], asyncio.StreamReaderProtocol]:
+    return lambda: asyncio.StreamReaderProtocol(reader)
+
+
+def _killpg(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+async def _kill_when(stop: asyncio.Event, pgid: int) -> None:
+    await stop.wait()
+    _killpg(pgid)
+
+
+async def run_guest_exec(
+    instance_dir: Path, job: dict[str, Any], stdin: bytes = b"", seconds: float = 0.0, stop: asyncio.Event | None = None
+) -> AsyncGenerator[Output | Exit, None]:
+    """Run `job` in the guest of `instance_dir` (see guest_exec.py): its output, then how it
+    ended. Raises GuestRefused if the job could not run, JobStopped if `stop` was set."""
+    loop = asyncio.get_running_loop()
+    status_read, status_write = os.pipe()
+    stdin_read, stdin_write = os.pipe()
+    out_read, out_write = os.pipe()
+    err_read, err_write = os.pipe()
+    parent_ends = [status_read, stdin_write, out_read, err_read]
+    try:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-I",
+            "-S",
+            str(GUEST_EXEC),
+            str(instance_dir),
+            json.dumps({**job, "status_fd": status_write}),
+            stdin=stdin_read,
+            stdout=out_write,
+            stderr=err_write,
+            pass_fds=(status_write,),
+            start_new_session=True,
+        )
+    except BaseException:
+        for fd in parent_ends:
+            os.close(fd)
+        raise
+    finally:
+        for fd in (status_write, stdin_read, out_write, err_write):
+            os.close(fd)
+    # The parent's pipe ends: each is handed to a transport (which closes it), or closed here.
+    out_file, err_file = os.fdopen(out_read, "rb", buffering=0), os.fdopen(err_read, "rb", buffering=0)
+    in_file = os.fdopen(stdin_write, "wb", buffering=0)
+    unowned = [out_file, err_file, in_file]
+    queue: asyncio.Queue[Output | None] = asyncio.Queue(QUEUE_CHUNKS)
+    transports: list[asyncio.BaseTransport] = []
+    tasks: list[asyncio.Task[None]] = []
+    watcher = loop.create_task(_kill_when(stop, process.pid)) if stop is not None else loop.create_future()
+    timed_out = stopped = exited = False
+    open_streams = 2
+    try:
+        for name, file in (("stdout", out_file), ("stderr", err_file)):
+            reader = asyncio.StreamReader(limit=CHUNK, loop=loop)
+            transport, _ = await loop.connect_read_pipe(_protocol_of(reader), file)
+            unowned.remove(file)
+            transports.append(transport)
+            tasks.append(loop.create_task(_pump(name, reader, queue)))
+        write_transport, write_protocol = await loop.connect_write_pipe(_WriteProtocol, in_file)
+        unowned.remove(in_file)
+        transports.append(write_transport)
+        tasks.append(loop.create_task(_feed(write_transport, write_protocol, stdin)))
+        deadline = loop.time() + seconds if seconds > 0 else None
+        # The output until both streams end, then guest_exec's exit (a command may close
+        # its streams and run on): each wait bounded by the timeout and the stop event.
+        while open_streams or not exited:
+            if watcher.done():
+                stopped = True
+                break
+            remaining = None if deadline is None else deadline - loop.time()
+            if remaining is not None and remaining <= 0:
+                timed_out = True
+                break
+            if not open_streams:
+                waiting = loop.create_task(process.wait())
+                await asyncio.wait((waiting, watcher), timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+                exited = waiting.done()
+                waiting.cancel()
+                continue
+            if queue.empty():
+                getter = loop.create_task(queue.get())
+                await asyncio.wait((getter, watcher), timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+                if not getter.done():
+                    getter.cancel()  # asyncio.Queue.get loses no item when cancelled
+                    continue
+                item = getter.result()
+            else:
+                item = queue.get_nowait()
+            if item is _EOF:
+                open_streams -= 1
+            else:
+                yield item
+    finally:
+        watcher.cancel()
+        if not exited:
+            # The whole job: guest_exec, the command and what it started.
+            _killpg(process.pid)
+        for task in tasks:
+            task.cancel()
+        for pipe in transports:
+            pipe.close()  # closes our pipe ends, paused or not
+        for file in unowned:
+            file.close()
+        await process.wait()
+        status_line = _status_line(status_read)
+    if stopped:
+        raise JobStopped("the job was stopped")
+    if timed_out:
+        yield Exit(124)
+        return
+    try:
+        status = json.loads(status_line)
+    except ValueError:
+        status = {"status": "error", "error": f"the guest job ended without a status (exit {process.returncode})"}
+    if status.get("status") == "ok":
+        yield Exit(int(status.get("code", 0)))
+    else:
+        raise GuestRefused(str(status.get("status")), str(status.get("error")), str(status.get("errno") or ""))
+
+
+def _status_line(fd: int) -> bytes:
+    """guest_exec's one status line (it has exited: what it wrote is in the pipe)."""
+    try:
+        os.set_blocking(fd, False)
+        return os.read(fd, 65536).split(b"\n", 1)[0]
+    except BlockingIOError:
+        return b""
+    finally:
+        os.close(fd)

@@ -1,0 +1,413 @@
+"""Size-capped storage of the process runtime: one ext4 image per writable layer and volume.
+
+Standard library only: the supervisor (run with `python -I -S`) loads this file too.
+
+Why images: a guest writing into a plain directory on the data dir's filesystem can fill
+it (the store lives there). A loop-mounted ext4 image caps what the guest can write at
+the image's size: a full image gives ENOSPC inside the guest, and the host filesystem
+never sees more than the image's size. (Measured here: mkfs of a sparse 10 GiB image
+~10 ms, loop mount + umount ~17 ms; project quotas would need the data dir on a
+filesystem mounted with prjquota, which a user's machine rarely has.)
+
+Layout, under the data directory:
+    layers/<workspace>/layer.img     the writable layer's filesystem: upper/ (the guest's
+                                     root, or the overlay's upper dir) and work/
+    layers/<workspace>/mnt/          its mount point (mounted only inside the supervisor's
+                                     private mount namespace: the host sees an empty dir)
+    volumes/<volume>/volume.img      a volume's filesystem, mounted at volumes/<volume>/mnt
+    <dir>/<name>.img.new             a sparse file made by the control plane (the space
+                                     is counted from then on), formatted by the supervisor
+                                     on first start (it knows the guest's uid: root_owner)
+    layers/<workspace>/seed/         the skeleton the new layer is formatted with (mkfs -d),
+                                     made by the control plane in a fresh directory
+
+Who does what: the control plane (runtime.py) decides the layout, admits new images
+against free space (`admit`), and destroys them (`destroy`); the supervisor formats and
+mounts them (`prepare`) in its own mount namespace before the guest starts, so every
+mount vanishes with it (mount -o loop sets the loop device's autoclear flag).
+
+Images are sparse, and the disk is not overcommitted: a new image is admitted only if
+the free space of the data dir's filesystem, minus what existing images may still grow
+by (capacity minus allocated blocks) and a reserve, covers its whole capacity. So guests
+together can never fill the data dir. (fallocate would also guarantee it, but would take
+the whole declared capacity from the disk at once, 10 GiB per workspace by default.)
+
+Directories from before images (layers/<ws>/upper/, a volume directory with files and no
+image) keep working as they are, without a size limit (`legacy_*`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import shutil
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+GIB = 1 << 30
+LAYER_IMAGE = "layer.img"
+VOLUME_IMAGE = "volume.img"
+NEW_SUFFIX = ".new"
+# What stays free on the data dir's filesystem for the store and logs, at least.
+RESERVE_MIN_BYTES = 1 * GIB
+RESERVE_FRACTION = 0.02
+# ext4 options: no blocks reserved for root (the guest's uid 0 is not the host's), no
+# discard (pointless on a sparse file), inode tables and journal left unzeroed (they are
+# holes of a new sparse file, which read as zeros).
+MKFS_EXTENDED = "lazy_itable_init=1,lazy_journal_init=1,nodiscard"
+# noinit_itable: do not start the kernel's lazy zeroing of inode tables, which would
+# write ~1.5 % of the capacity into the sparse file for nothing.
+MOUNT_OPTIONS = "loop,nosuid,nodev,noinit_itable"
+MKFS_TIMEOUT_S = 60.0
+# How long a release waits for a gone VMM's images to be unmounted (their loop devices freed).
+DETACH_TIMEOUT_S = 10.0
+
+_admission = threading.Lock()
+
+
+class NoSpace(OSError):
+    """A new image does not fit in the data dir's free space (minus the reserve)."""
+
+
+def usable(isolation: str) -> bool:
+    """Whether layers and volumes can be images here: root, mkfs.ext4, mount and loop
+    devices, and a sandbox (unisolated guests see the host's files: a cap would mean nothing)."""
+    return (
+        isolation != "none"
+        and os.geteuid() == 0
+        and shutil.which("mkfs.ext4") is not None
+        and shutil.which("mount") is not None
+        and os.path.exists("/dev/loop-control")
+    )
+
+
+# -- layout ------------------------------------------------------------------------------
+
+
+def legacy_layer(layer_dir: Path) -> bool:
+    """A directory layer from before images: kept, unlimited."""
+    return (layer_dir / "upper").is_dir() and not (layer_dir / LAYER_IMAGE).exists()
+
+
+def legacy_volume(volume_dir: Path) -> bool:
+    """A volume directory with files and no image, from before images: kept, unlimited."""
+    if not volume_dir.is_dir() or (volume_dir / VOLUME_IMAGE).exists():
+        return False
+    ours = {"mnt", VOLUME_IMAGE + NEW_SUFFIX}
+    return any(entry.name not in ours for entry in volume_dir.iterdir())
+
+
+def entry(directory: Path, name: str, capacity_gib: int, seed: Path | None) -> dict[str, Any]:
+    """What the supervisor needs to format (if new) and mount one image (kept in spec.json)."""
+    return {
+        "image": str(directory / name),
+        "new": str(directory / (name + NEW_SUFFIX)),
+        "mount": str(directory / "mnt"),
+        "capacity": capacity_gib * GIB,
+        "seed": str(seed) if seed is not None else "",
+    }
+
+
+# -- admission (control plane) -----------------------------------------------------------
+
+
+def _images(data_dir: Path) -> list[Path]:
+    found = []
+    for kind, name in (("layers", LAYER_IMAGE), ("volumes", VOLUME_IMAGE)):
+        found += list((data_dir / kind).glob(f"*/{name}"))
+        found += list((data_dir / kind).glob(f"*/{name}{NEW_SUFFIX}"))
+    return found
+
+
+def committed_bytes(data_dir: Path) -> int:
+    """What the existing images may still grow by: capacity minus allocated blocks."""
+    total = 0
+    for image in _images(data_dir):
+        with contextlib.suppress(FileNotFoundError):
+            info = image.stat()
+            total += max(0, info.st_size - info.st_blocks * 512)
+    return total
+
+
+def reserve_bytes(data_dir: Path) -> int:
+    fs = os.statvfs(data_dir)
+    return max(RESERVE_MIN_BYTES, int(fs.f_blocks * fs.f_frsize * RESERVE_FRACTION))
+
+
+def admit(data_dir: Path, wanted: list[dict[str, Any]], overcommit: float = 1.0) -> None:
+    """Make the sparse files of the `wanted` images that do not exist yet, if the data dir's
+    filesystem can hold all of them on top of what the existing images may grow by (times
+    `overcommit`: above 1 the operator accepts that guests together may fill the disk)."""
+    with _admission:
+        new = [e for e in wanted if not os.path.exists(e["image"]) and not os.path.exists(e["new"])]
+        # A layer resized up while stopped: its file grows here, its filesystem at the next mount.
+        grown = [(e, _size(e["image"])) for e in wanted if e not in new and 0 < _size(e["image"]) < int(e["capacity"])]
+        if not new and not grown:
+            return
+        fs = os.statvfs(data_dir)
+        free = fs.f_bavail * fs.f_frsize
+        need = sum(int(e["capacity"]) for e in new) + sum(int(e["capacity"]) - size for e, size in grown)
+        committed = committed_bytes(data_dir)
+        reserve = reserve_bytes(data_dir)
+        if (free - reserve) * overcommit - committed < need:
+            raise NoSpace(
+                f"not enough disk on this node for {need / GIB:.0f} GiB of new storage: "
+                f"{free / GIB:.1f} GiB free, {committed / GIB:.1f} GiB promised to existing layers "
+                f"and volumes, {reserve / GIB:.1f} GiB kept in reserve (--storage-overcommit {overcommit:g})"
+            )
+        for e in new:
+            tmp = e["new"] + ".tmp"
+            with open(tmp, "wb") as f:
+                f.truncate(int(e["capacity"]))
+                os.fsync(f.fileno())
+            os.replace(tmp, e["new"])
+            _fsync_dir(Path(e["new"]).parent)
+        for e, _ in grown:
+            os.truncate(e["image"], int(e["capacity"]))
+
+
+def _size(path: str) -> int:
+    try:
+        return os.stat(path).st_size
+    except FileNotFoundError:
+        return 0
+
+
+# -- format and mount (supervisor) -----------------------------------------------------
+
+
+def _chown_tree(root: Path, owner: int) -> None:
+    for path, dirs, files in os.walk(root):
+        os.lchown(path, owner, owner)
+        for name in dirs + files:
+            os.lchown(os.path.join(path, name), owner, owner)
+
+
+def format_image(e: dict[str, Any], owner: int) -> None:
+    """mkfs the control plane's sparse file (with the seed tree, owned by the guest's root)
+    and give it its final name. Safe to repeat after a crash: `new` stays until renamed."""
+    seed = Path(e["seed"]) if e["seed"] else None
+    argv = ["mkfs.ext4", "-q", "-F", "-m", "0", "-E", f"root_owner={owner}:{owner},{MKFS_EXTENDED}"]
+    if seed is not None and seed.is_dir():
+        # The seed is the control plane's fresh directory: no guest has touched it.
+        _chown_tree(seed, owner)
+        argv += ["-d", str(seed)]
+    done = subprocess.run([*argv, e["new"]], capture_output=True, text=True, timeout=MKFS_TIMEOUT_S, check=False)
+    if done.returncode != 0:
+        raise OSError(f"mkfs.ext4 {e['new']} failed: {done.stderr.strip() or done.returncode}")
+    fd = os.open(e["new"], os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(e["new"], e["image"])
+    _fsync_dir(Path(e["image"]).parent)
+    if seed is not None:
+        shutil.rmtree(seed, ignore_errors=True)
+
+
+def prepare(entries: list[dict[str, Any]], owner: int) -> None:
+    """Format what is new and mount every image at its mount point, the images side by side
+    (mkfs and mount are mostly waiting). Call only in a private mount namespace: the mounts
+    then go when the namespace goes."""
+    errors: list[BaseException] = []
+
+    def one(e: dict[str, Any]) -> None:
+        try:
+            _prepare_one(e, owner)
+        except BaseException as error:  # re-raised below, in the caller's thread
+            errors.append(error)
+
+    workers = [threading.Thread(target=one, args=(e,)) for e in entries]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    if errors:
+        raise errors[0]
+
+
+def _prepare_one(e: dict[str, Any], owner: int) -> None:
+    fresh = not os.path.exists(e["image"])
+    if fresh:
+        if not os.path.exists(e["new"]):
+            raise OSError(f"the image {e['image']} is gone")
+        format_image(e, owner)
+    _grow_to_file(e)
+    os.makedirs(e["mount"], exist_ok=True)
+    done = subprocess.run(
+        ["mount", "-t", "ext4", "-o", MOUNT_OPTIONS, e["image"], e["mount"]],
+        capture_output=True,
+        text=True,
+        timeout=MKFS_TIMEOUT_S,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise OSError(f"mounting {e['image']} failed: {done.stderr.strip() or done.returncode}")
+    if fresh and not e["seed"]:
+        # A volume shows the guest an empty /data (e2fsck makes lost+found again if needed).
+        with contextlib.suppress(OSError):
+            os.rmdir(os.path.join(e["mount"], "lost+found"))
+
+
+def filesystem_bytes(image: str) -> int:
+    """The size of the ext4 filesystem in an image, from its superblock."""
+    with open(image, "rb") as f:
+        f.seek(1024)
+        sb = f.read(1024)
+    blocks = int.from_bytes(sb[4:8], "little")
+    if int.from_bytes(sb[0x60:0x64], "little") & 0x80:  # INCOMPAT_64BIT: the high half counts
+        blocks |= int.from_bytes(sb[0x150:0x154], "little") << 32
+    return blocks * (1024 << int.from_bytes(sb[24:28], "little"))
+
+
+def _grow_to_file(e: dict[str, Any]) -> None:
+    """If the image file was made bigger (a resized layer), grow its filesystem to match, before
+    it is mounted (online growth is refused on this kind of machine). A file smaller than its
+    capacity stays as it is: shrinking is not done."""
+    if os.stat(e["image"]).st_size <= filesystem_bytes(e["image"]):
+        return
+    for argv in (["e2fsck", "-f", "-p", e["image"]], ["resize2fs", e["image"]]):
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=MKFS_TIMEOUT_S, check=False)
+        if done.returncode not in (0, 1):  # e2fsck: 1 = errors corrected
+            raise OSError(f"growing {e['image']}: {argv[0]} failed: {done.stderr.strip() or done.returncode}")
+
+
+# What the guest's /run/kibo (the ready file, the agent's PID) may hold: it is writable by
+# the guest, so on the host's disk it would be one more unbounded place to write.
+RUN_TMPFS_OPTIONS = "size=1m,nr_inodes=64,mode=0755"
+MS_NOSUID, MS_NODEV, MS_NOEXEC = 2, 4, 8
+
+
+def mount_run_dir(run_dir: str, owner: int) -> None:
+    """A tiny tmpfs over the instance's run directory (in the private mount namespace)."""
+    os.makedirs(run_dir, exist_ok=True)
+    options = f"{RUN_TMPFS_OPTIONS},uid={owner},gid={owner}"
+    libc = ctypes.CDLL(None, use_errno=True)
+    flags = MS_NOSUID | MS_NODEV | MS_NOEXEC
+    if libc.mount(b"kibo-run", run_dir.encode(), b"tmpfs", flags, options.encode()) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mounting a tmpfs on {run_dir}: {os.strerror(err)}")
+
+
+# -- sync, attachment, destruction -----------------------------------------------------
+
+
+def image_files(entries: list[dict[str, Any]]) -> list[str]:
+    return [e["image"] for e in entries]
+
+
+def attached(paths: list[str]) -> list[str]:
+    """Which of these image files a loop device still uses (its filesystem is mounted in
+    some namespace, or being torn down)."""
+    wanted = {os.path.abspath(p) for p in paths}
+    found = []
+    for backing in Path("/sys/block").glob("loop*/loop/backing_file"):
+        with contextlib.suppress(OSError):
+            name = backing.read_text().strip().removesuffix(" (deleted)")
+            if name in wanted:
+                found.append(name)
+    return found
+
+
+def wait_detached(paths: list[str], seconds: float) -> list[str]:
+    """Wait until no loop device uses these images (the last mount went and the loop
+    device's autoclear freed it); returns those still attached after `seconds`."""
+    deadline = time.monotonic() + seconds
+    while True:
+        still = attached(paths)
+        if not still or time.monotonic() >= deadline:
+            return still
+        time.sleep(0.02)
+
+
+def fsync_files(paths: list[str]) -> str:
+    """fsync image files (what a gone supervisor's unmount wrote to them); "" or what failed."""
+    errors = []
+    for path in paths:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            continue
+        except OSError as error:
+            errors.append(f"{path}: {error.strerror}")
+            continue
+        try:
+            os.fsync(fd)
+        except OSError as error:
+            errors.append(f"{path}: {error.strerror}")
+        finally:
+            os.close(fd)
+    return "; ".join(errors)
+
+
+def images_in(directory: Path) -> list[str]:
+    return [str(p) for name in (LAYER_IMAGE, VOLUME_IMAGE) for p in directory.glob(name + "*")]
+
+
+def destroy(directory: Path, wait_s: float = 10.0) -> None:
+    """Delete a layer's or volume's directory and image for good: wait until no loop device
+    uses the image, free its blocks (truncate), remove it and make the removal durable.
+    Raises OSError if the image is still in use (retry later)."""
+    if not directory.exists():
+        return
+    images = images_in(directory)
+    still = wait_detached(images, wait_s)
+    if still:
+        raise OSError(f"{', '.join(still)} is still mounted: not deleted yet")
+    for image in images:
+        with contextlib.suppress(FileNotFoundError):
+            os.truncate(image, 0)
+    shutil.rmtree(directory)
+    _fsync_dir(directory.parent)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def sync_instance(spec: dict[str, Any], wait_s: float = 0.0) -> str:
+    """Sync what a gone VMM's guest wrote: its images once their filesystems are unmounted
+    (the namespaces die with the last guest process), and the plain-directory parts."""
+    images = image_files(spec.get("storage") or [])
+    still = wait_detached(images, wait_s or DETACH_TIMEOUT_S)
+    mounts = {e["mount"] for e in spec.get("storage") or []}
+    # An image's mount point is an empty directory on the host: its files are in the image.
+    plain = [p for p in spec.get("sync_paths") or () if not any(p == m or p.startswith(m + "/") for m in mounts)]
+    errors = [error for error in (fsync_files(images), sync_paths(plain)) if error]
+    if still:
+        errors.append(f"{', '.join(still)} is still mounted")
+    return "; ".join(errors)
+
+
+def sync_paths(paths: list[str]) -> str:
+    errors = []
+    for path in paths:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError as error:
+            errors.append(f"{path}: {error.strerror}")
+            continue
+        try:
+            os.fsync(fd)
+            syncfs(fd)
+        except OSError as error:
+            errors.append(f"{path}: {error.strerror}")
+        finally:
+            os.close(fd)
+    return "; ".join(errors)
+
+
+def syncfs(fd: int) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.syncfs(fd) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))

@@ -1,0 +1,1 @@
+"""The simulated runtime: instances in memory, injectable faults."""

@@ -1,0 +1,215 @@
+"""The simulated runtime: instances are records in memory, faults are injected.
+
+One SimBoard holds the faults armed for the whole simulated cluster; each SimNode is the
+runtime of one node agent. Sim workspaces survive a restart: a new SimNode adopts what
+the store says its node holds."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+from ...domain.model import EXECUTION_PARTS, Backend, Component, Instance, Phase, StopDurability, VolumeState
+from ...domain.reports import ExitReason, GuestReset, GuestResponding, Report, VmmExited
+from ..base import DestroyError, LaunchError, LaunchSpec, RestartError, SyncError
+
+
+class Fault(IntEnum):
+    """Numbers equal kibo.sim.v1.Fault."""
+
+    GUEST_REBOOT = 1
+    GUEST_POWEROFF = 2
+    VMM_CRASH = 3
+    HOST_OOM = 4
+    GUEST_HANG = 5
+    SYNC_FAIL = 6
+    STALL = 7
+    UNSTALL = 8
+    NODE_SILENT = 9
+    NODE_BACK = 10
+    CREATE_FAIL = 11
+    CREATE_FAIL_HOLDING = 12
+    DESTROY_FAIL = 13
+    STORAGE_POOL_LOST = 14
+
+
+# Armed per workspace, consumed by the next operation they apply to.
+ONE_SHOT = frozenset({Fault.SYNC_FAIL, Fault.STALL, Fault.CREATE_FAIL, Fault.CREATE_FAIL_HOLDING, Fault.DESTROY_FAIL})
+# These may be armed for "the next workspace created" (empty workspace ID).
+FOR_NEXT_CREATED = frozenset({Fault.STALL, Fault.CREATE_FAIL, Fault.CREATE_FAIL_HOLDING})
+# These reach every workspace on the node (or its storage pool), whoever owns them: only an
+# operator may inject them, never a tenant. (So does any fault for "the next workspace created".)
+NODE_WIDE = frozenset({Fault.NODE_SILENT, Fault.NODE_BACK, Fault.STORAGE_POOL_LOST})
+
+
+class SimError(Exception):
+    """A fault that cannot apply now (e.g. no running instance to crash)."""
+
+
+@dataclass
+class SimVm:
+    instance_id: str
+    workspace_id: str
+    alive: bool = True
+    # False while the guest does not answer (hung; powered off under firecracker).
+    responding: bool = True
+
+
+@dataclass
+class SimBoard:
+    """Faults armed across the simulated cluster."""
+
+    armed: dict[str, set[Fault]] = field(default_factory=dict)
+    next_created: set[Fault] = field(default_factory=set)
+    seen: set[str] = field(default_factory=set)
+    unstall: dict[str, asyncio.Event] = field(default_factory=dict)
+
+    def arm(self, workspace_id: str, fault: Fault) -> None:
+        if not workspace_id:
+            self.next_created.add(fault)
+        else:
+            self.armed.setdefault(workspace_id, set()).add(fault)
+
+    def take(self, workspace_id: str, fault: Fault) -> bool:
+        if workspace_id not in self.seen:
+            # The first operation on a workspace inherits the faults armed for "next created".
+            self.seen.add(workspace_id)
+            if self.next_created:
+                self.armed.setdefault(workspace_id, set()).update(self.next_created)
+                self.next_created.clear()
+        faults = self.armed.get(workspace_id)
+        if faults and fault in faults:
+            faults.discard(fault)
+            return True
+        return False
+
+
+class SimNode:
+    """The runtime of one simulated node."""
+
+    def __init__(self, node_id: str, backend: Backend, step_s: float, board: SimBoard) -> None:
+        self.node_id = node_id
+        self.backend = backend
+        self.step_s = step_s
+        self.board = board
+        self.events: asyncio.Queue[Report] = asyncio.Queue()
+        self.reachable = asyncio.Event()
+        self.reachable.set()
+        self.vms: dict[str, SimVm] = {}
+        # Files on the node's storage pool: workspace layers and volumes.
+        self.layers: set[str] = set()
+        self.volumes: set[str] = set()
+        # Guests whose restart the node's own restart interrupted.
+        self.interrupted: set[str] = set()
+
+    def capabilities(self) -> list[str]:
+        caps = ["workspace.stop.force", f"runtime.sim.{self.backend.value}"]
+        if self.backend is Backend.KIBOVM:
+            caps.append("workspace.stop.guest_shutdown")
+        return caps
+
+    def adopt(self, instances: list[Instance]) -> None:
+        for instance in instances:
+            if Component.INSTANCE in instance.holds:
+                alive = instance.phase in (Phase.RUNNING, Phase.RESTARTING, Phase.STOPPING)
+                self.vms[instance.id] = SimVm(instance.id, instance.workspace_id, alive=alive)
+                self.layers.add(instance.workspace_id)
+            if instance.phase is Phase.RESTARTING:
+                self.interrupted.add(instance.id)
+
+    async def _step(self, workspace_id: str) -> None:
+        if self.board.take(workspace_id, Fault.STALL):
+            event = self.board.unstall[workspace_id] = asyncio.Event()
+            try:
+                await event.wait()
+            finally:
+                # Also when a force stop or delete cancels the stalled step.
+                if self.board.unstall.get(workspace_id) is event:
+                    del self.board.unstall[workspace_id]
+        await asyncio.sleep(self.step_s)
+
+    async def launch(
+        self, spec: LaunchSpec, progress: Callable[[Phase, tuple[str, ...]], Awaitable[None]]
+    ) -> tuple[str, ...]:
+        instance = spec.instance
+        workspace_id = instance.workspace_id
+        await self._step(workspace_id)
+        if self.board.take(workspace_id, Fault.CREATE_FAIL):
+            raise LaunchError("simulated: the instance failed before it was built; it was destroyed")
+        if self.board.take(workspace_id, Fault.CREATE_FAIL_HOLDING):
+            raise LaunchError(
+                "simulated: the instance failed before it was built, and destroying it failed too",
+                holds=EXECUTION_PARTS,
+            )
+        created = tuple(v.id for v in spec.volumes if v.state is VolumeState.PENDING)
+        self.volumes.update(created)
+        self.layers.add(workspace_id)
+        await progress(Phase.LAUNCHING, created)
+        await asyncio.sleep(self.step_s)
+        self.vms[instance.id] = SimVm(instance.id, workspace_id)
+        return created
+
+    async def restart(self, instance: Instance) -> None:
+        await asyncio.sleep(self.step_s)
+        if instance.id in self.interrupted:
+            self.interrupted.discard(instance.id)
+            raise RestartError("the node restarted while the guest was being restarted")
+        if self.board.take(instance.workspace_id, Fault.CREATE_FAIL):
+            raise RestartError("simulated: the new VMM for the reset guest failed to start")
+        self.vms[instance.id] = SimVm(instance.id, instance.workspace_id)
+
+    async def stop(self, instance: Instance, force: bool) -> StopDurability:
+        await self._step(instance.workspace_id)
+        if not force and self.board.take(instance.workspace_id, Fault.SYNC_FAIL):
+            raise SyncError("simulated: the filesystem sync failed; the instance was not destroyed")
+        vm = self.vms.get(instance.id)
+        if not force and vm is not None and not (vm.alive and vm.responding):
+            # Nobody in the guest can sync: a graceful stop cannot confirm the writes are on disk.
+            why = "its VMM exited" if not vm.alive else "the guest does not answer"
+            raise SyncError(f"the guest's writes could not be synced: {why}; the instance was not destroyed")
+        self.vms.pop(instance.id, None)
+        return StopDurability.UNCONFIRMED if force else StopDurability.CONFIRMED
+
+    async def destroy(self, instance: Instance) -> None:
+        await self._step(instance.workspace_id)
+        if self.board.take(instance.workspace_id, Fault.DESTROY_FAIL):
+            raise DestroyError("simulated: releasing the instance failed")
+        self.vms.pop(instance.id, None)
+
+    async def delete_storage(self, workspace_id: str, volume_ids: tuple[str, ...]) -> None:
+        await asyncio.sleep(self.step_s)
+        self.layers.discard(workspace_id)
+        self.volumes.difference_update(volume_ids)
+
+    async def delete_volumes(self, volume_ids: tuple[str, ...]) -> None:
+        await asyncio.sleep(self.step_s)
+        self.volumes.difference_update(volume_ids)
+
+    def inject(self, workspace_id: str, instance_id: str | None, fault: Fault) -> None:
+        """Apply a fault to a workspace whose current instance is on this node."""
+        if fault is Fault.NODE_SILENT:
+            self.reachable.clear()
+            return
+        if fault is Fault.NODE_BACK:
+            self.reachable.set()
+            return
+        vm = self.vms.get(instance_id or "")
+        if vm is None or not vm.alive:
+            raise SimError(f"workspace {workspace_id} has no running VMM on {self.node_id}")
+        if fault is Fault.GUEST_HANG or (fault is Fault.GUEST_POWEROFF and self.backend is Backend.FIRECRACKER):
+            vm.responding = False
+            self.events.put_nowait(GuestResponding(vm.instance_id, responding=False))
+        elif fault is Fault.GUEST_REBOOT and self.backend is Backend.FIRECRACKER:
+            vm.alive = False
+            self.events.put_nowait(GuestReset(vm.instance_id))
+        else:
+            reason = {
+                Fault.GUEST_REBOOT: ExitReason.GUEST_RESET,
+                Fault.GUEST_POWEROFF: ExitReason.GUEST_POWEROFF,
+                Fault.VMM_CRASH: ExitReason.CRASH,
+                Fault.HOST_OOM: ExitReason.HOST_OOM,
+            }[fault]
+            vm.alive = False
+            self.events.put_nowait(VmmExited(vm.instance_id, reason=reason))

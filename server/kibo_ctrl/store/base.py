@@ -1,0 +1,138 @@
+"""The store's ports: what the engine and the API may ask of a store.
+
+`Store` runs a function in a read snapshot (`read`, `scan`) or in one write transaction
+(`transact`); the function gets a `Reader` or a `Tx`. After each commit the store publishes
+what it wrote (`Changes`) to its listeners (the hub). sqlite.py is the embedded adapter;
+another database implements the same three protocols."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Concatenate, ParamSpec, Protocol, TypeVar
+
+from ..domain.access import TokenRecord
+from ..domain.model import Command, Event, Instance, Volume, Workspace, WorkspaceState
+
+T = TypeVar("T")
+P = ParamSpec("P")
+
+
+@dataclass
+class Changes:
+    """What one commit wrote, in order; published to the hub after the commit."""
+
+    workspaces: dict[str, Workspace] = field(default_factory=dict)
+    commands: dict[str, Command] = field(default_factory=dict)
+    instances: dict[str, Instance] = field(default_factory=dict)
+    events: list[Event] = field(default_factory=list)
+    volumes: dict[str, Volume] = field(default_factory=dict)
+    # Every snapshot of each workspace, in commit order (a watcher gets one per change).
+    workspace_history: list[Workspace] = field(default_factory=list)
+
+    def merge(self, other: Changes) -> None:
+        self.workspaces.update(other.workspaces)
+        self.commands.update(other.commands)
+        self.instances.update(other.instances)
+        self.events.extend(other.events)
+        self.volumes.update(other.volumes)
+        self.workspace_history.extend(other.workspace_history)
+
+    def __bool__(self) -> bool:
+        return bool(self.workspaces or self.commands or self.instances or self.events or self.volumes)
+
+
+@dataclass(frozen=True)
+class WorkspaceQuery:
+    tenant: str
+    after_seq: int = 0
+    include_deleted: bool = False
+    # (state, equal?) and (label key, value, equal?) conditions, all ANDed.
+    states: tuple[tuple[WorkspaceState, bool], ...] = ()
+    labels: tuple[tuple[str, str, bool], ...] = ()
+
+
+@dataclass(frozen=True)
+class WorkspaceSlice:
+    """What one bounded scan found: the matching workspaces, in seq order, and where the scan
+    stopped (`last_seq`; 0 when it scanned nothing). `exhausted`: no rows lie beyond it."""
+
+    workspaces: list[Workspace]
+    last_seq: int
+    exhausted: bool
+
+
+class Reader(Protocol):
+    """Queries, inside one read snapshot."""
+
+    def get_workspace(self, workspace_id: str) -> Workspace | None: ...
+    def get_command(self, tenant: str, command_id: str) -> Command | None: ...
+    def get_instance(self, instance_id: str) -> Instance | None: ...
+    def get_volume(self, volume_id: str) -> Volume | None: ...
+    def scan_workspaces(self, query: WorkspaceQuery, max_rows: int, want: int) -> WorkspaceSlice:
+        """The tenant's next `max_rows` workspaces after `query.after_seq`, matched against the
+        query, up to `want` matches: a read whose cost is bounded by `max_rows` whatever the
+        filter."""
+        ...
+
+    def count_workspaces(self) -> int: ...
+    def tenant_usage(self, tenant: str) -> tuple[int, int, int]:
+        """Workspaces not deleted, and their vCPU and memory, for quotas."""
+        ...
+
+    def find_token(self, digest: str) -> TokenRecord | None: ...
+    def list_tokens(self) -> list[TokenRecord]: ...
+    def list_events(self, workspace_id: str, after_seq: int, limit: int) -> list[Event]: ...
+    def list_instances(self, workspace_id: str) -> list[Instance]: ...
+    def unscheduled_instances(self) -> list[Instance]: ...
+    def node_instances(self, node_id: str) -> list[Instance]:
+        """Instances a node still has to act on or still holds parts of."""
+        ...
+
+    def node_usage(self, node_id: str) -> tuple[int, int]: ...
+    def next_expirations(self, limit: int) -> list[Workspace]: ...
+    def volumes_storage_pending(self) -> list[Volume]:
+        """Deleted volumes whose files may still be on a node (a scan: read at node start only)."""
+        ...
+
+    def storage_pending(self) -> list[Workspace]: ...
+    def integrity_check(self) -> str: ...
+
+
+class Tx(Reader, Protocol):
+    """One write transaction: the reads of a Reader, plus writes. `now` is the commit's
+    time, the same for every record it writes."""
+
+    now: float
+
+    def next_workspace_seq(self) -> int: ...
+    def put_workspace(self, workspace: Workspace) -> None: ...
+    def put_command(self, command: Command) -> None: ...
+    def put_instance(self, instance: Instance) -> None: ...
+    def put_volume(self, volume: Volume) -> None: ...
+    def add_token(self, record: TokenRecord, digest: str) -> None: ...
+    def revoke_token(self, token_id: str) -> bool: ...
+    def add_event(self, event: Event) -> None: ...
+
+
+class Store(Protocol):
+    """Each call runs `fn(tx_or_reader, *args, **kwargs)` on the store's side and answers
+    its result: `await store.transact(controller.apply, report)` names the function that
+    does the work, so a reader can go to it (no lambda in between)."""
+
+    async def transact(self, fn: Callable[Concatenate[Tx, P], T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        """`fn` in one write transaction, committed (on disk) before this returns."""
+        ...
+
+    async def read(self, fn: Callable[Concatenate[Reader, P], T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        """`fn` in one read snapshot."""
+        ...
+
+    async def scan(self, fn: Callable[Concatenate[Reader, P], T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        """For reads that scan (lists): their own connection and thread, so a scan never
+        delays the point reads (gets, commands, tokens) behind it."""
+        ...
+
+    def subscribe(self, listener: Callable[[Changes], None]) -> None: ...
+    def published_mark(self) -> int | None: ...
+    async def close(self) -> None: ...

@@ -1,0 +1,75 @@
+"""What a transport serves: services as explicit tables of RPCs, each bound to its handler.
+
+routes.py writes the tables (`Unary("CreateWorkspace", ..., api.create_workspace)`), so a
+reader goes from a method name to its handler with "go to definition"; grpc.py and
+connect.py serve the same tables. A table must name every method of its proto service,
+with the proto's request and response types and streaming: `Service` checks that when it
+is built, so a table that drifts from the proto stops the server from starting."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from google.protobuf.descriptor import ServiceDescriptor
+from google.protobuf.message import Message
+
+from ..domain.access import Caller
+
+Req = TypeVar("Req", bound=Message)
+Resp = TypeVar("Resp", bound=Message)
+
+
+@dataclass(frozen=True)
+class Unary(Generic[Req, Resp]):
+    """One request, one response: `handler(request, caller)`."""
+
+    name: str  # the proto method name
+    request: type[Req]
+    response: type[Resp]
+    handler: Callable[[Req, Caller], Awaitable[Resp]]
+    # Authorized by a credential inside the request (the data plane), not by a bearer token.
+    credential: bool = False
+
+
+@dataclass(frozen=True)
+class ServerStream(Generic[Req, Resp]):
+    """One request, a stream of responses: `handler(request, caller)` is an async generator,
+    closed as soon as the call ends (so its cleanup runs at once)."""
+
+    name: str
+    request: type[Req]
+    response: type[Resp]
+    handler: Callable[[Req, Caller], AsyncGenerator[Resp, None]]
+    credential: bool = False
+
+
+Rpc = Unary[Any, Any] | ServerStream[Any, Any]
+
+
+@dataclass(frozen=True)
+class Service:
+    descriptor: ServiceDescriptor
+    rpcs: tuple[Rpc, ...]
+
+    def __post_init__(self) -> None:
+        methods = {method.name: method for method in self.descriptor.methods}
+        names = [rpc.name for rpc in self.rpcs]
+        if sorted(names) != sorted(methods):
+            raise ValueError(f"{self.full_name}: the table names {sorted(names)}, the proto {sorted(methods)}")
+        for rpc in self.rpcs:
+            method = methods[rpc.name]
+            if rpc.request.DESCRIPTOR is not method.input_type or rpc.response.DESCRIPTOR is not method.output_type:
+                raise ValueError(f"{self.full_name}/{rpc.name}: request or response type is not the proto's")
+            if isinstance(rpc, ServerStream) != method.server_streaming:
+                raise ValueError(f"{self.full_name}/{rpc.name}: streaming does not match the proto")
+
+    @property
+    def full_name(self) -> str:
+        return self.descriptor.full_name
+
+    @property
+    def credential_paths(self) -> frozenset[str]:
+        """The HTTP paths of the methods a credential in the body authorizes (no token needed)."""
+        return frozenset(f"/{self.full_name}/{rpc.name}" for rpc in self.rpcs if rpc.credential)
