@@ -35,7 +35,7 @@ from pathlib import Path
 from . import safepath
 from .idmap import IdRange
 
-# Guest exit codes with a meaning (the guest's "reboot(2)"): see process.py for the mapping.
+# Guest exit codes with a meaning (the guest's "reboot(2)"): see runtime.py for the mapping.
 EXIT_REBOOT = 100
 EXIT_POWEROFF = 101
 
