@@ -8,7 +8,7 @@ JOB_JSON = {"mode": "exec", "argv": [...], "env": {...}, "cwd": "/"}
 It joins the guest's cgroup (its limits apply, and a stop kills it), opens the guest's
 namespaces (user, IPC, UTS, network, PID, mount) through /proc/<guest>/ns, enters its
 root, forks (so the child is in the guest's PID namespace), becomes the guest's root
-(host uid `host_id_base`, see idmap.py), drops every capability and the bounding set,
+(host uid `host_id_base`, see idmap.py; rootless: the server's own uid), drops every capability and the bounding set,
 sets no_new_privs, loads the guest's seccomp filter (like every guest process: see
 userns.py, seccomp.py) and then runs the command, or reads the file to stdout, or writes
 stdin to the file (atomically). File work is done as that guest uid, inside the guest's
@@ -178,7 +178,7 @@ def main() -> None:
         try:
             if own_userns:
                 # The guest's root (host uid host_id_base), like every guest process.
-                userns.become_root()
+                userns.become_root(keep_groups=bool(spec.get("rootless")))
                 userns.drop_privileges()
                 userns.load_seccomp(program)
             else:

@@ -144,9 +144,24 @@ class ProcessRuntime:
         self.seccomp_filter = self.data_dir / "runtime" / "seccomp.bpf"
         if options.sandbox != "none":
             seccomp.write_filter(self.seccomp_filter)
-        self.isolation = sandbox.detect(options.sandbox, self.host_ids, self.seccomp_filter)
+        # Why no guest can launch ("": they can): `--sandbox auto` on a machine where bwrap
+        # does not work starts anyway (the README's first command must), says so loudly, and
+        # fails each launch with the reason and its fix; an explicit `--sandbox bwrap` refuses.
+        self.unavailable = ""
+        try:
+            self.isolation = sandbox.detect(options.sandbox, self.host_ids, self.seccomp_filter)
+        except sandbox.SandboxUnavailable as error:
+            if options.sandbox != "auto":
+                raise
+            self.isolation, self.unavailable = "unavailable", str(error)
+            log.error("NO WORKSPACE CAN START ON THIS NODE: %s", error)
+        # Rootless (not root): guests' root is this user, nothing is chowned (see sandbox.rootless).
+        self.rootless = self.isolation == "bwrap" and sandbox.rootless()
+        self.stage_dir = sandbox.stage_dir(self.data_dir)
         if self.isolation == "bwrap":
-            sandbox.make_stage_dir()
+            sandbox.make_stage_dir(self.stage_dir)
+        if self.rootless:
+            log.warning("%s", sandbox.rootless_warning())
         if self.isolation == "none":
             log.warning(
                 "!!! NO ISOLATION (--sandbox none): THIS IS NOT A SECURITY BOUNDARY. Guests run as plain "
@@ -173,9 +188,8 @@ class ProcessRuntime:
             log.warning("writable layers and volumes are plain directories: their sizes are NOT enforced")
         log.info(
             "process runtime: isolation %s (guest ids: host %d+%d), limits %s, base image %s, personality %s",
-            self.isolation,
-            self.host_ids.base,
-            self.host_ids.count,
+            self.isolation_name,
+            *sandbox.guest_id_map(self.host_ids)[:2],
             self.cgroups.mode,
             options.base_image or "host /usr (read-only)",
             self.backend.value,
@@ -202,11 +216,17 @@ class ProcessRuntime:
         digest = hashlib.sha256(str(self.instance_dir(instance_id)).encode()).hexdigest()[:32]
         return f"kibo-supervisor/{digest}"
 
+    @property
+    def isolation_name(self) -> str:
+        """bwrap, bwrap-rootless (a guest escape reaches this server's unprivileged user
+        only), none or unavailable (every launch fails: see `unavailable`)."""
+        return "bwrap-rootless" if self.rootless else self.isolation
+
     def capabilities(self) -> list[str]:
         caps = [
             "workspace.stop.force",
             f"runtime.process.{self.backend.value}",
-            f"runtime.process.isolation.{self.isolation}",
+            f"runtime.process.isolation.{self.isolation_name}",
             f"runtime.process.limits.{self.cgroups.mode}",
             f"runtime.process.storage.{'images' if self.images else 'unlimited'}",
         ]
@@ -250,6 +270,8 @@ class ProcessRuntime:
         self, spec: LaunchSpec, progress: Callable[[Phase, tuple[str, ...]], Awaitable[None]]
     ) -> tuple[str, ...]:
         instance = spec.instance
+        if self.unavailable:
+            raise LaunchError(f"this node cannot run workspaces: {self.unavailable}")
         try:
             layout, created = await asyncio.to_thread(self._provision, spec)
         except (OSError, ValueError) as error:
@@ -301,7 +323,7 @@ class ProcessRuntime:
     def _guest_root(self) -> tuple[int, int] | None:
         """Who owns what the runtime creates in a guest's tree: the guest's root on the host
         (the supervisor shifts older trees into the range: see idmap.py)."""
-        return self.host_ids.root if self.isolation == "bwrap" else None
+        return self.host_ids.root if self.isolation == "bwrap" and not self.rootless else None
 
     def _layer_layout(self, workspace_id: str, capacity_gib: int) -> _Layout:
         """The writable layer: an image (new layers), or a directory (layers from before images)."""
@@ -356,6 +378,7 @@ class ProcessRuntime:
             }
         limits = self.cgroups.create(self._safe(instance.id), instance.vcpus, instance.memory_mib)
         command = sandbox.command(self.isolation, plan)
+        id_map = sandbox.guest_id_map(self.host_ids)
         spec = {
             "instance_id": instance.id,
             "workspace_id": instance.workspace_id,
@@ -372,13 +395,16 @@ class ProcessRuntime:
             "run_dir": str(plan.run_dir),
             "isolation": self.isolation,
             "mounts": [[str(path), target] for path, target in layout.volumes],
-            # The guest's user namespace: guest ids 0..count-1 are host ids base..base+count-1.
-            "host_id_base": self.host_ids.base,
-            "host_id_count": self.host_ids.count,
+            # The guest's user namespace: guest ids 0..count-1 are host ids base..base+count-1
+            # (gids from host_gid_base; rootless: this user's uid and gid alone, count 1).
+            "host_id_base": id_map[0],
+            "host_id_count": id_map[1],
+            "host_gid_base": id_map[2],
+            "rootless": self.rootless,
             "seccomp_filter": str(self.seccomp_filter),
             "bin_dir": str(plan.bin_dir),
             # Staged by the supervisor where the guest's uid reaches them (the guest's trees).
-            "stage_dir": sandbox.STAGE_DIR,
+            "stage_dir": str(self.stage_dir),
             "staged": [str(plan.root), str(plan.run_dir)] + [str(path) for path, _ in layout.volumes],
             # The environment of data-plane commands: the guest's (unisolated: with the KIBO_* paths).
             "guest_env": command.env

@@ -253,8 +253,12 @@ class Supervisor:
         """The guest's user namespace (bubblewrap isolation only), held by this process."""
         if self.spec["isolation"] != "bwrap":
             return
-        self.namespace = userns.GuestNamespace(int(self.spec["host_id_base"]), int(self.spec["host_id_count"]))
+        base, count = int(self.spec["host_id_base"]), int(self.spec["host_id_count"])
+        self.namespace = userns.GuestNamespace(base, count, self.spec.get("host_gid_base"))
         self.namespace.create()
+        if self.spec.get("rootless"):
+            # Unprivileged: mounts (the stage, an overlay) only in a namespace of our own.
+            self.namespace.join()
 
     def prepare_guest(self) -> None:
         """The guest's user namespace, and its trees staged where its uid can reach them
@@ -263,9 +267,9 @@ class Supervisor:
             return
         # The guest's writable trees (plain directories or mounted images) are its ids' (once:
         # trees from before the guests had their own ids are real root's). The guest is not running.
-        ids = idmap.IdRange(self.namespace.base, self.namespace.count)
-        for tree in self.spec["sync_paths"]:
-            idmap.shift_tree(Path(tree), ids)
+        # (Rootless: everything is this user's, who is the guest's root: nothing to shift.)
+        for tree in self.spec["sync_paths"] if not self.spec.get("rootless") else ():
+            idmap.shift_tree(Path(tree), idmap.IdRange(self.namespace.base, self.namespace.count))
         _check(_libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
         _check(_libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "mount --make-rprivate /")
         # A fresh tmpfs over the stage directory: nothing in it the guest could have planted.
