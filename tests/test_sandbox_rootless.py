@@ -23,7 +23,7 @@ from kibo.ctrl.v1 import workspace_service_pb2 as ws
 
 from tests.client import Client, S
 from tests.server import ServerProcess, free_port
-from tests.test_process_runtime import DataPlane, create, processes, text, wait_until, wait_workspace
+from tests.test_process_runtime import DataPlane, create, processes, text, tiny_image, wait_until, wait_workspace
 
 NOBODY = 65534
 SYSTEM_PYTHON = "/usr/bin/python3"
@@ -200,7 +200,12 @@ async def test_a_rootless_server_runs_hardened_guests(rc: Client, rootless_serve
     fresh = await data.credential(workspace.workspace_id)
     assert await data.read(fresh, "/data/kept.txt") == b"across a stop"
 
-    # Delete leaves nothing: no layer, volume, instance or process.
+    # Delete leaves nothing: no layer, volume, instance or process, even where the guest made
+    # its directories unreadable and unwritable (the server's user has no CAP_DAC_OVERRIDE).
+    locks = "for d in /root/locked /data/locked /run/kibo/locked; do "
+    locks += "mkdir -p $d/in && touch $d/in/f && chmod 0 $d/in $d; done"
+    assert (await data.exec(fresh, "sh", "-c", locks))[0] == 0
+    assert (volume / "locked").stat().st_mode & 0o777 == 0
     deleted = await rc.delete(workspace.workspace_id)
     assert deleted.workspace.state == S.WORKSPACE_STATE_DELETED
     layer = server.data_dir / "layers" / workspace.workspace_id
@@ -253,3 +258,37 @@ def test_the_user_namespace_blocker_names_its_sysctl(monkeypatch: pytest.MonkeyP
     assert f"run `{fix}` as root" in userns.userns_blocker()
     switch.write_text("1\n")
     assert "user namespaces do not work here" in userns.userns_blocker()
+
+
+async def test_a_rootless_guest_over_a_base_image(nobody_root: tuple[Path, Path]) -> None:
+    """An overlaid base image, mounted by the unprivileged supervisor in its own user and
+    mount namespaces. An image of the server user's own is the guest root's: a change goes
+    into the workspace's layer, the image is untouched."""
+    home, python = nobody_root
+    image = tiny_image(home / "image")
+    for entry in [image, *image.rglob("*")]:
+        os.chown(entry, NOBODY, NOBODY, follow_symlinks=False)
+    flags = (*FLAGS, "--base-image", str(image))
+    server = RootlessServer(home / "data-image", flags, port=free_port(), python=python, home=home)
+    server.start()
+    try:
+        async with Client.connect(server.address) as client:
+            workspace = await create(client)
+            data = DataPlane(client)
+            credential = await data.credential(workspace.workspace_id)
+            assert await data.exec(credential, "cat", "/etc/image-release") == (0, b"tiny\n", b"")
+            code, _, err = await data.exec(credential, "sh", "-c", "echo changed > /etc/image-release")
+            assert code == 0, err
+            assert await data.exec(credential, "cat", "/etc/image-release") == (0, b"changed\n", b"")
+            assert (image / "etc" / "image-release").read_text() == "tiny\n"
+            code, out, _ = await data.exec(credential, "cat", "/proc/self/status")
+            assert code == 0 and status_fields(out)["CapEff"] == STATUS_ZERO
+            deleted = await client.delete(workspace.workspace_id)
+            assert deleted.workspace.state == S.WORKSPACE_STATE_DELETED
+            layer = server.data_dir / "layers" / workspace.workspace_id
+            await wait_until(lambda: not layer.exists(), within=20)
+        assert server.stop() == 0
+    finally:
+        if server.process is not None and server.process.poll() is None:
+            server.kill()
+    assert not processes(str(server.data_dir))

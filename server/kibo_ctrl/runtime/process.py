@@ -60,6 +60,10 @@ The data plane's hands: `guest_job` runs guest_exec.py, which joins the guest's 
 and namespaces and runs a command or reads/writes a file as the guest sees it; its output
 comes through bounded queues (guest_jobs.py: back-pressure down to the guest's pipe).
 
+Rootless (the control plane is not root): guests' user namespaces map only this user's
+uid/gid (sandbox.rootless), nothing is chowned, limits are rlimits and layers and volumes
+plain directories; a guest escape reaches this user, not root (SECURITY.md).
+
 Not (yet) done here: the guest has loopback networking only, whatever the network
 policy; the guest runs as uid 0 of its own user namespace (host uid `--guest-id-base`) without
 capabilities; the cgroup v2 path is written but was not
@@ -249,7 +253,7 @@ class ProcessRuntime:
                 log.warning("killing orphan supervisor of %s (the store has no active instance)", directory.name)
                 kill_supervisor(directory)
             self._release_sync(directory)
-            shutil.rmtree(directory, ignore_errors=True)
+            storage.remove_tree(directory, ignore_errors=True)
         for instance in instances:
             directory = self.instance_dir(instance.id)
             if lock_held(directory):
@@ -359,7 +363,7 @@ class ProcessRuntime:
         for old in (self.data_dir / "instances").glob(f"{self._safe(instance.workspace_id)}-g*"):
             if old.name != instance.id and not lock_held(old):
                 self._release_sync(old)
-                shutil.rmtree(old, ignore_errors=True)
+                storage.remove_tree(old, ignore_errors=True)
         (directory / "run").mkdir(parents=True, exist_ok=True)
         if self._guest_root() is not None:
             # The guest's /run/kibo (its agent writes the ready file there).
@@ -583,7 +587,7 @@ class ProcessRuntime:
                 raise DestroyError(f"the supervisor of {instance.id} does not exit")
         if not await asyncio.to_thread(self._release_sync, directory):
             raise DestroyError(f"releasing {instance.id} failed: its cgroup cannot be removed")
-        await asyncio.to_thread(shutil.rmtree, directory, True)
+        await asyncio.to_thread(storage.remove_tree, directory, True)
         self._supervised.pop(instance.id, None)
 
     async def delete_storage(self, workspace_id: str, volume_ids: tuple[str, ...]) -> None:
@@ -591,7 +595,7 @@ class ProcessRuntime:
             for old in (self.data_dir / "instances").glob(f"{self._safe(workspace_id)}-g*"):
                 if not lock_held(old):
                     self._release_sync(old)
-                    shutil.rmtree(old, ignore_errors=True)
+                    storage.remove_tree(old, ignore_errors=True)
             # Durably gone, or OSError (an image still mounted): the node agent tries again.
             storage.destroy(self.layer_dir(workspace_id))
             for volume_id in volume_ids:

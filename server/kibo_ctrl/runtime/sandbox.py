@@ -8,6 +8,11 @@ Two isolation modes, picked once at start-up (`detect`):
   and the seccomp filter of seccomp.py applies to everything in it. /proc/sys, /proc/bus,
   /proc/fs, /proc/irq and /proc/sysrq-trigger are read-only, the entries of
   MASKED_PATHS are hidden, /sys is absent.
+  Rootless (the control plane is not root, `rootless()`): the same, except that the
+  guest's user namespace maps only the control plane's own uid and gid (`guest_id_map`), so
+  a guest that escapes is that user (said at start-up: `rootless_warning`; capability
+  `runtime.process.isolation.bwrap-rootless`), and the stage directory is the user's
+  (`stage_dir`).
 - `none`: no isolation at all, only with an explicit `--sandbox none`. The guest runs on
   the host with its root, volume and run directory passed as environment variables, and
   the runtime says loudly that this is no security boundary.
@@ -231,7 +236,10 @@ def probe_bwrap(ids: IdRange, seccomp_filter: Path) -> str:
     except (OSError, subprocess.SubprocessError) as error:
         return f"cannot start a sandbox: {error}"
     if done.returncode != 0:
-        return f"bwrap failed: {done.stderr.decode(errors='replace').strip()[-300:]}"
+        why = f"bwrap failed: {done.stderr.decode(errors='replace').strip()[-300:]}"
+        # E.g. Ubuntu's AppArmor lets the namespace be made but gives it no capabilities.
+        switched_off = userns.userns_switched_off() if rootless() else ""
+        return f"{why} ({switched_off})" if switched_off else why
     return ""
 
 

@@ -144,6 +144,13 @@ USERNS_SWITCHES = (
 
 def userns_blocker() -> str:
     """Why this user cannot make a user namespace, and the fix (a sentence)."""
+    return userns_switched_off() or (
+        "user namespaces do not work here (a container without CLONE_NEWUSER, or a seccomp or LSM policy)"
+    )
+
+
+def userns_switched_off() -> str:
+    """Which switch of USERNS_SWITCHES is off, and the fix; "" if none is."""
     for path, blocking, fix in USERNS_SWITCHES:
         try:
             with open(path) as f:
@@ -156,7 +163,7 @@ def userns_blocker() -> str:
                 f"unprivileged user namespaces are disabled ({name} = {value}): "
                 f"run `{fix}` as root, or run kibo-ctrl as root"
             )
-    return "user namespaces do not work here (a container without CLONE_NEWUSER, or a seccomp or LSM policy)"
+    return ""
 
 
 SYS_OPEN_TREE = 428
