@@ -46,9 +46,9 @@ def _venv_for_nobody(directory: Path) -> Path:
     ours = Path(sysconfig.get_paths()["purelib"])
     repo_server = Path(__file__).resolve().parent.parent / "server"
     # A .pth line that starts with `import` is run: addsitedir also processes that directory's
-    # own .pth files (the editable install's hook).
+    # own .pth files (the editable install's paths); this checkout's server code goes first.
     (site / "kibo-under-test.pth").write_text(
-        f"import site; site.addsitedir({str(ours)!r}); site.addsitedir({str(repo_server)!r})\n"
+        f"import site, sys; site.addsitedir({str(ours)!r}); sys.path.insert(0, {str(repo_server)!r})\n"
     )
     python = directory / "bin" / "python"
     probe = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--"]
