@@ -9,6 +9,7 @@ plane, as a tenant's code would see it. Needs root (to become nobody) and bubble
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -19,11 +20,21 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from kibo.ctrl.v1 import workspace_pb2 as wp
 from kibo.ctrl.v1 import workspace_service_pb2 as ws
 
 from tests.client import Client, S
 from tests.server import ServerProcess, free_port
-from tests.test_process_runtime import DataPlane, create, processes, text, tiny_image, wait_until, wait_workspace
+from tests.test_process_runtime import (
+    DataPlane,
+    create,
+    instance_dir,
+    processes,
+    text,
+    tiny_image,
+    wait_until,
+    wait_workspace,
+)
 
 NOBODY = 65534
 SYSTEM_PYTHON = "/usr/bin/python3"
@@ -146,6 +157,25 @@ async def rc(rootless_server: RootlessServer) -> AsyncIterator[Client]:
         yield connected
 
 
+def guest_processes(server: ServerProcess, workspace: wp.Workspace) -> list[tuple[int, int]]:
+    """(PID, start time) of the guest's sandbox (bwrap) and entry process, from state.json."""
+    found = json.loads((instance_dir(server, workspace) / "state.json").read_text())
+    guest = (int(found["guest_pid"]), int(found["guest_start"]))
+    return [guest, (int(found["sandbox_pid"]), start_time(int(found["sandbox_pid"])))]
+
+
+def running(pid: int, start: int) -> bool:
+    try:
+        return start_time(pid) == start
+    except (OSError, ValueError):
+        return False
+
+
+def start_time(pid: int) -> int:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat[stat.rindex(")") + 2 :].split()[19])
+
+
 def status_fields(status: bytes) -> dict[str, str]:
     lines = status.decode().splitlines()
     return {key: value.strip() for key, _, value in (line.partition(":") for line in lines)}
@@ -161,6 +191,7 @@ async def test_a_rootless_server_runs_hardened_guests(rc: Client, rootless_serve
     assert "a guest that escapes the sandbox gets that user's files" in server.log()
 
     workspace = await create(rc)
+    guests = guest_processes(server, workspace)
     data = DataPlane(rc)
     credential = await data.credential(workspace.workspace_id)
 
@@ -197,6 +228,8 @@ async def test_a_rootless_server_runs_hardened_guests(rc: Client, rootless_serve
     assert not processes(f"instances/{workspace.workspace_id}-g")
     await rc.start(workspace.workspace_id)
     await wait_workspace(rc, workspace.workspace_id, lambda w: w.state == S.WORKSPACE_STATE_AVAILABLE, within=30)
+    again = await rc.get(workspace.workspace_id)
+    guests += guest_processes(server, again)
     fresh = await data.credential(workspace.workspace_id)
     assert await data.read(fresh, "/data/kept.txt") == b"across a stop"
 
@@ -213,9 +246,11 @@ async def test_a_rootless_server_runs_hardened_guests(rc: Client, rootless_serve
     await wait_until(lambda: not list((server.data_dir / "instances").iterdir()), within=20)
     assert not processes(str(server.data_dir / "instances"))
 
-    # The server stops cleanly and leaves no process behind.
+    # The server stops cleanly and leaves no process behind (the guests' command lines name
+    # no host path: they are checked by PID and start time).
     assert server.stop() == 0
     assert not processes(str(server.data_dir))
+    assert not [pid for pid, start in guests if running(pid, start)]
 
 
 async def test_without_bwrap_it_starts_and_each_launch_names_the_fix(nobody_root: tuple[Path, Path]) -> None:
