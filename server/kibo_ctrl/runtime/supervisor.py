@@ -267,9 +267,11 @@ class Supervisor:
             return
         # The guest's writable trees (plain directories or mounted images) are its ids' (once:
         # trees from before the guests had their own ids are real root's). The guest is not running.
-        # (Rootless: everything is this user's, who is the guest's root: nothing to shift.)
-        for tree in self.spec["sync_paths"] if not self.spec.get("rootless") else ():
-            idmap.shift_tree(Path(tree), idmap.IdRange(self.namespace.base, self.namespace.count))
+        # Rootless: everything is this user's, who is the guest's root: nothing to shift.
+        if not self.spec.get("rootless"):
+            ids = idmap.IdRange(self.namespace.base, self.namespace.count)
+            for tree in self.spec["sync_paths"]:
+                idmap.shift_tree(Path(tree), ids)
         _check(_libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
         _check(_libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "mount --make-rprivate /")
         # A fresh tmpfs over the stage directory: nothing in it the guest could have planted.
