@@ -192,6 +192,21 @@ def events(items: Iterable[obs_pb2.WorkspaceEvent]) -> RenderableType:
     return result
 
 
+def instances(items: Iterable[obs_pb2.Instance]) -> RenderableType:
+    result = table("INSTANCE", "GENERATION", "NODE", "PHASE", "HOLDS EXECUTION", "RESTARTS", "REASON")
+    for instance in items:
+        result.add_row(
+            Text(instance.instance_id),
+            str(instance.execution_generation),
+            Text(instance.node_id or "-"),
+            enum_name(obs_pb2.InstancePhase, instance.phase, "INSTANCE_PHASE_"),
+            "yes" if instance.holds_execution else "no",
+            str(instance.restart_count),
+            Text(instance.reason or "-"),
+        )
+    return result
+
+
 def volume(v: vol_pb2.Volume) -> RenderableType:
     return grid(
         [

@@ -1,5 +1,6 @@
 """`kibo workspace ...`: create, get, list, stop, start, delete, wait, cleanup-status,
-events, labels, resize, expire; exec and cp (data_plane.py)."""
+events, instances, labels, resize, expire; bind-volume, rebind-volume, unbind-volume,
+network-policy and revoke-access (workspace_config.py); exec and cp (data_plane.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import typer
 from kibo.ctrl.v1 import command_pb2, workspace_pb2
 from kibo.ctrl.v1 import observation_service_pb2 as obs_pb2
 
-from . import data_plane, output, parsing, render
+from . import data_plane, output, parsing, render, workspace_config
 from .common import (
     DEFAULT_TIMEOUT,
     CommandIdOpt,
@@ -202,6 +203,18 @@ def events(workspace_id: WorkspaceId, fmt: OutputOpt = Format.text) -> None:
         output.emit_json({"events": [output.to_dict(e) for e in items]})
     else:
         output.stdout().print(render.events(items))
+
+
+@app.command()
+@handle
+def instances(workspace_id: WorkspaceId, fmt: OutputOpt = Format.text) -> None:
+    """The workspace's instances: one per execution, the current one and any still held (node, phase, restarts)."""
+    with connect() as client:
+        items = client.list_workspace_instances(workspace_id)
+    if fmt is Format.json:
+        output.emit_json({"instances": [output.to_dict(i) for i in items]})
+    else:
+        output.stdout().print(render.instances(items))
 
 
 @app.command(
@@ -546,3 +559,11 @@ def expire(
 
 app.command("exec", help=data_plane.EXEC_HELP, cls=data_plane.ExecCommand)(data_plane.exec_command)
 app.command("cp", help=data_plane.CP_HELP)(data_plane.cp)
+
+# -- bindings, network policy, data-plane access (workspace_config.py) -------------------
+
+app.command("bind-volume")(workspace_config.bind_volume)
+app.command("rebind-volume")(workspace_config.rebind_volume)
+app.command("unbind-volume")(workspace_config.unbind_volume)
+app.command("network-policy")(workspace_config.network_policy)
+app.command("revoke-access")(workspace_config.revoke_access)

@@ -6,7 +6,7 @@
         created = client.create_workspace()                 # settled: the create is terminal
         stopped = client.stop_workspace(created.workspace.workspace_id)
 
-Go's `Settle` / `NewCommandID` / `WaitWorkspace` (examples/go) are
+The Go SDK's (sdk/go) `kibotos.Settle` / `kibotos.NewCommandID` / `client.WaitWorkspace` are
 `kibotos.settle` / `kibotos.new_command_id` / `client.wait_workspace` here.
 
 The token: `token=`, else $KIBO_TOKEN, else a local server's admin token

@@ -1,16 +1,24 @@
-"""The asyncio client: the methods of kibotos.Client, awaitable, over grpc.aio.
+"""The client, written once: AsyncClient here (awaitable, over grpc.aio) and kibotos.Client,
+the same methods blocking (over grpc), which `python -m kibotos._generate` writes into
+client.py from this file with unasync. Edit this file, then regenerate; tests/test_sdk_generated.py
+fails when client.py is not what this file generates.
 
-    async with kibotos.AsyncClient("127.0.0.1:50051") as client:
+    with kibotos.Client("127.0.0.1:50051") as client:
+        created = client.create_workspace()            # settled: the create is terminal
+        workspace = client.wait_workspace(created.workspace, created.command.command_id)
+
+    async with kibotos.AsyncClient("127.0.0.1:50051") as client:   # inside a running event loop
         created = await client.create_workspace()
-        workspace = await client.wait_workspace(created.workspace, created.command.command_id)
 
-Create it inside a running event loop (a grpc.aio channel belongs to one loop).
+The raw generated stubs are `client.workspaces`, `client.observation`, `client.volumes`,
+`client.data_plane` and `client.simulator` (grpc errors from them are `grpc.RpcError`; `kibotos.from_rpc_error`
+translates). The typed methods raise KiboError subclasses.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeVar, cast
 
@@ -29,19 +37,19 @@ from kibo.sim.v1 import simulator_pb2_grpc as sim_grpc
 
 from . import build
 from . import data_plane as dpl
-from .client import OnAnswer, OnUpdate, SettleArg, raise_if_failed, settle_options, wait_options
+from .call_options import AsyncCall, OnAnswer, OnUpdate, SettleArg, raise_if_failed, settle_options, wait_options
 from .connection import Connection
 from .errors import from_rpc_error
 from .settle import CommandResponse, SettleOptions, settle_async
 from .wait import WaitOptions, WaitResult, wait_async
 
-__all__ = ["AsyncClient"]
+__all__ = ["AsyncClient", "SettleArg"]
 
 R = TypeVar("R", bound=CommandResponse)
 
 
 class AsyncClient:
-    """An asyncio kibo client. `address` defaults to $KIBO_SERVER, else 127.0.0.1:50051."""
+    """A kibo client. `address` defaults to $KIBO_SERVER, else 127.0.0.1:50051."""
 
     def __init__(
         self,
@@ -66,13 +74,7 @@ class AsyncClient:
             timeout=timeout,
         )
         self.settle_options = settle_options or SettleOptions()
-        credentials = self.connection.credentials()
-        options = self.connection.options()
-        self.channel: grpc.aio.Channel = (
-            grpc.aio.secure_channel(self.connection.address, credentials, options)
-            if credentials is not None
-            else grpc.aio.insecure_channel(self.connection.address, options)
-        )
+        self.channel = self.connection.open_async_channel()
         self.workspaces = self.connection.stub(ws_grpc.WorkspaceServiceStub(self.channel))  # type: ignore[no-untyped-call]
         self.observation = self.connection.stub(obs_grpc.WorkspaceObservationServiceStub(self.channel))  # type: ignore[no-untyped-call]
         self.volumes = self.connection.stub(vol_grpc.VolumeServiceStub(self.channel))  # type: ignore[no-untyped-call]
@@ -118,12 +120,12 @@ class AsyncClient:
 
     async def settle(
         self,
-        call: Callable[[], Awaitable[R]],
+        call: AsyncCall[R],
         options: SettleOptions | None = None,
         *,
         on_answer: OnAnswer | None = None,
     ) -> R:
-        """kibotos.settle_async with this client's default options."""
+        """Settle `call` (kibotos.settle, or settle_async for AsyncClient) with this client's default options."""
         return await settle_async(call, options or self.settle_options, on_answer=on_answer)
 
     # -- reads -------------------------------------------------------------------------
@@ -143,6 +145,7 @@ class AsyncClient:
     async def list_workspaces(
         self, *, include_deleted: bool = False, filter: str = "", page_size: int = 0
     ) -> AsyncIterator[workspace_pb2.Workspace]:
+        """Every matching workspace, page after page. `filter`: `state = AVAILABLE AND labels.team = "a"`."""
         token = ""
         while True:
             request = ws_pb2.ListWorkspacesRequest(
@@ -204,13 +207,22 @@ class AsyncClient:
             if not token:
                 return
 
+    async def list_workspace_instances(self, workspace_id: str) -> list[obs_pb2.Instance]:
+        """The workspace's instances (one per execution: the current one and those still held)."""
+        response: obs_pb2.ListWorkspaceInstancesResponse = await self._call(
+            self.observation.ListWorkspaceInstances, obs_pb2.ListWorkspaceInstancesRequest(workspace_id=workspace_id)
+        )
+        return list(response.instances)
+
     async def get_volume(self, volume_id: str) -> vol_pb2.Volume:
         response: vol_pb2.GetVolumeResponse = await self._call(
             self.volumes.GetVolume, vol_pb2.GetVolumeRequest(volume_id=volume_id)
         )
         return response.volume
 
-    # -- commands (settled by default, like kibotos.Client) --------------------------------
+    # -- commands ----------------------------------------------------------------------
+    # Each builds its request once (a new command ID unless given) and, by default, settles
+    # it: resends the identical request until the command is terminal.
 
     async def create_workspace(
         self,
@@ -279,6 +291,7 @@ class AsyncClient:
         command_id: str | None = None,
         settle: SettleArg = True,
     ) -> ws_pb2.SetWorkspaceLabelsResponse:
+        """Replaces both maps."""
         request = build.labels(workspace_id, labels, annotations, command_id)
         return await self._command(
             self.workspaces.SetWorkspaceLabels, request, ws_pb2.SetWorkspaceLabelsResponse, settle, None
@@ -294,6 +307,7 @@ class AsyncClient:
         command_id: str | None = None,
         settle: SettleArg = True,
     ) -> ws_pb2.ResizeWorkspaceResponse:
+        """Requires STOPPED. Values left 0 keep their current value."""
         request = build.resize(workspace_id, vcpus, memory_mib, writable_layer_gib, command_id)
         return await self._command(
             self.workspaces.ResizeWorkspace, request, ws_pb2.ResizeWorkspaceResponse, settle, None
@@ -327,6 +341,62 @@ class AsyncClient:
             self.workspaces.ClearWorkspaceExpiration, request, ws_pb2.ClearWorkspaceExpirationResponse, settle, None
         )
 
+    async def bind_workspace_volume(
+        self,
+        workspace_id: str,
+        volume_id: str,
+        mount_path: str,
+        *,
+        delete_with_workspace: bool = False,
+        command_id: str | None = None,
+        settle: SettleArg = True,
+    ) -> ws_pb2.BindWorkspaceVolumeResponse:
+        """Bind an existing volume at `mount_path` (requires STOPPED). Binding a volume the
+        workspace already has replaces that binding: this is also how to rebind (a new mount
+        path, or whether the volume is deleted with the workspace)."""
+        request = build.bind_volume(workspace_id, volume_id, mount_path, delete_with_workspace, command_id)
+        return await self._command(
+            self.workspaces.BindWorkspaceVolume, request, ws_pb2.BindWorkspaceVolumeResponse, settle, None
+        )
+
+    async def unbind_workspace_volume(
+        self, workspace_id: str, volume_id: str, *, command_id: str | None = None, settle: SettleArg = True
+    ) -> ws_pb2.UnbindWorkspaceVolumeResponse:
+        """Remove a volume's binding (requires STOPPED); the volume and its data stay."""
+        request = build.unbind_volume(workspace_id, volume_id, command_id)
+        return await self._command(
+            self.workspaces.UnbindWorkspaceVolume, request, ws_pb2.UnbindWorkspaceVolumeResponse, settle, None
+        )
+
+    async def set_workspace_network_policy(
+        self,
+        workspace_id: str,
+        egress: int,
+        allowed_cidrs: Sequence[str] = (),
+        *,
+        command_id: str | None = None,
+        settle: SettleArg = True,
+    ) -> ws_pb2.SetWorkspaceNetworkPolicyResponse:
+        """Replace the egress policy (workspace_pb2.NETWORK_EGRESS_*; `allowed_cidrs` with
+        ALLOW_LISTED). On a STOPPED workspace it takes effect at the next start."""
+        request = build.network_policy(workspace_id, egress, allowed_cidrs, command_id)
+        return await self._command(
+            self.workspaces.SetWorkspaceNetworkPolicy, request, ws_pb2.SetWorkspaceNetworkPolicyResponse, settle, None
+        )
+
+    async def revoke_workspace_data_plane_access(
+        self, workspace_id: str, *, command_id: str | None = None, settle: SettleArg = True
+    ) -> ws_pb2.RevokeWorkspaceDataPlaneAccessResponse:
+        """Invalidate every data-plane credential issued for the workspace (requires AVAILABLE)."""
+        request = build.revoke_data_plane_access(workspace_id, command_id)
+        return await self._command(
+            self.workspaces.RevokeWorkspaceDataPlaneAccess,
+            request,
+            ws_pb2.RevokeWorkspaceDataPlaneAccessResponse,
+            settle,
+            None,
+        )
+
     async def create_volume(self, capacity_gib: int = 0, *, command_id: str | None = None) -> vol_pb2.Volume:
         response: vol_pb2.CreateVolumeResponse = await self._call(
             self.volumes.CreateVolume, build.create_volume(capacity_gib, command_id)
@@ -334,20 +404,26 @@ class AsyncClient:
         return response.volume
 
     async def delete_volume(self, volume_id: str, *, command_id: str | None = None) -> vol_pb2.Volume:
+        """Only an unbound volume can be deleted."""
         response: vol_pb2.DeleteVolumeResponse = await self._call(
             self.volumes.DeleteVolume, build.delete_volume(volume_id, command_id)
         )
         return response.volume
 
     async def inject_fault(self, workspace_id: str, fault: int) -> None:
+        """kibo.sim.v1.SimulatorService/InjectFault (only servers with `--runtime sim` have it).
+        An empty `workspace_id`, node silence and a lost storage pool reach every workspace on
+        the node: they need an operator token (`kibo-ctrl token create --role operator`)."""
         await self._call(self.simulator.InjectFault, build.fault(workspace_id, fault))
 
-    # -- data plane (see kibotos.data_plane and kibotos.Client) -----------------------------
+    # -- data plane (see kibotos.data_plane) ------------------------------------------------
 
     async def issue_data_plane_credential(
         self, workspace_id: str, *, retry_unavailable: float = dpl.DEFAULT_RETRY_UNAVAILABLE
     ) -> dp_pb2.IssueDataPlaneCredentialResponse:
-        """See kibotos.Client.issue_data_plane_credential."""
+        """A credential for the data-plane calls on this workspace, which must be AVAILABLE
+        (ConflictError otherwise). Valid until the next stop, force stop, revoke, delete or
+        start. UNAVAILABLE is retried for `retry_unavailable` seconds (0: not at all)."""
         request = dp_pb2.IssueDataPlaneCredentialRequest(workspace_id=workspace_id)
 
         async def once() -> dp_pb2.IssueDataPlaneCredentialResponse:
@@ -368,9 +444,17 @@ class AsyncClient:
         working_dir: str = "",
         timeout: float | None = None,  # noqa: ASYNC109 - the command's own limit, enforced by the server
     ) -> AsyncGenerator[dpl.ExecEvent, None]:
-        """Run `argv` (no shell); yield its output as it comes, then ExecExit. Never
-        retried: a failed call may have run the command. See
-        kibotos.Client.exec_workspace_command_stream."""
+        """Run `argv` (no shell) in the workspace; yield its output as it comes
+        (ExecOutput), then how it ended (ExecExit, the last event).
+
+        `stdin` is given to the command, then closed; `env` is added to the guest's
+        environment; `working_dir` defaults to /. `timeout` (seconds, rounded up): the
+        server kills the command then and the exit code is 124; without it nothing bounds
+        the call. Closing the generator early cancels the call, which kills the command.
+
+        Never retried: an UnavailableError (or any transport error) may come after the
+        command started, so it may have run, or still run. Resend only what is safe to
+        run twice."""
         request = dpl.exec_request(credential, argv, stdin, env, working_dir, timeout)
         call = self.data_plane.ExecWorkspaceCommand(
             request,
@@ -399,8 +483,9 @@ class AsyncClient:
         working_dir: str = "",
         timeout: float | None = None,  # noqa: ASYNC109 - the command's own limit, enforced by the server
     ) -> dpl.ExecResult:
-        """Run `argv`; its exit code, stdout and stderr. Never retried (see
-        kibotos.Client.exec_workspace_command)."""
+        """Run `argv` in the workspace and return its exit code, stdout and stderr (see
+        exec_workspace_command_stream). A non-zero exit code is a result, not an error.
+        Never retried: a failed call may have run the command."""
         collector = dpl.Collector()
         async with contextlib.aclosing(
             self.exec_workspace_command_stream(
@@ -414,7 +499,9 @@ class AsyncClient:
     async def read_workspace_file(
         self, credential: str, path: str, *, retry_unavailable: float = dpl.DEFAULT_RETRY_UNAVAILABLE
     ) -> bytes:
-        """See kibotos.Client.read_workspace_file."""
+        """The content of a file under a volume mount (an absolute guest path such as
+        /data/notes.txt; InvalidArgumentError outside the mounts, NotFoundError when
+        missing). Up to 3 MiB. UNAVAILABLE is retried for `retry_unavailable` seconds."""
         request = dp_pb2.ReadWorkspaceFileRequest(credential=credential, path=path)
 
         async def once() -> bytes:
@@ -434,8 +521,12 @@ class AsyncClient:
         mode: int = 0,
         retry_unavailable: float = dpl.DEFAULT_RETRY_UNAVAILABLE,
     ) -> int:
-        """See kibotos.Client.write_workspace_file (a write replaces the whole file, so it
-        is retried on UNAVAILABLE)."""
+        """Create or replace (atomically) a file under a volume mount; return its size.
+        `mode`: its permission bits (0: 0o644). Up to 3 MiB (ValueError beyond).
+
+        UNAVAILABLE is retried for `retry_unavailable` seconds: a write replaces the whole
+        file, so repeating it leaves the same file (pass 0 if another writer may change the
+        file in between)."""
         dpl.check_file_size(content)
         request = dp_pb2.WriteWorkspaceFileRequest(credential=credential, path=path, content=content, mode=mode)
 
@@ -455,7 +546,7 @@ class AsyncClient:
         command_id: str | None = None,
         *,
         deleted: bool = False,
-        timeout: float | None = None,  # noqa: ASYNC109 - the same API as kibotos.Client
+        timeout: float | None = None,  # noqa: ASYNC109 - the whole wait's deadline
         options: WaitOptions | None = None,
         on_update: OnUpdate | None = None,
     ) -> WaitResult:
@@ -473,10 +564,12 @@ class AsyncClient:
         workspace: workspace_pb2.Workspace | str,
         command_id: str | None = None,
         *,
-        timeout: float | None = None,  # noqa: ASYNC109 - the same API as kibotos.Client
+        timeout: float | None = None,  # noqa: ASYNC109 - the whole wait's deadline
         options: WaitOptions | None = None,
         on_update: OnUpdate | None = None,
     ) -> workspace_pb2.Workspace:
+        """Follow the workspace until `command_id` is terminal and the workspace steady;
+        return it, or raise CommandFailedError (or WaitTimeoutError; nothing is cancelled)."""
         workspace_id = workspace if isinstance(workspace, str) else workspace.workspace_id
         result = await self.wait(workspace_id, command_id, timeout=timeout, options=options, on_update=on_update)
         return result.workspace
@@ -486,10 +579,11 @@ class AsyncClient:
         workspace_id: str,
         command_id: str,
         *,
-        timeout: float | None = None,  # noqa: ASYNC109 - the same API as kibotos.Client
+        timeout: float | None = None,  # noqa: ASYNC109 - the whole wait's deadline
         options: WaitOptions | None = None,
         on_update: OnUpdate | None = None,
     ) -> workspace_pb2.Workspace:
+        """Wait until the delete `command_id` is terminal and the workspace DELETED."""
         result = await self.wait(
             workspace_id, command_id, deleted=True, timeout=timeout, options=options, on_update=on_update
         )

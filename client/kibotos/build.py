@@ -5,7 +5,7 @@ Each command request is built once, so settling resends the identical bytes."""
 from __future__ import annotations
 
 import datetime
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from google.protobuf.timestamp_pb2 import Timestamp
 from kibo.ctrl.v1 import volume_service_pb2 as vol_pb2
@@ -120,3 +120,29 @@ def delete_volume(volume_id: str, command_id: str | None) -> vol_pb2.DeleteVolum
 
 def fault(workspace_id: str, fault: int) -> sim_pb2.InjectFaultRequest:
     return sim_pb2.InjectFaultRequest(workspace_id=workspace_id, fault=fault)  # type: ignore[arg-type]
+
+
+def bind_volume(
+    workspace_id: str, volume_id: str, mount_path: str, delete_with_workspace: bool, command_id: str | None
+) -> ws_pb2.BindWorkspaceVolumeRequest:
+    binding = wp.VolumeBinding(volume_id=volume_id, mount_path=mount_path, delete_with_workspace=delete_with_workspace)
+    return ws_pb2.BindWorkspaceVolumeRequest(metadata=metadata(command_id), workspace_id=workspace_id, binding=binding)
+
+
+def unbind_volume(workspace_id: str, volume_id: str, command_id: str | None) -> ws_pb2.UnbindWorkspaceVolumeRequest:
+    return ws_pb2.UnbindWorkspaceVolumeRequest(
+        metadata=metadata(command_id), workspace_id=workspace_id, volume_id=volume_id
+    )
+
+
+def network_policy(
+    workspace_id: str, egress: int, allowed_cidrs: Sequence[str], command_id: str | None
+) -> ws_pb2.SetWorkspaceNetworkPolicyRequest:
+    policy = wp.NetworkPolicy(egress=egress, allowed_cidrs=list(allowed_cidrs))  # type: ignore[arg-type]
+    return ws_pb2.SetWorkspaceNetworkPolicyRequest(
+        metadata=metadata(command_id), workspace_id=workspace_id, network_policy=policy
+    )
+
+
+def revoke_data_plane_access(workspace_id: str, command_id: str | None) -> ws_pb2.RevokeWorkspaceDataPlaneAccessRequest:
+    return ws_pb2.RevokeWorkspaceDataPlaneAccessRequest(metadata=metadata(command_id), workspace_id=workspace_id)

@@ -1,8 +1,15 @@
-"""The synchronous client: the generated stubs plus typed methods that settle and wait.
+# Generated from aio.py by `python -m kibotos._generate` (unasync): edit aio.py, not this file.
+"""The client, written once: AsyncClient here (awaitable, over grpc.aio) and kibotos.Client,
+the same methods blocking (over grpc), which `python -m kibotos._generate` writes into
+client.py from this file with unasync. Edit this file, then regenerate; tests/test_sdk_generated.py
+fails when client.py is not what this file generates.
 
     with kibotos.Client("127.0.0.1:50051") as client:
         created = client.create_workspace()            # settled: the create is terminal
         workspace = client.wait_workspace(created.workspace, created.command.command_id)
+
+    async with kibotos.AsyncClient("127.0.0.1:50051") as client:   # inside a running event loop
+        created = await client.create_workspace()
 
 The raw generated stubs are `client.workspaces`, `client.observation`, `client.volumes`,
 `client.data_plane` and `client.simulator` (grpc errors from them are `grpc.RpcError`; `kibotos.from_rpc_error`
@@ -11,7 +18,8 @@ translates). The typed methods raise KiboError subclasses.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+import contextlib
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeVar, cast
 
@@ -30,49 +38,19 @@ from kibo.sim.v1 import simulator_pb2_grpc as sim_grpc
 
 from . import build
 from . import data_plane as dpl
+from .call_options import OnAnswer, OnUpdate, SettleArg, SyncCall, raise_if_failed, settle_options, wait_options
 from .connection import Connection
-from .errors import CommandFailedError, from_rpc_error
-from .settle import CommandResponse, SettleOptions
-from .settle import settle as _settle
-from .wait import WaitOptions, WaitResult
-from .wait import wait as _wait
+from .errors import from_rpc_error
+from .settle import CommandResponse, SettleOptions, settle
+from .wait import WaitOptions, WaitResult, wait
 
 __all__ = ["Client", "SettleArg"]
 
 R = TypeVar("R", bound=CommandResponse)
-# True: settle with the client's options; False: send once; or the options to settle with.
-SettleArg = bool | SettleOptions
-OnAnswer = Callable[[CommandResponse], object]
-OnUpdate = Callable[[workspace_pb2.Workspace], object]
-
-
-def settle_options(arg: SettleArg, default: SettleOptions) -> SettleOptions | None:
-    if isinstance(arg, SettleOptions):
-        return arg
-    return default if arg else None
-
-
-def raise_if_failed(response: R) -> R:
-    if response.command.state == command_pb2.COMMAND_STATE_FAILED:
-        raise CommandFailedError(response.command, response.workspace)
-    return response
-
-
-def wait_options(options: WaitOptions | None, timeout: float | None) -> WaitOptions:
-    options = options or WaitOptions()
-    if timeout is not None:
-        options = WaitOptions(
-            timeout=timeout,
-            watch=options.watch,
-            poll_interval=options.poll_interval,
-            max_poll_interval=options.max_poll_interval,
-            stream_timeout=options.stream_timeout,
-        )
-    return options
 
 
 class Client:
-    """A synchronous kibo client. `address` defaults to $KIBO_SERVER, else 127.0.0.1:50051."""
+    """A kibo client. `address` defaults to $KIBO_SERVER, else 127.0.0.1:50051."""
 
     def __init__(
         self,
@@ -97,13 +75,7 @@ class Client:
             timeout=timeout,
         )
         self.settle_options = settle_options or SettleOptions()
-        credentials = self.connection.credentials()
-        options = self.connection.options()
-        self.channel: grpc.Channel = (
-            grpc.secure_channel(self.connection.address, credentials, options)
-            if credentials is not None
-            else grpc.insecure_channel(self.connection.address, options)
-        )
+        self.channel = self.connection.open_channel()
         self.workspaces = self.connection.stub(ws_grpc.WorkspaceServiceStub(self.channel))  # type: ignore[no-untyped-call]
         self.observation = self.connection.stub(obs_grpc.WorkspaceObservationServiceStub(self.channel))  # type: ignore[no-untyped-call]
         self.volumes = self.connection.stub(vol_grpc.VolumeServiceStub(self.channel))  # type: ignore[no-untyped-call]
@@ -145,13 +117,17 @@ class Client:
             if on_answer is not None:
                 on_answer(response)
             return raise_if_failed(response)
-        return _settle(once, options, on_answer=on_answer)
+        return settle(once, options, on_answer=on_answer)
 
     def settle(
-        self, call: Callable[[], R], options: SettleOptions | None = None, *, on_answer: OnAnswer | None = None
+        self,
+        call: SyncCall[R],
+        options: SettleOptions | None = None,
+        *,
+        on_answer: OnAnswer | None = None,
     ) -> R:
-        """kibotos.settle with this client's default options."""
-        return _settle(call, options or self.settle_options, on_answer=on_answer)
+        """Settle `call` (kibotos.settle, or settle_async for AsyncClient) with this client's default options."""
+        return settle(call, options or self.settle_options, on_answer=on_answer)
 
     # -- reads -------------------------------------------------------------------------
 
@@ -189,8 +165,11 @@ class Client:
         return response.command
 
     def watch_workspace(
-        self, workspace_id: str, *, timeout: float | None = None
-    ) -> Generator[workspace_pb2.Workspace, None, None]:
+        self,
+        workspace_id: str,
+        *,
+        timeout: float | None = None,
+    ) -> Generator[workspace_pb2.Workspace, None]:
         """The current snapshot, then one per stored change; ends after DELETED."""
         call = self.workspaces.WatchWorkspace(
             ws_pb2.WatchWorkspaceRequest(workspace_id=workspace_id),
@@ -222,6 +201,13 @@ class Client:
             token = response.next_page_token
             if not token:
                 return
+
+    def list_workspace_instances(self, workspace_id: str) -> list[obs_pb2.Instance]:
+        """The workspace's instances (one per execution: the current one and those still held)."""
+        response: obs_pb2.ListWorkspaceInstancesResponse = self._call(
+            self.observation.ListWorkspaceInstances, obs_pb2.ListWorkspaceInstancesRequest(workspace_id=workspace_id)
+        )
+        return list(response.instances)
 
     def get_volume(self, volume_id: str) -> vol_pb2.Volume:
         response: vol_pb2.GetVolumeResponse = self._call(
@@ -344,6 +330,62 @@ class Client:
             self.workspaces.ClearWorkspaceExpiration, request, ws_pb2.ClearWorkspaceExpirationResponse, settle, None
         )
 
+    def bind_workspace_volume(
+        self,
+        workspace_id: str,
+        volume_id: str,
+        mount_path: str,
+        *,
+        delete_with_workspace: bool = False,
+        command_id: str | None = None,
+        settle: SettleArg = True,
+    ) -> ws_pb2.BindWorkspaceVolumeResponse:
+        """Bind an existing volume at `mount_path` (requires STOPPED). Binding a volume the
+        workspace already has replaces that binding: this is also how to rebind (a new mount
+        path, or whether the volume is deleted with the workspace)."""
+        request = build.bind_volume(workspace_id, volume_id, mount_path, delete_with_workspace, command_id)
+        return self._command(
+            self.workspaces.BindWorkspaceVolume, request, ws_pb2.BindWorkspaceVolumeResponse, settle, None
+        )
+
+    def unbind_workspace_volume(
+        self, workspace_id: str, volume_id: str, *, command_id: str | None = None, settle: SettleArg = True
+    ) -> ws_pb2.UnbindWorkspaceVolumeResponse:
+        """Remove a volume's binding (requires STOPPED); the volume and its data stay."""
+        request = build.unbind_volume(workspace_id, volume_id, command_id)
+        return self._command(
+            self.workspaces.UnbindWorkspaceVolume, request, ws_pb2.UnbindWorkspaceVolumeResponse, settle, None
+        )
+
+    def set_workspace_network_policy(
+        self,
+        workspace_id: str,
+        egress: int,
+        allowed_cidrs: Sequence[str] = (),
+        *,
+        command_id: str | None = None,
+        settle: SettleArg = True,
+    ) -> ws_pb2.SetWorkspaceNetworkPolicyResponse:
+        """Replace the egress policy (workspace_pb2.NETWORK_EGRESS_*; `allowed_cidrs` with
+        ALLOW_LISTED). On a STOPPED workspace it takes effect at the next start."""
+        request = build.network_policy(workspace_id, egress, allowed_cidrs, command_id)
+        return self._command(
+            self.workspaces.SetWorkspaceNetworkPolicy, request, ws_pb2.SetWorkspaceNetworkPolicyResponse, settle, None
+        )
+
+    def revoke_workspace_data_plane_access(
+        self, workspace_id: str, *, command_id: str | None = None, settle: SettleArg = True
+    ) -> ws_pb2.RevokeWorkspaceDataPlaneAccessResponse:
+        """Invalidate every data-plane credential issued for the workspace (requires AVAILABLE)."""
+        request = build.revoke_data_plane_access(workspace_id, command_id)
+        return self._command(
+            self.workspaces.RevokeWorkspaceDataPlaneAccess,
+            request,
+            ws_pb2.RevokeWorkspaceDataPlaneAccessResponse,
+            settle,
+            None,
+        )
+
     def create_volume(self, capacity_gib: int = 0, *, command_id: str | None = None) -> vol_pb2.Volume:
         response: vol_pb2.CreateVolumeResponse = self._call(
             self.volumes.CreateVolume, build.create_volume(capacity_gib, command_id)
@@ -372,10 +414,14 @@ class Client:
         (ConflictError otherwise). Valid until the next stop, force stop, revoke, delete or
         start. UNAVAILABLE is retried for `retry_unavailable` seconds (0: not at all)."""
         request = dp_pb2.IssueDataPlaneCredentialRequest(workspace_id=workspace_id)
-        return cast(
-            dp_pb2.IssueDataPlaneCredentialResponse,
-            dpl.retrying(lambda: self._call(self.data_plane.IssueDataPlaneCredential, request), retry_unavailable),
-        )
+
+        def once() -> dp_pb2.IssueDataPlaneCredentialResponse:
+            return cast(
+                dp_pb2.IssueDataPlaneCredentialResponse,
+                self._call(self.data_plane.IssueDataPlaneCredential, request),
+            )
+
+        return dpl.retrying(once, retry_unavailable)
 
     def exec_workspace_command_stream(
         self,
@@ -386,7 +432,7 @@ class Client:
         env: Mapping[str, str] | None = None,
         working_dir: str = "",
         timeout: float | None = None,
-    ) -> Generator[dpl.ExecEvent, None, None]:
+    ) -> Generator[dpl.ExecEvent, None]:
         """Run `argv` (no shell) in the workspace; yield its output as it comes
         (ExecOutput), then how it ended (ExecExit, the last event).
 
@@ -430,10 +476,13 @@ class Client:
         exec_workspace_command_stream). A non-zero exit code is a result, not an error.
         Never retried: a failed call may have run the command."""
         collector = dpl.Collector()
-        for event in self.exec_workspace_command_stream(
-            credential, argv, stdin=stdin, env=env, working_dir=working_dir, timeout=timeout
-        ):
-            collector.add(event)
+        with contextlib.closing(
+            self.exec_workspace_command_stream(
+                credential, argv, stdin=stdin, env=env, working_dir=working_dir, timeout=timeout
+            )
+        ) as events:
+            for event in events:
+                collector.add(event)
         return collector.result()
 
     def read_workspace_file(
@@ -443,11 +492,12 @@ class Client:
         /data/notes.txt; InvalidArgumentError outside the mounts, NotFoundError when
         missing). Up to 3 MiB. UNAVAILABLE is retried for `retry_unavailable` seconds."""
         request = dp_pb2.ReadWorkspaceFileRequest(credential=credential, path=path)
-        response = cast(
-            dp_pb2.ReadWorkspaceFileResponse,
-            dpl.retrying(lambda: self._call(self.data_plane.ReadWorkspaceFile, request), retry_unavailable),
-        )
-        return response.content
+
+        def once() -> bytes:
+            response = cast(dp_pb2.ReadWorkspaceFileResponse, self._call(self.data_plane.ReadWorkspaceFile, request))
+            return response.content
+
+        return dpl.retrying(once, retry_unavailable)
 
     def write_workspace_file(
         self,
@@ -466,11 +516,12 @@ class Client:
         file in between)."""
         dpl.check_file_size(content)
         request = dp_pb2.WriteWorkspaceFileRequest(credential=credential, path=path, content=content, mode=mode)
-        response = cast(
-            dp_pb2.WriteWorkspaceFileResponse,
-            dpl.retrying(lambda: self._call(self.data_plane.WriteWorkspaceFile, request), retry_unavailable),
-        )
-        return int(response.size)
+
+        def once() -> int:
+            response = cast(dp_pb2.WriteWorkspaceFileResponse, self._call(self.data_plane.WriteWorkspaceFile, request))
+            return int(response.size)
+
+        return dpl.retrying(once, retry_unavailable)
 
     # -- waits -------------------------------------------------------------------------
 
@@ -484,7 +535,7 @@ class Client:
         options: WaitOptions | None = None,
         on_update: OnUpdate | None = None,
     ) -> WaitResult:
-        return _wait(
+        return wait(
             self,
             workspace_id,
             command_id,
@@ -505,7 +556,8 @@ class Client:
         """Follow the workspace until `command_id` is terminal and the workspace steady;
         return it, or raise CommandFailedError (or WaitTimeoutError; nothing is cancelled)."""
         workspace_id = workspace if isinstance(workspace, str) else workspace.workspace_id
-        return self.wait(workspace_id, command_id, timeout=timeout, options=options, on_update=on_update).workspace
+        result = self.wait(workspace_id, command_id, timeout=timeout, options=options, on_update=on_update)
+        return result.workspace
 
     def wait_workspace_deleted(
         self,
@@ -517,6 +569,7 @@ class Client:
         on_update: OnUpdate | None = None,
     ) -> workspace_pb2.Workspace:
         """Wait until the delete `command_id` is terminal and the workspace DELETED."""
-        return self.wait(
+        result = self.wait(
             workspace_id, command_id, deleted=True, timeout=timeout, options=options, on_update=on_update
-        ).workspace
+        )
+        return result.workspace

@@ -95,6 +95,20 @@ class Connection:
             )
         return credentials
 
+    def open_channel(self) -> grpc.Channel:
+        """A blocking channel to the server (kibotos.Client's)."""
+        credentials = self.credentials()
+        if credentials is not None:
+            return grpc.secure_channel(self.address, credentials, self.options())
+        return grpc.insecure_channel(self.address, self.options())
+
+    def open_async_channel(self) -> grpc.aio.Channel:
+        """An asyncio channel to the server (kibotos.AsyncClient's); open it inside the event loop."""
+        credentials = self.credentials()
+        if credentials is not None:
+            return grpc.aio.secure_channel(self.address, credentials, self.options())
+        return grpc.aio.insecure_channel(self.address, self.options())
+
     def metadata(self) -> tuple[tuple[str, str], ...]:
         """Per-call metadata; the token goes here only without TLS (with TLS the channel adds it)."""
         if self.token and not self.tls:

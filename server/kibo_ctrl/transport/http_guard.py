@@ -81,6 +81,7 @@ def guard(app: ASGIApp, auth: Authenticator, open_paths: frozenset[str], limits:
                 await auth.identify(_header(headers, b"authorization"))
             except Exception as error:  # the one error map: a domain error, a store condition or a bug
                 code, status = status_of(error)
+                await _drain_small_body(headers, receive)
                 await refuse(scope, send, code, status)
                 return
         declared = _content_length(headers)
@@ -141,6 +142,35 @@ class _Bounded:
         self._refused = True
         if not self._started:
             await refuse(self._scope, self._send, code, _status(code, message))
+
+
+# A refused request whose declared body is at most this is read (and dropped) before the
+# answer: an ordinary client that is still writing its small request then reads a clean
+# error, not a reset (EPIPE). Reading 64 KiB without decoding it costs next to nothing; a
+# larger or chunked body is never read.
+DRAIN_BYTES = 64 * 1024
+DRAIN_SECONDS = 2.0
+
+
+async def _drain_small_body(headers: list[tuple[bytes, bytes]], receive: Receive) -> None:
+    declared = _content_length(headers)
+    if declared is None or declared > DRAIN_BYTES:
+        return
+    received = 0
+    deadline = asyncio.get_running_loop().time() + DRAIN_SECONDS
+    while received <= declared:
+        remaining = deadline - asyncio.get_running_loop().time()
+        if remaining <= 0:
+            return
+        try:
+            message = await asyncio.wait_for(receive(), remaining)
+        except TimeoutError:
+            return
+        if message["type"] != "http.request":
+            return
+        received += len(message.get("body", b""))
+        if not message.get("more_body", False):
+            return
 
 
 def _status(code: grpc.StatusCode, message: str) -> status_pb2.Status:

@@ -1,0 +1,172 @@
+"""`kibo workspace bind-volume|rebind-volume|unbind-volume|network-policy|revoke-access`:
+what a workspace is connected to (its volume bindings, its egress) and who may reach its data
+plane. Each is one command, settled (resent until terminal) like resize and labels."""
+
+from __future__ import annotations
+
+import enum
+from typing import Annotated
+
+import kibotos
+import typer
+from kibo.ctrl.v1 import workspace_pb2
+
+from . import output, render
+from .common import CommandIdOpt, OutputOpt, command_id_or_new, connect, fail, handle
+from .exit_codes import ExitCode
+from .output import Format
+
+WorkspaceId = Annotated[str, typer.Argument(help="The workspace ID (ws-...).", show_default=False)]
+VolumeId = Annotated[str, typer.Argument(help="The volume ID (vol-...).", show_default=False)]
+
+
+class Egress(enum.StrEnum):
+    allow_all = "allow-all"
+    deny_all = "deny-all"
+    allow_listed = "allow-listed"
+
+    def wire(self) -> int:
+        return {
+            Egress.allow_all: workspace_pb2.NETWORK_EGRESS_ALLOW_ALL,
+            Egress.deny_all: workspace_pb2.NETWORK_EGRESS_DENY_ALL,
+            Egress.allow_listed: workspace_pb2.NETWORK_EGRESS_ALLOW_LISTED,
+        }[self]
+
+
+def _emit(response: kibotos.CommandResponse, fmt: Format, text: str) -> None:
+    if fmt is Format.json:
+        output.emit_json({"workspace": output.to_dict(response.workspace), "command": output.to_dict(response.command)})
+    else:
+        output.stdout().print(text, markup=False)
+
+
+def _binding(workspace: workspace_pb2.Workspace, volume_id: str) -> workspace_pb2.VolumeBinding | None:
+    return next((b for b in workspace.spec.volumes if b.volume_id == volume_id), None)
+
+
+def _bound_text(workspace: workspace_pb2.Workspace, volume_id: str) -> str:
+    binding = _binding(workspace, volume_id)
+    if binding is None:
+        return f"{workspace.workspace_id}: {volume_id} is not bound"
+    return f"{workspace.workspace_id}: {volume_id} at {binding.mount_path}, {render.volume_fate(binding)}"
+
+
+DeleteWithOpt = Annotated[
+    bool,
+    typer.Option(
+        "--delete-with-workspace",
+        help="Delete the volume and its data when the workspace is deleted (default: keep it, only unbound).",
+    ),
+]
+
+
+@handle
+def bind_volume(
+    workspace_id: WorkspaceId,
+    volume_id: VolumeId,
+    mount_path: Annotated[str, typer.Option("--mount-path", help="Absolute guest path to mount it at.")],
+    delete_with_workspace: DeleteWithOpt = False,
+    command_id: CommandIdOpt = None,
+    fmt: OutputOpt = Format.text,
+) -> None:
+    """Bind an existing volume to a workspace (the workspace must be STOPPED; it is mounted at the next start)."""
+    command_id = command_id_or_new(command_id)
+    with connect() as client:
+        response = client.bind_workspace_volume(
+            workspace_id, volume_id, mount_path, delete_with_workspace=delete_with_workspace, command_id=command_id
+        )
+    _emit(response, fmt, _bound_text(response.workspace, volume_id))
+
+
+@handle
+def rebind_volume(
+    workspace_id: WorkspaceId,
+    volume_id: VolumeId,
+    mount_path: Annotated[str | None, typer.Option("--mount-path", help="New guest path (default: keep).")] = None,
+    delete_with_workspace: Annotated[
+        bool | None,
+        typer.Option(
+            "--delete-with-workspace/--keep-on-delete",
+            help="Whether deleting the workspace deletes the volume (default: keep the current setting).",
+            show_default=False,
+        ),
+    ] = None,
+    command_id: CommandIdOpt = None,
+    fmt: OutputOpt = Format.text,
+) -> None:
+    """Change a bound volume's mount path or whether it is deleted with the workspace (STOPPED only).
+    Exits 3 when the volume is not bound to the workspace (bind it with bind-volume)."""
+    command_id = command_id_or_new(command_id)
+    if mount_path is None and delete_with_workspace is None:
+        raise fail("nothing to change: give --mount-path or --delete-with-workspace/--keep-on-delete", ExitCode.USAGE)
+    with connect() as client:
+        current = _binding(client.get_workspace(workspace_id), volume_id)
+        if current is None:
+            raise fail(
+                f"{volume_id} is not bound to {workspace_id}",
+                ExitCode.NOT_FOUND,
+                hint=f"kibo workspace bind-volume {workspace_id} {volume_id} --mount-path PATH",
+            )
+        response = client.bind_workspace_volume(
+            workspace_id,
+            volume_id,
+            mount_path if mount_path is not None else current.mount_path,
+            delete_with_workspace=(
+                delete_with_workspace if delete_with_workspace is not None else current.delete_with_workspace
+            ),
+            command_id=command_id,
+        )
+    _emit(response, fmt, _bound_text(response.workspace, volume_id))
+
+
+@handle
+def unbind_volume(
+    workspace_id: WorkspaceId, volume_id: VolumeId, command_id: CommandIdOpt = None, fmt: OutputOpt = Format.text
+) -> None:
+    """Remove a volume's binding (the workspace must be STOPPED). The volume and its data stay:
+    delete it with kibo volume delete."""
+    command_id = command_id_or_new(command_id)
+    with connect() as client:
+        response = client.unbind_workspace_volume(workspace_id, volume_id, command_id=command_id)
+    _emit(response, fmt, _bound_text(response.workspace, volume_id))
+
+
+@handle
+def network_policy(
+    workspace_id: WorkspaceId,
+    egress: Annotated[Egress | None, typer.Option(help="What the guest may reach (default: show the policy).")] = None,
+    allow: Annotated[
+        list[str] | None, typer.Option("--allow", help="A CIDR the guest may reach (repeat; implies allow-listed).")
+    ] = None,
+    command_id: CommandIdOpt = None,
+    fmt: OutputOpt = Format.text,
+) -> None:
+    """Show or replace the workspace's egress policy (AVAILABLE or STOPPED; on a STOPPED workspace
+    it takes effect at the next start)."""
+    command_id = command_id_or_new(command_id)
+    cidrs = allow or []
+    if cidrs and egress not in (None, Egress.allow_listed):
+        raise fail("--allow goes with --egress allow-listed only", ExitCode.USAGE)
+    if egress is Egress.allow_listed and not cidrs:
+        raise fail("--egress allow-listed needs at least one --allow CIDR", ExitCode.USAGE)
+    with connect() as client:
+        if egress is None and not cidrs:
+            workspace = client.get_workspace(workspace_id)
+            if fmt is Format.json:
+                output.emit_json(output.to_dict(workspace.spec.network_policy))
+            else:
+                output.stdout().print(f"{workspace_id}: {render.network(workspace.spec)}", markup=False)
+            return
+        chosen = egress or Egress.allow_listed
+        response = client.set_workspace_network_policy(workspace_id, chosen.wire(), cidrs, command_id=command_id)
+    _emit(response, fmt, f"{workspace_id}: {render.network(response.workspace.spec)}")
+
+
+@handle
+def revoke_access(workspace_id: WorkspaceId, command_id: CommandIdOpt = None, fmt: OutputOpt = Format.text) -> None:
+    """Invalidate every data-plane credential issued for the workspace (AVAILABLE); the next
+    kibo workspace exec or cp gets a new one."""
+    command_id = command_id_or_new(command_id)
+    with connect() as client:
+        response = client.revoke_workspace_data_plane_access(workspace_id, command_id=command_id)
+    _emit(response, fmt, f"{workspace_id}: data-plane access revoked")
