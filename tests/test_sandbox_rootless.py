@@ -215,6 +215,8 @@ async def test_a_rootless_server_runs_hardened_guests(rc: Client, rootless_serve
     code, _, err = await data.exec(credential, "sh", "-c", "echo '|/tmp/evil' > /proc/sys/kernel/core_pattern")
     assert code != 0 and b"Read-only" in err, err
     assert text("/proc/sys/kernel/core_pattern") == before
+    # /run/kibo is a small tmpfs of its own, not a directory of the data dir.
+    assert await data.exec(credential, "stat", "-f", "-c", "%T", "/run/kibo") == (0, b"tmpfs\n", b"")
     # No nested user namespace (it would give back a full capability set).
     code, _, _ = await data.exec(credential, "unshare", "-U", "true")
     assert code != 0

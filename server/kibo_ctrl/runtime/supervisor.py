@@ -203,16 +203,20 @@ class Supervisor:
         """Format new layer/volume images and mount them all (storage.py), in a mount namespace
         of our own: they are unmounted when we and the guest are gone, whatever kills us."""
         entries = self.spec.get("storage") or []
-        if not entries:
+        # Rootless: no images, but /run/kibo is a tmpfs still (not a directory of the data dir).
+        rootless = bool(self.spec.get("rootless"))
+        if not entries and not rootless:
             return
         _check(_libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
         _check(_libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "mount --make-rprivate /")
         storage = _load_storage()
-        # A previous supervisor's namespace may still be going (a guest reset): same image.
-        storage.wait_detached(storage.image_files(entries), 5.0)
-        # The guest's uid 0 on the host (its user namespace's base; 0 without one).
-        owner = int(self.spec.get("host_id_base", 0))
-        storage.prepare(entries, owner)
+        # The guest's uid 0 on the host (its user namespace's base; 0 without one); rootless,
+        # we mount in that namespace, where tmpfs's uid= is the namespace's own (0).
+        owner = 0 if rootless else int(self.spec.get("host_id_base", 0))
+        if entries:
+            # A previous supervisor's namespace may still be going (a guest reset): same image.
+            storage.wait_detached(storage.image_files(entries), 5.0)
+            storage.prepare(entries, owner)
         storage.mount_run_dir(self.spec["run_dir"], owner)
 
     def listen(self) -> socket.socket:
