@@ -82,6 +82,7 @@ class RootlessServer(ServerProcess):
     python: Path = Path(SYSTEM_PYTHON)
     home: Path = Path("/nonexistent")
     path_env: str = "/usr/local/bin:/usr/bin:/bin"
+    runtime_dir: Path | None = None  # $XDG_RUNTIME_DIR (None: unset)
 
     def start(self, timeout: float = 30.0) -> RootlessServer:
         self.log_path = self.data_dir.parent / "server.log"
@@ -106,14 +107,16 @@ class RootlessServer(ServerProcess):
             "info",
             *self.flags,
         ]
-        # The environment of a fresh login of that user: no root's paths (no XDG_RUNTIME_DIR:
-        # the stage directory goes into the data directory).
+        # The environment of a fresh login of that user: no root's paths (without
+        # XDG_RUNTIME_DIR the stage directory goes into the data directory).
         env = {
             "PATH": self.path_env,
             "HOME": str(self.home),
             "XDG_STATE_HOME": str(self.home / "state"),
             "GRPC_ENABLE_FORK_SUPPORT": "false",
         }
+        if self.runtime_dir is not None:
+            env["XDG_RUNTIME_DIR"] = str(self.runtime_dir)
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.home)
         self._wait_serving(timeout)
@@ -300,15 +303,22 @@ def test_the_user_namespace_blocker_names_its_sysctl(monkeypatch: pytest.MonkeyP
 async def test_a_rootless_guest_over_a_base_image(nobody_root: tuple[Path, Path]) -> None:
     """An overlaid base image, mounted by the unprivileged supervisor in its own user and
     mount namespaces. An image of the server user's own is the guest root's: a change goes
-    into the workspace's layer, the image is untouched."""
+    into the workspace's layer, the image is untouched. (The stage directory is under
+    $XDG_RUNTIME_DIR here.)"""
     home, python = nobody_root
     image = tiny_image(home / "image")
     for entry in [image, *image.rglob("*")]:
         os.chown(entry, NOBODY, NOBODY, follow_symlinks=False)
     flags = (*FLAGS, "--base-image", str(image))
     server = RootlessServer(home / "data-image", flags, port=free_port(), python=python, home=home)
+    # A login's runtime directory (like /run/user/UID): the stage directory goes there.
+    server.runtime_dir = home / "xdg-runtime"
+    server.runtime_dir.mkdir(mode=0o700)
+    os.chown(server.runtime_dir, NOBODY, NOBODY)
     server.start()
     try:
+        assert (server.runtime_dir / "kibo-stage").is_dir()
+        assert not (server.data_dir / "runtime" / "stage").exists()
         async with Client.connect(server.address) as client:
             workspace = await create(client)
             data = DataPlane(client)
