@@ -83,15 +83,14 @@ class RootlessServer(ServerProcess):
     home: Path = Path("/nonexistent")
     path_env: str = "/usr/local/bin:/usr/bin:/bin"
     runtime_dir: Path | None = None  # $XDG_RUNTIME_DIR (None: unset)
+    # How the server becomes that user (the command in front of the server's).
+    become: tuple[str, ...] = ()
 
     def start(self, timeout: float = 30.0) -> RootlessServer:
         self.log_path = self.data_dir.parent / "server.log"
+        setpriv = shutil.which("setpriv") or "setpriv"
         command = [
-            shutil.which("setpriv") or "setpriv",
-            f"--reuid={NOBODY}",
-            f"--regid={NOBODY}",
-            "--clear-groups",
-            "--",
+            *(self.become or (setpriv, f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--")),
             str(self.python),
             "-m",
             "kibo_ctrl",
@@ -334,6 +333,35 @@ async def test_a_rootless_guest_over_a_base_image(nobody_root: tuple[Path, Path]
             assert deleted.workspace.state == S.WORKSPACE_STATE_DELETED
             layer = server.data_dir / "layers" / workspace.workspace_id
             await wait_until(lambda: not layer.exists(), within=20)
+        assert server.stop() == 0
+    finally:
+        if server.process is not None and server.process.poll() is None:
+            server.kill()
+    assert not processes(str(server.data_dir))
+
+
+async def test_with_user_namespaces_switched_off_each_launch_names_the_sysctl(nobody_root: tuple[Path, Path]) -> None:
+    """`user.max_user_namespaces = 0` (a per-user-namespace sysctl: set to 0 in a namespace of
+    the test's own, so the host's stays as it is), the server as uid 65534 there: it starts,
+    and every launch FAILS naming the sysctl and the command that fixes it."""
+    home, python = nobody_root
+    top = home.parent / "no-userns"  # host root's: the server's uid in that namespace
+    top.mkdir(mode=0o755)
+    drop = 'echo 0 > /proc/sys/user/max_user_namespaces && exec setpriv --inh-caps=-all --ambient-caps=-all -- "$@"'
+    server = RootlessServer(top / "data", FLAGS, port=free_port(), python=python, home=top)
+    unshare = shutil.which("unshare") or "unshare"
+    server.become = (unshare, "--user", f"--map-user={NOBODY}", f"--map-group={NOBODY}", "--keep-caps")
+    server.become += ("--", "sh", "-c", drop, "sh")
+    server.start()
+    try:
+        fix = "sysctl -w user.max_user_namespaces=15000"
+        assert "NO WORKSPACE CAN START ON THIS NODE" in server.log() and fix in server.log()
+        async with Client.connect(server.address) as client:
+            capabilities = (await client.ws.GetCapabilities(ws.GetCapabilitiesRequest())).capabilities
+            assert "runtime.process.isolation.unavailable" in capabilities
+            workspace = await client.create()
+            assert workspace.state == S.WORKSPACE_STATE_FAILED, workspace
+            assert "user.max_user_namespaces = 0" in str(workspace) and fix in str(workspace), workspace
         assert server.stop() == 0
     finally:
         if server.process is not None and server.process.poll() is None:
