@@ -96,8 +96,9 @@ def serve(
     sandbox: Annotated[
         str,
         typer.Option(
-            help="Process runtime isolation: auto (= bwrap, or an error) or bwrap; none runs guests as plain "
-            "host processes and is NOT a security boundary."
+            help="Process runtime isolation: auto (bwrap, rootless when not root; where it cannot work the "
+            "server starts and every launch fails naming the fix), bwrap (or refuse to start); none runs "
+            "guests as plain host processes and is NOT a security boundary."
         ),
     ] = "auto",
     guest_id_base: Annotated[

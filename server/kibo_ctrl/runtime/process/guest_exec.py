@@ -8,12 +8,12 @@ JOB_JSON = {"mode": "exec", "argv": [...], "env": {...}, "cwd": "/"}
 It joins the guest's cgroup (its limits apply, and a stop kills it), opens the guest's
 namespaces (user, IPC, UTS, network, PID, mount) through /proc/<guest>/ns, enters its
 root, forks (so the child is in the guest's PID namespace), becomes the guest's root
-(host uid `host_id_base`, see idmap.py), drops every capability and the bounding set,
-sets no_new_privs, loads the guest's seccomp filter (like every guest process: see
-userns.py, seccomp.py) and then runs the command, or reads the file to stdout, or writes
-stdin to the file (atomically). File work is done as that guest uid, inside the guest's
-root (so a symlink cannot lead outside it), and paths must lie under one of the guest's
-volume mounts (safepath.guest_file_path, the data plane's rule).
+(host uid `host_id_base`, see idmap.py; rootless: the server's own uid, its groups kept),
+drops every capability and the bounding set, sets no_new_privs, loads the guest's
+seccomp filter (like every guest process: see userns.py, seccomp.py) and then runs the
+command, or reads the file to stdout, or writes stdin to the file (atomically). File work
+is done as that guest uid, inside the guest's root (so a symlink cannot lead outside it),
+and paths must lie under one of the guest's volume mounts (safepath.guest_file_path, the data plane's rule).
 
 Standard streams are the command's. How it ended goes to the job's `status_fd` as one JSON line:
 {"status": "ok"|"unavailable"|"invalid"|"os-error"|"error", "code": N, "error": "...", "errno": "ENOSPC"}
@@ -178,7 +178,7 @@ def main() -> None:
         try:
             if own_userns:
                 # The guest's root (host uid host_id_base), like every guest process.
-                userns.become_root()
+                userns.become_root(keep_groups=bool(spec.get("rootless")))
                 userns.drop_privileges()
                 userns.load_seccomp(program)
             else:

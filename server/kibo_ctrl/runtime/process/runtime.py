@@ -60,6 +60,10 @@ The data plane's hands: `guest_job` runs guest_exec.py, which joins the guest's 
 and namespaces and runs a command or reads/writes a file as the guest sees it; its output
 comes through bounded queues (guest_jobs.py: back-pressure down to the guest's pipe).
 
+Rootless (the control plane is not root): guests' user namespaces map only this user's
+uid/gid (sandbox.rootless), nothing is chowned, limits are rlimits and layers and volumes
+plain directories; a guest escape reaches this user, not root (SECURITY.md).
+
 Not (yet) done here: the guest has loopback networking only, whatever the network
 policy; the guest runs as uid 0 of its own user namespace (host uid `--guest-id-base`) without
 capabilities; the cgroup v2 path is written but was not
@@ -106,7 +110,7 @@ SYNC_TIMEOUT_S = 60.0
 class ProcessOptions:
     data_dir: Path
     backend: Backend = Backend.FIRECRACKER
-    sandbox: str = "auto"  # auto (= bwrap, or an error), bwrap, none
+    sandbox: str = "auto"  # auto (bwrap; launches fail naming the fix where it cannot work), bwrap, none
     limits: str = "auto"  # auto, cgroup-v2, cgroup-v1, rlimit, none
     base_image: Path | None = None  # a directory tree; None: the host's /usr read-only
     guest_command: tuple[str, ...] = ()  # empty: the guest agent
@@ -144,9 +148,24 @@ class ProcessRuntime:
         self.seccomp_filter = self.data_dir / "runtime" / "seccomp.bpf"
         if options.sandbox != "none":
             seccomp.write_filter(self.seccomp_filter)
-        self.isolation = sandbox.detect(options.sandbox, self.host_ids, self.seccomp_filter)
+        # Why no guest can launch ("": they can): `--sandbox auto` on a machine where bwrap
+        # does not work starts anyway (the README's first command must), says so loudly, and
+        # fails each launch with the reason and its fix; an explicit `--sandbox bwrap` refuses.
+        self.unavailable = ""
+        try:
+            self.isolation = sandbox.detect(options.sandbox, self.host_ids, self.seccomp_filter)
+        except sandbox.SandboxUnavailable as error:
+            if options.sandbox != "auto":
+                raise
+            self.isolation, self.unavailable = "unavailable", str(error)
+            log.error("NO WORKSPACE CAN START ON THIS NODE: %s", error)
+        # Rootless (not root): guests' root is this user, nothing is chowned (see sandbox.rootless).
+        self.rootless = self.isolation == "bwrap" and sandbox.rootless()
+        self.stage_dir = sandbox.stage_dir(self.data_dir)
         if self.isolation == "bwrap":
-            sandbox.make_stage_dir()
+            sandbox.make_stage_dir(self.stage_dir)
+        if self.rootless:
+            log.warning("%s", sandbox.rootless_warning())
         if self.isolation == "none":
             log.warning(
                 "!!! NO ISOLATION (--sandbox none): THIS IS NOT A SECURITY BOUNDARY. Guests run as plain "
@@ -173,9 +192,8 @@ class ProcessRuntime:
             log.warning("writable layers and volumes are plain directories: their sizes are NOT enforced")
         log.info(
             "process runtime: isolation %s (guest ids: host %d+%d), limits %s, base image %s, personality %s",
-            self.isolation,
-            self.host_ids.base,
-            self.host_ids.count,
+            self.isolation_name,
+            *sandbox.guest_id_map(self.host_ids)[:2],
             self.cgroups.mode,
             options.base_image or "host /usr (read-only)",
             self.backend.value,
@@ -202,11 +220,17 @@ class ProcessRuntime:
         digest = hashlib.sha256(str(self.instance_dir(instance_id)).encode()).hexdigest()[:32]
         return f"kibo-supervisor/{digest}"
 
+    @property
+    def isolation_name(self) -> str:
+        """bwrap, bwrap-rootless (a guest escape reaches this server's unprivileged user
+        only), none or unavailable (every launch fails: see `unavailable`)."""
+        return "bwrap-rootless" if self.rootless else self.isolation
+
     def capabilities(self) -> list[str]:
         caps = [
             "workspace.stop.force",
             f"runtime.process.{self.backend.value}",
-            f"runtime.process.isolation.{self.isolation}",
+            f"runtime.process.isolation.{self.isolation_name}",
             f"runtime.process.limits.{self.cgroups.mode}",
             f"runtime.process.storage.{'images' if self.images else 'unlimited'}",
         ]
@@ -229,7 +253,7 @@ class ProcessRuntime:
                 log.warning("killing orphan supervisor of %s (the store has no active instance)", directory.name)
                 kill_supervisor(directory)
             self._release_sync(directory)
-            shutil.rmtree(directory, ignore_errors=True)
+            storage.remove_tree(directory, ignore_errors=True)
         for instance in instances:
             directory = self.instance_dir(instance.id)
             if lock_held(directory):
@@ -250,6 +274,8 @@ class ProcessRuntime:
         self, spec: LaunchSpec, progress: Callable[[Phase, tuple[str, ...]], Awaitable[None]]
     ) -> tuple[str, ...]:
         instance = spec.instance
+        if self.unavailable:
+            raise LaunchError(f"this node cannot run workspaces: {self.unavailable}")
         try:
             layout, created = await asyncio.to_thread(self._provision, spec)
         except (OSError, ValueError) as error:
@@ -301,7 +327,7 @@ class ProcessRuntime:
     def _guest_root(self) -> tuple[int, int] | None:
         """Who owns what the runtime creates in a guest's tree: the guest's root on the host
         (the supervisor shifts older trees into the range: see idmap.py)."""
-        return self.host_ids.root if self.isolation == "bwrap" else None
+        return self.host_ids.root if self.isolation == "bwrap" and not self.rootless else None
 
     def _layer_layout(self, workspace_id: str, capacity_gib: int) -> _Layout:
         """The writable layer: an image (new layers), or a directory (layers from before images)."""
@@ -337,7 +363,7 @@ class ProcessRuntime:
         for old in (self.data_dir / "instances").glob(f"{self._safe(instance.workspace_id)}-g*"):
             if old.name != instance.id and not lock_held(old):
                 self._release_sync(old)
-                shutil.rmtree(old, ignore_errors=True)
+                storage.remove_tree(old, ignore_errors=True)
         (directory / "run").mkdir(parents=True, exist_ok=True)
         if self._guest_root() is not None:
             # The guest's /run/kibo (its agent writes the ready file there).
@@ -356,6 +382,7 @@ class ProcessRuntime:
             }
         limits = self.cgroups.create(self._safe(instance.id), instance.vcpus, instance.memory_mib)
         command = sandbox.command(self.isolation, plan)
+        id_map = sandbox.guest_id_map(self.host_ids)
         spec = {
             "instance_id": instance.id,
             "workspace_id": instance.workspace_id,
@@ -372,13 +399,16 @@ class ProcessRuntime:
             "run_dir": str(plan.run_dir),
             "isolation": self.isolation,
             "mounts": [[str(path), target] for path, target in layout.volumes],
-            # The guest's user namespace: guest ids 0..count-1 are host ids base..base+count-1.
-            "host_id_base": self.host_ids.base,
-            "host_id_count": self.host_ids.count,
+            # The guest's user namespace: guest ids 0..count-1 are host ids base..base+count-1
+            # (gids from host_gid_base; rootless: this user's uid and gid alone, count 1).
+            "host_id_base": id_map[0],
+            "host_id_count": id_map[1],
+            "host_gid_base": id_map[2],
+            "rootless": self.rootless,
             "seccomp_filter": str(self.seccomp_filter),
             "bin_dir": str(plan.bin_dir),
             # Staged by the supervisor where the guest's uid reaches them (the guest's trees).
-            "stage_dir": sandbox.STAGE_DIR,
+            "stage_dir": str(self.stage_dir),
             "staged": [str(plan.root), str(plan.run_dir)] + [str(path) for path, _ in layout.volumes],
             # The environment of data-plane commands: the guest's (unisolated: with the KIBO_* paths).
             "guest_env": command.env
@@ -557,7 +587,7 @@ class ProcessRuntime:
                 raise DestroyError(f"the supervisor of {instance.id} does not exit")
         if not await asyncio.to_thread(self._release_sync, directory):
             raise DestroyError(f"releasing {instance.id} failed: its cgroup cannot be removed")
-        await asyncio.to_thread(shutil.rmtree, directory, True)
+        await asyncio.to_thread(storage.remove_tree, directory, True)
         self._supervised.pop(instance.id, None)
 
     async def delete_storage(self, workspace_id: str, volume_ids: tuple[str, ...]) -> None:
@@ -565,7 +595,7 @@ class ProcessRuntime:
             for old in (self.data_dir / "instances").glob(f"{self._safe(workspace_id)}-g*"):
                 if not lock_held(old):
                     self._release_sync(old)
-                    shutil.rmtree(old, ignore_errors=True)
+                    storage.remove_tree(old, ignore_errors=True)
             # Durably gone, or OSError (an image still mounted): the node agent tries again.
             storage.destroy(self.layer_dir(workspace_id))
             for volume_id in volume_ids:

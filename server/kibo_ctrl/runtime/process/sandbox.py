@@ -8,6 +8,11 @@ Two isolation modes, picked once at start-up (`detect`):
   and the seccomp filter of seccomp.py applies to everything in it. /proc/sys, /proc/bus,
   /proc/fs, /proc/irq and /proc/sysrq-trigger are read-only, the entries of
   MASKED_PATHS are hidden, /sys is absent.
+  Rootless (the control plane is not root, `rootless()`): the same, except that the
+  guest's user namespace maps only the control plane's own uid and gid (`guest_id_map`), so
+  a guest that escapes is that user (said at start-up: `rootless_warning`; capability
+  `runtime.process.isolation.bwrap-rootless`), and the stage directory is the user's
+  (`stage_dir`).
 - `none`: no isolation at all, only with an explicit `--sandbox none`. The guest runs on
   the host with its root, volume and run directory passed as environment variables, and
   the runtime says loudly that this is no security boundary.
@@ -192,19 +197,33 @@ class SandboxUnavailable(RuntimeError):
     """The wanted isolation does not work on this machine."""
 
 
+def rootless() -> bool:
+    """Whether guests run rootless: the control plane is not root, so a guest's user
+    namespace can map only the control plane's own uid and gid (to the guest's 0), and a
+    guest that escapes the sandbox is that (unprivileged) user on the host."""
+    return os.geteuid() != 0
+
+
+def guest_id_map(ids: IdRange) -> tuple[int, int, int]:
+    """(host uid base, count, host gid base) of a guest's user namespace: the node's id
+    range as root; rootless, this user's own uid and gid alone."""
+    if rootless():
+        return os.getuid(), 1, os.getgid()
+    return ids.base, ids.count, ids.base
+
+
 def probe_bwrap(ids: IdRange, seccomp_filter: Path) -> str:
     """Run a tiny guest the way supervisors run them (own user namespace, no capabilities,
     the seccomp filter): "" if it works, else why not."""
     if shutil.which("bwrap") is None:
         return "bubblewrap is not installed (apt-get install bubblewrap)"
-    if os.geteuid() != 0:
-        return "the process runtime's sandbox needs root (it maps each guest to its own host uid range)"
     from . import userns
 
     argv = ["bwrap", "--unshare-pid", "--unshare-net", "--die-with-parent", "--cap-drop", "ALL"]
     argv += ["--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    base, count, gid_base = guest_id_map(ids)
     try:
-        with userns.GuestNamespace(ids.base, ids.count) as namespace, open(seccomp_filter, "rb") as program:
+        with userns.GuestNamespace(base, count, gid_base) as namespace, open(seccomp_filter, "rb") as program:
             done = subprocess.run(
                 [*argv, "--seccomp", str(program.fileno()), "true"],
                 stdin=subprocess.DEVNULL,
@@ -217,7 +236,10 @@ def probe_bwrap(ids: IdRange, seccomp_filter: Path) -> str:
     except (OSError, subprocess.SubprocessError) as error:
         return f"cannot start a sandbox: {error}"
     if done.returncode != 0:
-        return f"bwrap failed: {done.stderr.decode(errors='replace').strip()[-300:]}"
+        why = f"bwrap failed: {done.stderr.decode(errors='replace').strip()[-300:]}"
+        # E.g. Ubuntu's AppArmor lets the namespace be made but gives it no capabilities.
+        switched_off = userns.userns_switched_off() if rootless() else ""
+        return f"{why} ({switched_off})" if switched_off else why
     return ""
 
 
@@ -236,6 +258,17 @@ def detect(wanted: str, ids: IdRange, seccomp_filter: Path) -> str:
             "workspaces without any isolation (not a security boundary)."
         )
     return "bwrap"
+
+
+def rootless_warning() -> str:
+    """What the start-up log says of a rootless sandbox."""
+    return (
+        f"rootless sandbox: the control plane is not root, so each guest's root is host uid {os.getuid()} "
+        "(this server's own user) and no other host id; a guest that escapes the sandbox gets that user's "
+        "files and processes (this data directory and its tokens included), not root's. Layers and volumes "
+        "are plain directories without size limits, limits are rlimits. Run kibo-ctrl as root for "
+        "guests mapped to their own unprivileged uid range."
+    )
 
 
 # The skeleton of a new writable layer (host /usr beneath): directories, symlinks, /etc files.
@@ -270,9 +303,22 @@ def seed_layer(root: Path, host_usr: bool, owner: tuple[int, int] | None = None)
         os.close(root_fd)
 
 
-def make_stage_dir() -> None:
-    """The (empty, root-owned) host directory supervisors mount their stage tmpfs over."""
-    os.makedirs(STAGE_DIR, mode=0o755, exist_ok=True)
-    info = os.lstat(STAGE_DIR)
-    if not os.path.isdir(STAGE_DIR) or os.path.islink(STAGE_DIR) or info.st_uid != 0:
-        raise SandboxUnavailable(f"{STAGE_DIR} must be a directory owned by root")
+def stage_dir(data_dir: Path) -> Path:
+    """Where supervisors stage guests' trees: STAGE_DIR as root; rootless (no /run of ours),
+    under the user's runtime directory, or else the data directory."""
+    if not rootless():
+        return Path(STAGE_DIR)
+    runtime = os.environ.get("XDG_RUNTIME_DIR", "")
+    if runtime and os.path.isabs(runtime) and os.access(runtime, os.W_OK | os.X_OK):
+        info = os.lstat(runtime)
+        if os.path.isdir(runtime) and not os.path.islink(runtime) and info.st_uid == os.geteuid():
+            return Path(runtime) / "kibo-stage"
+    return data_dir / "runtime" / "stage"
+
+
+def make_stage_dir(path: Path) -> None:
+    """The (empty, our own) host directory supervisors mount their stage tmpfs over."""
+    os.makedirs(path, mode=0o755, exist_ok=True)
+    info = os.lstat(path)
+    if not path.is_dir() or path.is_symlink() or info.st_uid != os.geteuid():
+        raise SandboxUnavailable(f"{path} must be a directory owned by uid {os.geteuid()}")

@@ -42,6 +42,7 @@ import contextlib
 import ctypes
 import os
 import shutil
+import stat
 import subprocess
 import threading
 import time
@@ -362,8 +363,37 @@ def destroy(directory: Path, wait_s: float = 10.0) -> None:
     for image in images:
         with contextlib.suppress(FileNotFoundError):
             os.truncate(image, 0)
-    shutil.rmtree(directory)
+    remove_tree(directory)
     _fsync_dir(directory.parent)
+
+
+def remove_tree(directory: Path, ignore_errors: bool = False) -> None:
+    """shutil.rmtree, also of directories a rootless guest made unreadable or unwritable
+    (`chmod 0` on its own directories, or overlayfs's mode-0 work/work): as the server's own
+    user, without CAP_DAC_OVERRIDE, rmtree could neither list nor empty them, and a guest
+    could keep its layer from ever being deleted. Only what rmtree walked into (it never
+    follows a symlink) is made u+rwx, and the guest is not running."""
+    try:
+        shutil.rmtree(directory, onerror=_make_writable_and_retry)
+    except FileNotFoundError:
+        pass
+    except OSError:
+        if not ignore_errors:
+            raise
+
+
+def _make_writable_and_retry(function: Any, path: str, _info: Any) -> None:
+    if function in (os.unlink, os.rmdir):
+        # The entry's directory is not writable to us: make it so, then remove the entry.
+        os.chmod(os.path.dirname(path), 0o700)
+        function(path)
+        return
+    # os.open / os.scandir of a directory we may not read: once (a second failure is real).
+    info = os.lstat(path)
+    if stat.S_ISLNK(info.st_mode) or info.st_mode & 0o700 == 0o700:
+        raise OSError(f"{path}: cannot be removed")
+    os.chmod(path, 0o700)
+    shutil.rmtree(path, onerror=_make_writable_and_retry)
 
 
 def _fsync_dir(path: Path) -> None:

@@ -203,16 +203,20 @@ class Supervisor:
         """Format new layer/volume images and mount them all (storage.py), in a mount namespace
         of our own: they are unmounted when we and the guest are gone, whatever kills us."""
         entries = self.spec.get("storage") or []
-        if not entries:
+        # Rootless: no images, but /run/kibo is a tmpfs still (not a directory of the data dir).
+        rootless = bool(self.spec.get("rootless"))
+        if not entries and not rootless:
             return
         _check(_libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
         _check(_libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "mount --make-rprivate /")
         storage = _load_storage()
-        # A previous supervisor's namespace may still be going (a guest reset): same image.
-        storage.wait_detached(storage.image_files(entries), 5.0)
-        # The guest's uid 0 on the host (its user namespace's base; 0 without one).
-        owner = int(self.spec.get("host_id_base", 0))
-        storage.prepare(entries, owner)
+        # The guest's uid 0 on the host (its user namespace's base; 0 without one); rootless,
+        # we mount in that namespace, where tmpfs's uid= is the namespace's own (0).
+        owner = 0 if rootless else int(self.spec.get("host_id_base", 0))
+        if entries:
+            # A previous supervisor's namespace may still be going (a guest reset): same image.
+            storage.wait_detached(storage.image_files(entries), 5.0)
+            storage.prepare(entries, owner)
         storage.mount_run_dir(self.spec["run_dir"], owner)
 
     def listen(self) -> socket.socket:
@@ -253,8 +257,12 @@ class Supervisor:
         """The guest's user namespace (bubblewrap isolation only), held by this process."""
         if self.spec["isolation"] != "bwrap":
             return
-        self.namespace = userns.GuestNamespace(int(self.spec["host_id_base"]), int(self.spec["host_id_count"]))
+        base, count = int(self.spec["host_id_base"]), int(self.spec["host_id_count"])
+        self.namespace = userns.GuestNamespace(base, count, self.spec.get("host_gid_base"))
         self.namespace.create()
+        if self.spec.get("rootless"):
+            # Unprivileged: mounts (the stage, an overlay) only in a namespace of our own.
+            self.namespace.join()
 
     def prepare_guest(self) -> None:
         """The guest's user namespace, and its trees staged where its uid can reach them
@@ -263,9 +271,11 @@ class Supervisor:
             return
         # The guest's writable trees (plain directories or mounted images) are its ids' (once:
         # trees from before the guests had their own ids are real root's). The guest is not running.
-        ids = idmap.IdRange(self.namespace.base, self.namespace.count)
-        for tree in self.spec["sync_paths"]:
-            idmap.shift_tree(Path(tree), ids)
+        # Rootless: everything is this user's, who is the guest's root: nothing to shift.
+        if not self.spec.get("rootless"):
+            ids = idmap.IdRange(self.namespace.base, self.namespace.count)
+            for tree in self.spec["sync_paths"]:
+                idmap.shift_tree(Path(tree), ids)
         _check(_libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
         _check(_libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "mount --make-rprivate /")
         # A fresh tmpfs over the stage directory: nothing in it the guest could have planted.

@@ -3,6 +3,10 @@
 `GuestNamespace(base, count)` makes a new user namespace whose ids 0..count-1 are the
 host's base..base+count-1 (a helper process unshares, this one writes its uid_map and
 gid_map as host root, the helper exits, a file descriptor keeps the namespace).
+Rootless (the control plane is not root): `GuestNamespace(uid, 1, gid)` maps only this
+user's own uid and gid to the guest's 0, which the kernel allows an unprivileged user once
+setgroups(2) is denied in the namespace (so the guest keeps this user's supplementary
+groups: `become_root(keep_groups=True)`).
 
 `GuestNamespace.enter`, run in the child between fork and exec of bubblewrap: join the
 namespace, become its root (host uid `base`), keep the capabilities bwrap needs for its
@@ -44,8 +48,11 @@ def last_cap() -> int:
 
 
 class GuestNamespace:
-    def __init__(self, base: int, count: int) -> None:
+    def __init__(self, base: int, count: int, gid_base: int | None = None) -> None:
         self.base, self.count = base, count
+        self.gid_base = base if gid_base is None else gid_base
+        # Not root: only our own ids can be mapped, and only with setgroups denied.
+        self.rootless = os.geteuid() != 0
         self.fd = -1
 
     def __enter__(self) -> GuestNamespace:
@@ -74,11 +81,13 @@ class GuestNamespace:
         os.close(done_r)
         try:
             if os.read(ready_r, 1) != b"u":
-                raise OSError("the user namespace helper failed (unshare(CLONE_NEWUSER))")
-            line = f"0 {self.base} {self.count}\n"
-            for name in ("uid_map", "gid_map"):
+                raise OSError(f"unshare(CLONE_NEWUSER) failed: {userns_blocker()}")
+            if self.rootless:
+                with open(f"/proc/{pid}/setgroups", "w") as f:
+                    f.write("deny")
+            for name, base in (("uid_map", self.base), ("gid_map", self.gid_base)):
                 with open(f"/proc/{pid}/{name}", "w") as f:
-                    f.write(line)
+                    f.write(f"0 {base} {self.count}\n")
             self.fd = os.open(f"/proc/{pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
         finally:
             os.close(ready_r)
@@ -93,8 +102,9 @@ class GuestNamespace:
 
     def enter(self) -> None:
         """In a forked child, before exec of bwrap (see the module docstring)."""
-        _check(_libc.setns(self.fd, CLONE_NEWUSER), "setns(user)")
-        become_root()
+        if not self.joined():  # a rootless supervisor is in it already (join)
+            _check(_libc.setns(self.fd, CLONE_NEWUSER), "setns(user)")
+        become_root(keep_groups=self.rootless)
         # Permitted -> inheritable, so that the exec of bwrap as this namespace's root gets
         # them back (root's exec: inheritable & all); the empty bounding set then keeps
         # every later exec, the guest's, from ever gaining one.
@@ -107,6 +117,53 @@ class GuestNamespace:
             _check(_libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0), "PR_CAPBSET_DROP")
         with open("/proc/sys/user/max_user_namespaces", "w") as f:
             f.write("0")
+
+    def joined(self) -> bool:
+        """Whether this process is in the namespace."""
+        return os.fstat(self.fd).st_ino == os.stat("/proc/self/ns/user").st_ino
+
+    def join(self) -> None:
+        """Enter the namespace for good, keeping our uid (its root) and gaining its
+        capabilities (none on the host): what a rootless supervisor does before it mounts its
+        stage tmpfs, since an unprivileged user may mount only in a namespace of its own."""
+        _check(_libc.setns(self.fd, CLONE_NEWUSER), "setns(user)")
+
+
+# Where the kernel (or a security module) switches off unprivileged user namespaces, and
+# how to switch them on: (file, value that blocks, the fix).
+USERNS_SWITCHES = (
+    ("/proc/sys/kernel/unprivileged_userns_clone", "0", "sysctl -w kernel.unprivileged_userns_clone=1"),
+    ("/proc/sys/user/max_user_namespaces", "0", "sysctl -w user.max_user_namespaces=15000"),
+    (
+        "/proc/sys/kernel/apparmor_restrict_unprivileged_userns",
+        "1",
+        "sysctl -w kernel.apparmor_restrict_unprivileged_userns=0 (or an AppArmor profile allowing userns for python3)",
+    ),
+)
+
+
+def userns_blocker() -> str:
+    """Why this user cannot make a user namespace, and the fix (a sentence)."""
+    return userns_switched_off() or (
+        "user namespaces do not work here (a container without CLONE_NEWUSER, or a seccomp or LSM policy)"
+    )
+
+
+def userns_switched_off() -> str:
+    """Which switch of USERNS_SWITCHES is off, and the fix; "" if none is."""
+    for path, blocking, fix in USERNS_SWITCHES:
+        try:
+            with open(path) as f:
+                value = f.read().strip()
+        except OSError:
+            continue
+        if value == blocking:
+            name = path.removeprefix("/proc/sys/").replace("/", ".")
+            return (
+                f"unprivileged user namespaces are disabled ({name} = {value}): "
+                f"run `{fix}` as root, or run kibo-ctrl as root"
+            )
+    return ""
 
 
 SYS_OPEN_TREE = 428
@@ -158,9 +215,11 @@ def move_mount(tree: int, target: str) -> None:
         os.close(tree)
 
 
-def become_root() -> None:
-    """Become uid/gid 0 of the user namespace just joined (host: its base id), no groups."""
-    os.setgroups([])
+def become_root(keep_groups: bool = False) -> None:
+    """Become uid/gid 0 of the user namespace just joined (host: its base id), no groups
+    (rootless, `keep_groups`: setgroups is denied there, the groups stay the user's)."""
+    if not keep_groups:
+        os.setgroups([])
     os.setresgid(0, 0, 0)
     os.setresuid(0, 0, 0)
 
