@@ -34,8 +34,8 @@ from kibo.ctrl.v1 import workspace_pb2 as wp
 from kibo.ctrl.v1 import workspace_service_pb2 as ws
 
 from tests.server import ServerProcess
-from tests.test_data_plane_client import FLAGS, _require_sandbox, create, delete, none_running, poll
-from tests.test_process_runtime import processes, reap
+from tests.system.test_data_plane_client import FLAGS, _require_sandbox, create, delete, none_running, poll
+from tests.system.test_process_runtime import processes, reap
 
 # What the server may grow by while a guest floods a client that does not read: the bound
 # is on the server's memory, a correctness property (the figures are in the report).
