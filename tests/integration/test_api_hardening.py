@@ -29,8 +29,8 @@ from kibo_ctrl.api.fairness import TenantSlots
 
 from tests.client import Client, S, error_of, meta, rejected
 from tests.conftest import TRANSPORTS
-from tests.server import ServerProcess
 from tests.integration.test_auth import make_token
+from tests.server import ServerProcess
 
 Factory = Callable[..., ServerProcess]
 

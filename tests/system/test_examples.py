@@ -16,8 +16,8 @@ import pytest
 from kibo.ctrl.v1 import workspace_pb2 as wp
 from kibo.sim.v1 import simulator_pb2 as sim
 
-from tests.server import ServerProcess
 from tests.integration.test_auth import make_token
+from tests.server import ServerProcess
 from tests.system.test_real_clients import NODE_EXAMPLE, go_client, node_client
 
 # The compiled Go and Node examples, built as tests/system/test_real_clients.py builds them.
