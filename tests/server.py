@@ -106,7 +106,6 @@ class ServerProcess:
 
     def start(self, timeout: float = 20.0) -> ServerProcess:
         self.log_path = self.data_dir.parent / f"{self.data_dir.name}-server.log"
-        log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
         command = [
             sys.executable,
             "-m",
@@ -127,7 +126,9 @@ class ServerProcess:
             # grpc's threads run, and grpc's fork handler can abort the child before its exec
             # (grpc/grpc#43055: "epoll_wait error: Bad file descriptor", exit -6).
             command = ["prlimit", f"--nofile={self.nofile}:{self.nofile}", "--", *command]
-        self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ})
+        # The child gets its own descriptor of the log; ours is closed once it has it.
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ})
         self._wait_serving(timeout)
         return self
 

@@ -42,6 +42,9 @@ from tests.system.test_process_runtime import processes, reap
 RSS_BOUND_KIB = 64 << 10
 # How long the flood is watched: on main the server grew by ~1 GiB in 1.5 s of this.
 FLOOD_WINDOW_S = 3.0
+# One worker for the module: its floods find their writer among all the machine's processes
+# (flood_writers), so two of them at once would each see the other's; and one module server.
+pytestmark = pytest.mark.xdist_group("data_plane_security")
 FLOOD = ["head", "-c", "2G", "/dev/zero"]
 
 
@@ -216,6 +219,7 @@ def test_grpc_client_killed_mid_flood(sdk: kibotos.Client, server: ServerProcess
     finally:
         client.kill()
         client.wait()
+        client.stdout.close()
     _after_the_end(server, workspace, start_kib, start_pipes)
 
 
