@@ -76,11 +76,10 @@ def apply(tx: Tx, report: Report) -> None:
         # A report from the node proves it answers, even before liveness notices; without
         # this, an instance that stops or is released here is no longer among the node's
         # active instances, and the workspace would stay UNKNOWN after the node is back.
-        workspace.node_silent = False
-        event(tx, workspace, EventType.NODE_BACK, message=f"node {instance.node_id} reports again")
+        steps.set_node_silent(tx, workspace, instance.node_id, False)
     FOLDS[type(report)](tx, workspace, instance, report, current)
     if current:
-        workspace.holds_execution = bool(instance.holds)
+        steps.observe_holds(workspace, instance)
         steps.start_owed_stop(tx, workspace, instance)
         save(tx, workspace, instance, command_id=finishing)
     else:
@@ -127,7 +126,7 @@ def _restarted(tx: Tx, workspace: Workspace, instance: Instance, report: Restart
     instance.done_step = instance.step
     instance.phase = Phase.RUNNING
     if current:
-        workspace.guest.responding = True
+        steps.set_guest_responding(tx, workspace, True)
 
 
 def _restart_failed(tx: Tx, workspace: Workspace, instance: Instance, report: RestartFailed, current: bool) -> None:
@@ -139,10 +138,8 @@ def _restart_failed(tx: Tx, workspace: Workspace, instance: Instance, report: Re
 
 
 def _guest_responding(tx: Tx, workspace: Workspace, instance: Instance, report: GuestResponding, current: bool) -> None:
-    if current and workspace.guest.responding != report.responding:
-        workspace.guest.responding = report.responding
-        if not report.responding:
-            event(tx, workspace, EventType.GUEST_NOT_RESPONDING, message="the guest does not answer")
+    if current:
+        steps.set_guest_responding(tx, workspace, report.responding)
 
 
 def _volumes_created(tx: Tx, volume_ids: tuple[str, ...]) -> None:
@@ -257,8 +254,7 @@ def apply_storage(tx: Tx, report: StorageReleased) -> None:
             volume.storage_pending = False
             volume.storage_release_time = tx.now
             tx.put_volume(volume)
-    workspace.storage.layer = False
-    workspace.storage.volume_ids = []
+    steps.storage_released(workspace)
     why = "the storage pool was declared lost: no readable data is left" if report.pool_lost else "files deleted"
     event(tx, workspace, EventType.STORAGE_RELEASED, message=f"retained layer and volumes released: {why}")
     save(tx, workspace, None)
@@ -279,11 +275,5 @@ def set_node_silent(tx: Tx, node_id: str, silent: bool) -> None:
         workspace = tx.get_workspace(instance.workspace_id)
         if workspace is None or workspace.instance_id != instance.id or workspace.node_silent == silent:
             continue
-        workspace.node_silent = silent
-        event(
-            tx,
-            workspace,
-            EventType.NODE_SILENT if silent else EventType.NODE_BACK,
-            message=f"node {node_id} {'stopped reporting' if silent else 'reports again'}",
-        )
+        steps.set_node_silent(tx, workspace, node_id, silent)
         save(tx, workspace, instance)

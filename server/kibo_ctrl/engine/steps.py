@@ -230,8 +230,8 @@ def new_instance(tx: Tx, workspace: Workspace) -> Instance:
     workspace.instance_id = instance.id
     workspace.node_id = None
     workspace.last_stop = None
-    workspace.failure = None
-    workspace.release_pending_since = None
+    clear_failure(workspace)
+    end_release(workspace)
     workspace.guest.reset_times.clear()
     workspace.guest.reset_count = 0
     workspace.guest.last_reset_time = None
@@ -246,12 +246,17 @@ def fail(workspace: Workspace, stage: str, message: str) -> None:
 
 def fail_execution(workspace: Workspace, stage: str, message: str, now: float, *, holding: bool = True) -> None:
     """The execution failed; while it still holds parts of the node, their release is pending from now."""
-    workspace.failure = Failure(stage=stage, message=message)
+    fail(workspace, stage, message)
     workspace.release_pending_since = now if holding else None
 
 
 def clear_failure(workspace: Workspace) -> None:
     workspace.failure = None
+
+
+def end_release(workspace: Workspace) -> None:
+    """Nothing of the execution is left to release (stopped, started anew, deleted)."""
+    workspace.release_pending_since = None
 
 
 def revoke_credentials(workspace: Workspace) -> None:
@@ -269,17 +274,48 @@ def begin_release(tx: Tx, workspace: Workspace) -> None:
 
 def running(workspace: Workspace) -> None:
     """The instance launched: no failure, and the guest answers."""
-    workspace.failure = None
+    clear_failure(workspace)
     workspace.guest.responding = True
 
 
 def stopped(workspace: Workspace, durability: StopDurability) -> None:
     """A stop finished: nothing is held or pending release, and the last stop has its durability."""
-    workspace.failure = None
-    workspace.release_pending_since = None
+    clear_failure(workspace)
+    end_release(workspace)
     workspace.guest.responding = True
     if workspace.last_stop is not None:
         workspace.last_stop.durability = durability
+
+
+def set_guest_responding(tx: Tx, workspace: Workspace, responding: bool) -> None:
+    """The guest answers (again), or stopped answering: recorded as an event."""
+    if workspace.guest.responding == responding:
+        return
+    workspace.guest.responding = responding
+    if not responding:
+        event(tx, workspace, EventType.GUEST_NOT_RESPONDING, message="the guest does not answer")
+
+
+def set_node_silent(tx: Tx, workspace: Workspace, node_id: str | None, silent: bool) -> None:
+    """The workspace's node stopped reporting (liveness), or reports again: recorded as an event."""
+    workspace.node_silent = silent
+    event(
+        tx,
+        workspace,
+        EventType.NODE_SILENT if silent else EventType.NODE_BACK,
+        message=f"node {node_id} {'stopped reporting' if silent else 'reports again'}",
+    )
+
+
+def observe_holds(workspace: Workspace, instance: Instance) -> None:
+    """The workspace holds execution while its current instance holds any part of the node."""
+    workspace.holds_execution = bool(instance.holds)
+
+
+def storage_released(workspace: Workspace) -> None:
+    """The retained layer and volumes of a deleted workspace are gone."""
+    workspace.storage.layer = False
+    workspace.storage.volume_ids = []
 
 
 def owe_stop(workspace: Workspace, cause: StopCause) -> None:
@@ -295,7 +331,7 @@ def begin_delete(tx: Tx, workspace: Workspace) -> None:
     stop owed and no expiration left; the execution is being released."""
     workspace.deletion_started = True
     workspace.last_stop = None
-    workspace.failure = None
+    clear_failure(workspace)
     workspace.owed_stop = None
     begin_release(tx, workspace)
     workspace.expiration.expire_time = None
@@ -340,11 +376,11 @@ def finish_delete(tx: Tx, workspace: Workspace) -> None:
     finish_command(tx, workspace)
     workspace.deleted = True
     # Whatever failed before (e.g. a host OOM during the delete) is gone with the execution.
-    workspace.failure = None
+    clear_failure(workspace)
     workspace.owed_stop = None
     workspace.holds_execution = False
     workspace.node_silent = False
-    workspace.release_pending_since = None
+    end_release(workspace)
     workspace.storage.layer = True
     workspace.storage.volume_ids = [b.volume_id for b in workspace.bindings if b.delete_with_workspace]
     workspace.storage.since = tx.now
