@@ -72,8 +72,9 @@ def volume_service(api: Api) -> Service:
     return Service(
         vol.DESCRIPTOR.services_by_name["VolumeService"],
         (
-            Unary("GetVolume", vol.GetVolumeRequest, vol.GetVolumeResponse, api.get_volume),
+            # The commands, from the registry (api/commands.py).
             *(Unary(c.rpc, c.request, c.response, api.volume_command(c)) for c in VOLUME_COMMANDS),
+            Unary("GetVolume", vol.GetVolumeRequest, vol.GetVolumeResponse, api.get_volume),
         ),
     )
 
