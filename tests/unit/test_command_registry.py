@@ -44,6 +44,11 @@ def test_every_command_rpc_in_the_protos_has_exactly_one_entry() -> None:
     assert len(set(names)) == len(names), "a command RPC with two entries"
 
 
+def test_every_command_kind_has_exactly_one_entry() -> None:
+    kinds = [kind for entry in ENTRIES for kind in entry.kinds]
+    assert sorted(kinds) == sorted(k for k in CommandKind if k is not CommandKind.UNSPECIFIED)
+
+
 @pytest.mark.parametrize("entry", ENTRIES, ids=lambda e: e.rpc)
 def test_an_entry_names_its_proto_types(entry: commands.WorkspaceCommand[object, object]) -> None:
     method = _command_methods()[entry.rpc]

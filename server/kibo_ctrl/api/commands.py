@@ -1,12 +1,13 @@
 """The command registry: every command kibo takes, declared once.
 
 An entry names the command's RPC, its request and response types, the parser that turns
-the wire request into a domain `CommandRequest` (api/parse.py) and the engine handler that
-executes it (engine/service.py). routes.py serves WORKSPACE_COMMANDS and VOLUME_COMMANDS
-through `Api.workspace_command` and `Api.volume_command`, and `Service.execute` runs the
-handler an entry names: a reader goes from an RPC name here to its parser and its handler
-with "go to definition". tests/unit/test_command_registry.py checks that every command RPC
-in proto/ (a request with `metadata.command_id`) has exactly one entry."""
+the wire request into a domain `CommandRequest` (api/parse.py), the engine handler that
+executes it (engine/service.py) and the command kinds it records (domain/model.py).
+routes.py serves WORKSPACE_COMMANDS and VOLUME_COMMANDS through `Api.workspace_command` and
+`Api.volume_command`, and `Service.execute` runs the handler an entry names: a reader goes
+from an RPC name here to its parser and its handler with "go to definition".
+tests/unit/test_command_registry.py checks that every command RPC in proto/ (a request with
+`metadata.command_id`) has exactly one entry, and every command kind exactly one entry."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from google.protobuf.message import Message
 from kibo.ctrl.v1 import volume_service_pb2 as vol
 from kibo.ctrl.v1 import workspace_service_pb2 as ws
 
+from ..domain.model import CommandKind
 from ..engine.service import CommandRequest, Service, VolumeCommandHandler, WorkspaceCommandHandler
 from . import parse
 
@@ -34,6 +36,8 @@ class WorkspaceCommand(Generic[Req, Resp]):
     response: type[Resp]
     parse: Callable[[Req], CommandRequest]
     handle: WorkspaceCommandHandler
+    # The kinds its requests parse to (one, but for StopWorkspace's two modes).
+    kinds: tuple[CommandKind, ...]
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,7 @@ class VolumeCommand(Generic[Req, Resp]):
     response: type[Resp]
     parse: Callable[[Req], CommandRequest]
     handle: VolumeCommandHandler
+    kinds: tuple[CommandKind, ...]
 
 
 WORKSPACE_COMMANDS: tuple[WorkspaceCommand[Any, Any], ...] = (
@@ -54,6 +59,7 @@ WORKSPACE_COMMANDS: tuple[WorkspaceCommand[Any, Any], ...] = (
         ws.CreateWorkspaceResponse,
         parse.create,
         Service.create_workspace,
+        (CommandKind.CREATE,),
     ),
     WorkspaceCommand(
         "StopWorkspace",
@@ -61,6 +67,7 @@ WORKSPACE_COMMANDS: tuple[WorkspaceCommand[Any, Any], ...] = (
         ws.StopWorkspaceResponse,
         parse.stop,
         Service.stop_workspace,
+        (CommandKind.STOP, CommandKind.FORCE_STOP),
     ),
     WorkspaceCommand(
         "StartWorkspace",
@@ -68,6 +75,7 @@ WORKSPACE_COMMANDS: tuple[WorkspaceCommand[Any, Any], ...] = (
         ws.StartWorkspaceResponse,
         parse.start,
         Service.start_workspace,
+        (CommandKind.START,),
     ),
     WorkspaceCommand(
         "DeleteWorkspace",
@@ -75,6 +83,7 @@ WORKSPACE_COMMANDS: tuple[WorkspaceCommand[Any, Any], ...] = (
         ws.DeleteWorkspaceResponse,
         parse.delete,
         Service.delete_workspace,
+        (CommandKind.DELETE,),
     ),
     WorkspaceCommand(
         "SetWorkspaceExpiration",
@@ -82,6 +91,7 @@ WORKSPACE_COMMANDS: tuple[WorkspaceCommand[Any, Any], ...] = (
         ws.SetWorkspaceExpirationResponse,
         parse.set_expiration,
         Service.set_workspace_expiration,
+        (CommandKind.SET_EXPIRATION,),
     ),
     WorkspaceCommand(
         "ClearWorkspaceExpiration",
@@ -89,6 +99,7 @@ WORKSPACE_COMMANDS: tuple[WorkspaceCommand[Any, Any], ...] = (
         ws.ClearWorkspaceExpirationResponse,
         parse.clear_expiration,
         Service.clear_workspace_expiration,
+        (CommandKind.CLEAR_EXPIRATION,),
     ),
     WorkspaceCommand(
         "SetWorkspaceLabels",
@@ -96,6 +107,7 @@ WORKSPACE_COMMANDS: tuple[WorkspaceCommand[Any, Any], ...] = (
         ws.SetWorkspaceLabelsResponse,
         parse.set_labels,
         Service.set_workspace_labels,
+        (CommandKind.SET_LABELS,),
     ),
     WorkspaceCommand(
         "ResizeWorkspace",
@@ -103,6 +115,7 @@ WORKSPACE_COMMANDS: tuple[WorkspaceCommand[Any, Any], ...] = (
         ws.ResizeWorkspaceResponse,
         parse.resize,
         Service.resize_workspace,
+        (CommandKind.RESIZE,),
     ),
     WorkspaceCommand(
         "SetWorkspaceNetworkPolicy",
@@ -110,6 +123,7 @@ WORKSPACE_COMMANDS: tuple[WorkspaceCommand[Any, Any], ...] = (
         ws.SetWorkspaceNetworkPolicyResponse,
         parse.set_network_policy,
         Service.set_workspace_network_policy,
+        (CommandKind.SET_NETWORK_POLICY,),
     ),
     WorkspaceCommand(
         "BindWorkspaceVolume",
@@ -117,6 +131,7 @@ WORKSPACE_COMMANDS: tuple[WorkspaceCommand[Any, Any], ...] = (
         ws.BindWorkspaceVolumeResponse,
         parse.bind_volume,
         Service.bind_workspace_volume,
+        (CommandKind.BIND_VOLUME,),
     ),
     WorkspaceCommand(
         "UnbindWorkspaceVolume",
@@ -124,6 +139,7 @@ WORKSPACE_COMMANDS: tuple[WorkspaceCommand[Any, Any], ...] = (
         ws.UnbindWorkspaceVolumeResponse,
         parse.unbind_volume,
         Service.unbind_workspace_volume,
+        (CommandKind.UNBIND_VOLUME,),
     ),
     WorkspaceCommand(
         "RevokeWorkspaceDataPlaneAccess",
@@ -131,14 +147,25 @@ WORKSPACE_COMMANDS: tuple[WorkspaceCommand[Any, Any], ...] = (
         ws.RevokeWorkspaceDataPlaneAccessResponse,
         parse.revoke,
         Service.revoke_workspace_data_plane_access,
+        (CommandKind.REVOKE_DATA_PLANE_ACCESS,),
     ),
 )
 
 VOLUME_COMMANDS: tuple[VolumeCommand[Any, Any], ...] = (
     VolumeCommand(
-        "CreateVolume", vol.CreateVolumeRequest, vol.CreateVolumeResponse, parse.create_volume, Service.create_volume
+        "CreateVolume",
+        vol.CreateVolumeRequest,
+        vol.CreateVolumeResponse,
+        parse.create_volume,
+        Service.create_volume,
+        (CommandKind.CREATE_VOLUME,),
     ),
     VolumeCommand(
-        "DeleteVolume", vol.DeleteVolumeRequest, vol.DeleteVolumeResponse, parse.delete_volume, Service.delete_volume
+        "DeleteVolume",
+        vol.DeleteVolumeRequest,
+        vol.DeleteVolumeResponse,
+        parse.delete_volume,
+        Service.delete_volume,
+        (CommandKind.DELETE_VOLUME,),
     ),
 )

@@ -120,24 +120,27 @@ class Api:
         """The RPC handler of a registry entry for a volume command (it takes effect at once)."""
 
         async def handle(message: Req, caller: Caller) -> Resp:
-            request = self._parse(caller, command.rpc, command.parse, message)
+            request = self._parse(caller, command, message)
             volume = await self._store.transact(self._service.execute, command.handle, request)
             return command.response(volume=render.volume(volume))
 
         return handle
 
     @staticmethod
-    def _parse(caller: Caller, rpc: str, parser: Callable[[Req], CommandRequest], message: Req) -> CommandRequest:
+    def _parse(
+        caller: Caller, entry: WorkspaceCommand[Req, Resp] | VolumeCommand[Req, Resp], message: Req
+    ) -> CommandRequest:
         # Permission before anything else (AIP-193), then every field, then reserved prefixes.
-        caller.require_admin(rpc)
-        request = replace(parser(message), tenant=caller.tenant)
+        caller.require_admin(entry.rpc)
+        request = replace(entry.parse(message), tenant=caller.tenant)
+        assert request.kind in entry.kinds, (entry.rpc, request.kind)  # a parser that drifted from its entry
         validation.command_id(request.command_id)
         return request
 
     async def _command(
         self, caller: Caller, entry: WorkspaceCommand[Req, Resp], message: Req
     ) -> tuple[Workspace, Command]:
-        request = self._parse(caller, entry.rpc, entry.parse, message)
+        request = self._parse(caller, entry, message)
         workspace, command = await self._store.transact(self._service.execute, entry.handle, request)
         if command.terminal or self._settle <= 0:
             return workspace, command
