@@ -4,6 +4,7 @@ in process, on a real SQLite store."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
@@ -12,7 +13,9 @@ from kibo.ctrl.v1 import data_plane_service_pb2, observation_service_pb2, volume
 from kibo.ctrl.v1 import workspace_service_pb2 as ws
 from kibo.sim.v1 import simulator_pb2
 from kibo_ctrl.api import commands
-from kibo_ctrl.domain.errors import CommandIdReused, Conflict, NotFound
+from kibo_ctrl.api.control_plane import Api
+from kibo_ctrl.domain.access import Caller, Role
+from kibo_ctrl.domain.errors import CommandIdReused, Conflict, NotFound, PermissionDenied
 from kibo_ctrl.domain.model import CommandKind, CommandState, VolumeState
 from kibo_ctrl.engine.service import CommandRequest, Service
 
@@ -133,3 +136,25 @@ async def test_volume_commands_run_through_their_entries(engine: Engine) -> None
     entry = VOLUME_COMMANDS["DeleteVolume"]
     deleted = await engine.store.transact(engine.service.execute, entry.handle, entry.parse(delete))
     assert deleted.state is VolumeState.DELETED and deleted.storage_pending
+
+
+def _labels_request() -> ws.SetWorkspaceLabelsRequest:
+    return _labels("ws-0123456789abcdef0123", "labels-1", team="a")
+
+
+def test_the_api_parses_with_the_entrys_parser_for_the_callers_tenant() -> None:
+    entry = COMMANDS["SetWorkspaceLabels"]
+    request = Api._parse(Caller(tenant="t1", role=Role.ADMIN), entry, _labels_request())
+    assert (request.kind, request.tenant, request.labels) == (CommandKind.SET_LABELS, "t1", {"team": "a"})
+
+
+def test_a_parser_that_drifted_from_its_entry_is_caught() -> None:
+    drifted = dataclasses.replace(COMMANDS["SetWorkspaceLabels"], kinds=(CommandKind.RESIZE,))
+    with pytest.raises(AssertionError, match="SetWorkspaceLabels"):
+        Api._parse(Caller(tenant="t1", role=Role.ADMIN), drifted, _labels_request())
+
+
+def test_a_read_only_caller_is_refused_before_parsing() -> None:
+    broken = ws.SetWorkspaceLabelsRequest(workspace_id="not an id")
+    with pytest.raises(PermissionDenied, match="SetWorkspaceLabels"):
+        Api._parse(Caller(tenant="t1", role=Role.READER), COMMANDS["SetWorkspaceLabels"], broken)
