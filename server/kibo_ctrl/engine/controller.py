@@ -190,19 +190,15 @@ def _guest_reset(tx: Tx, workspace: Workspace, instance: Instance, report: Guest
     if not current:
         return
     now = tx.now
-    guest = workspace.guest
-    guest.reset_times = [t for t in guest.reset_times if now - t < RESET_WINDOW] + [now]
-    guest.reset_count += 1
-    guest.last_reset_time = now
+    resets = steps.record_guest_reset(workspace, now, RESET_WINDOW)
     instance.restart_count += 1
-    resets = len(guest.reset_times)
     if resets > MAX_RESETS:
         instance.phase = Phase.EXITED
         instance.reason = f"{resets} resets within 10 minutes"
         steps.fail_execution(workspace, "", f"{resets} resets within 10 minutes: the guest is not restarted again", now)
         event(tx, workspace, EventType.GUEST_RESET, message=f"reset {resets} within 10 minutes: not restarted")
         return
-    guest.responding = False
+    steps.restarting_guest(workspace)
     instance.phase = Phase.RESTARTING
     instance.reason = "guest reset: starting a new VMM for the same instance"
     steps.set_desired(instance, Desired.RUNNING)

@@ -296,6 +296,22 @@ def set_guest_responding(tx: Tx, workspace: Workspace, responding: bool) -> None
         event(tx, workspace, EventType.GUEST_NOT_RESPONDING, message="the guest does not answer")
 
 
+def record_guest_reset(workspace: Workspace, now: float, window: float) -> int:
+    """The guest reset itself: counted, and remembered within `window`; returns how many
+    resets the window now holds."""
+    guest = workspace.guest
+    guest.reset_times = [t for t in guest.reset_times if now - t < window] + [now]
+    guest.reset_count += 1
+    guest.last_reset_time = now
+    return len(guest.reset_times)
+
+
+def restarting_guest(workspace: Workspace) -> None:
+    """A new VMM starts for the reset guest: it does not answer until it runs (no event of
+    its own: the reset's event says why)."""
+    workspace.guest.responding = False
+
+
 def set_node_silent(tx: Tx, workspace: Workspace, node_id: str | None, silent: bool) -> None:
     """The workspace's node stopped reporting (liveness), or reports again: recorded as an event."""
     workspace.node_silent = silent
