@@ -6,7 +6,16 @@ from __future__ import annotations
 from kibo.ctrl.v1 import workspace_service_pb2 as ws
 from kibo_ctrl.domain import reports
 from kibo_ctrl.domain.model import CommandState, Instance, Phase, StopDurability, WorkspaceState
-from kibo_ctrl.domain.reports import Launched, LaunchFailed, Report, StopFailed, Stopped, VmmExited
+from kibo_ctrl.domain.reports import (
+    GuestReset,
+    Launched,
+    LaunchFailed,
+    Report,
+    Restarted,
+    StopFailed,
+    Stopped,
+    VmmExited,
+)
 from kibo_ctrl.engine import controller
 
 from tests.unit.engine_harness import Engine, engine
@@ -116,3 +125,22 @@ async def test_a_host_oom_owes_a_force_stop_that_starts_at_once(engine: Engine) 
     assert after.active_command is not None and after.active_command.startswith("host-memory/")
     # Owing the stop and starting it each ended every credential.
     assert after.data_plane_revision == revision + 2 and not after.guest.responding
+
+
+async def test_a_fourth_guest_reset_within_the_window_fails_the_workspace(engine: Engine) -> None:
+    workspace, _ = await engine.create()
+    instance_id = workspace.instance_id or ""
+    await engine.store.transact(controller.apply, Launched(instance_id=instance_id))
+    for count in range(1, controller.MAX_RESETS + 1):
+        await engine.store.transact(controller.apply, GuestReset(instance_id=instance_id))
+        restarting = await engine.workspace(workspace.id)
+        assert (restarting.guest.reset_count, restarting.guest.responding) == (count, False)
+        assert restarting.failure is None
+        assert (await _instance(engine, instance_id)).phase is Phase.RESTARTING
+        await engine.store.transact(controller.apply, Restarted(instance_id=instance_id))
+        assert (await engine.workspace(workspace.id)).guest.responding
+    await engine.store.transact(controller.apply, GuestReset(instance_id=instance_id))
+    failed = await engine.workspace(workspace.id)
+    assert failed.state is WorkspaceState.FAILED and failed.release_pending_since is not None
+    assert failed.failure is not None and "resets within 10 minutes" in failed.failure.message
+    assert (await _instance(engine, instance_id)).phase is Phase.EXITED
