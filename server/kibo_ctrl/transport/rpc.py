@@ -1,6 +1,6 @@
 """What a transport serves: services as explicit tables of RPCs, each bound to its handler.
 
-routes.py writes the tables (`Unary("CreateWorkspace", ..., api.create_workspace)`), so a
+routes.py writes the tables (`Unary("GetWorkspace", ..., api.get_workspace)`), so a
 reader goes from a method name to its handler with "go to definition"; grpc.py and
 connect.py serve the same tables. A table must name every method of its proto service,
 with the proto's request and response types and streaming: `Service` checks that when it
