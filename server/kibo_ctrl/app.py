@@ -32,6 +32,11 @@ from .runtime.process.runtime import ProcessOptions, ProcessRuntime
 from .runtime.sim.api import SimulatorApi
 from .runtime.sim.simulator import SimBoard, SimNode
 from .store.sqlite import SqliteStore
+from .telemetry import events
+from .telemetry.endpoint import PATH as METRICS_PATH
+from .telemetry.endpoint import MetricsAccess, serve_metrics
+from .telemetry.metrics import Metrics
+from .telemetry.runtime import MeteredRuntime
 from .transport.connect import application
 from .transport.grpc import service_handler
 from .transport.http import SERVERS, HttpLimits, HttpServer, open_file_limit
@@ -88,6 +93,8 @@ class Config:
     stop_grace_ms: float = 10_000.0
     guest_id_base: int = 100_000  # host uids/gids base..base+65535 are the guests'
     storage_overcommit: float = 1.0
+    # GET /metrics on the HTTP listener: operator token (default), open, or off.
+    metrics: MetricsAccess = MetricsAccess.OPERATOR
 
 
 class App:
@@ -113,6 +120,10 @@ class App:
         self.store = await SqliteStore.open(config.data_dir / "kibo.db")
         self.hub = Hub()
         self.store.subscribe(self.hub.publish)
+        self.metrics = Metrics()
+        self.store.observe_commits(self.metrics.commit_observed)
+        self.hub.listen(self.metrics.on_changes)
+        self.hub.listen(events.on_changes)
         storage_pool = "local"
         self.service = Service(Settings(storage_pool=storage_pool, quotas=config.quotas))
         self.authenticator = await self._authenticator()
@@ -154,13 +165,16 @@ class App:
             self.runtimes.update(sim_nodes)
             self.sim_api = SimulatorApi(self._find_workspace, board, sim_nodes, self._pool_lost)
         liveness = Liveness(self.store, [n.id for n in nodes], config.node_timeout_ms / 1000)
+        # Each node agent drives its runtime through the timing wrapper (metrics, failure logs).
+        metered = {n.id: MeteredRuntime(self.runtimes[n.id], n.id, self.metrics) for n in nodes}
+        self.metrics.watch_nodes(nodes, lambda node_id: self.runtimes[node_id].reachable.is_set())
         # The pool's files are deleted by its first node.
         agents = [
-            NodeAgent(n, self.runtimes[n.id], self.store, liveness)
+            NodeAgent(n, metered[n.id], self.store, liveness)
             if i == 0
             else NodeAgent(
                 Node(n.id, n.vcpus, n.memory_mib, storage_pool=f"{storage_pool}-{n.id}"),
-                self.runtimes[n.id],
+                metered[n.id],
                 self.store,
                 liveness,
             )
@@ -178,6 +192,7 @@ class App:
         self.data_plane = data_plane.DataPlane(self.store, guests, config.data_dir)
         # Revoke, stop and delete end the data-plane calls running under the old credential.
         self.hub.listen(self.data_plane.on_changes)
+        self.metrics.data_plane_sessions.set_function(lambda: self.data_plane.sessions.count)
         for coroutine in (scheduler.run(), expiry.run(), liveness.run(), *(a.run() for a in agents)):
             self._tasks.append(asyncio.create_task(self._supervise(coroutine)))
         await self._serve()
@@ -252,7 +267,10 @@ class App:
         # (UNIMPLEMENTED on both listeners, absent from reflection and health).
         if self.sim_api is not None:
             services.append(routes.simulator_service(self.sim_api))
-        self.server.add_generic_rpc_handlers([service_handler(service, self.authenticator) for service in services])
+        grpc_observer = self.metrics.rpc_observer("grpc")
+        self.server.add_generic_rpc_handlers(
+            [service_handler(service, self.authenticator, grpc_observer) for service in services]
+        )
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         names = [service.full_name for service in services] + [health.SERVICE_NAME, reflection.SERVICE_NAME]
@@ -267,9 +285,12 @@ class App:
         await self.server.start()
         self.http: HttpServer | None = None
         if self.config.http_listen:
-            asgi = application(services, MAX_MESSAGE_BYTES, self.authenticator)
+            asgi = application(services, MAX_MESSAGE_BYTES, self.authenticator, self.metrics.rpc_observer("connect"))
+            asgi = serve_metrics(asgi, self.metrics, self.store, self.authenticator, self.config.metrics)
             # Health, and the methods a data-plane credential in the body authorizes, need no token.
             open_paths = frozenset(["/healthz"]).union(*(service.credential_paths for service in services))
+            if self.config.metrics is MetricsAccess.OPEN:
+                open_paths |= {METRICS_PATH}
             guarded = guard(asgi, self.authenticator, open_paths, self.config.http_body)
             http_server = SERVERS[self.config.http_server]
             try:
