@@ -4,6 +4,7 @@ ever reaches a line (issue 15)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Callable
@@ -22,14 +23,14 @@ def json_lines(server: ServerProcess) -> list[dict[str, Any]]:
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
-def wait_lines(server: ServerProcess, found: Callable[[list[dict[str, Any]]], bool]) -> list[dict[str, Any]]:
+async def wait_lines(server: ServerProcess, found: Callable[[list[dict[str, Any]]], bool]) -> list[dict[str, Any]]:
     """Lines reach the file right after the commit; poll the file a short while for them."""
     deadline = time.monotonic() + 5
     while True:
         lines = json_lines(server)
         if found(lines) or time.monotonic() > deadline:
             return lines
-        time.sleep(0.02)
+        await asyncio.sleep(0.02)
 
 
 async def test_json_lines_parse_and_carry_workspace_command_and_node_ids(server_factory: Factory) -> None:
@@ -44,7 +45,7 @@ async def test_json_lines_parse_and_carry_workspace_command_and_node_ids(server_
     def mine(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return [line for line in lines if line.get("workspace_id") == workspace_id]
 
-    lines = wait_lines(server, lambda lines: any(line.get("command_id") == stop_id for line in mine(lines)))
+    lines = await wait_lines(server, lambda lines: any(line.get("command_id") == stop_id for line in mine(lines)))
     assert token not in server.log_path.read_text()  # type: ignore[union-attr]
     events = mine(lines)
     for line in events:
@@ -69,7 +70,9 @@ async def test_text_lines_carry_the_same_ids_as_key_value(server_factory: Factor
     assert server.log_path is not None
     deadline = time.monotonic() + 5
     wanted = f"workspace_id={workspace.workspace_id}"
-    while wanted not in server.log_path.read_text() and time.monotonic() < deadline:
-        time.sleep(0.02)
+    while time.monotonic() < deadline:
+        if wanted in server.log_path.read_text():
+            break
+        await asyncio.sleep(0.02)
     lines = [line for line in server.log_path.read_text().splitlines() if wanted in line]
     assert any("command_succeeded" in line and "kind=create" in line and "node_id=node-1" in line for line in lines)
