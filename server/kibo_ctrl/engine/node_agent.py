@@ -161,6 +161,8 @@ class NodeAgent:
             async def progress(phase: Phase, volumes: tuple[str, ...]) -> None:
                 await self._report(Progress(instance.id, None, phase=phase, volumes_created=volumes))
 
+            # The phases before the runtime's own (LAUNCHING...): visible while it provisions.
+            await progress(Phase.PROVISIONING, ())
             try:
                 volumes = await self.runtime.launch(spec, progress)
             except LaunchError as error:
@@ -168,6 +170,7 @@ class NodeAgent:
             return Launched(instance.id, step, volumes)
         if instance.desired in (Desired.STOPPED, Desired.FORCE_STOPPED):
             force = instance.desired is Desired.FORCE_STOPPED
+            await self._report(Progress(instance.id, None, phase=Phase.STOPPING))
             try:
                 durability = await self.runtime.stop(instance, force=force)
             except SyncError as error:

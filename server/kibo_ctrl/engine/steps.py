@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import uuid
 
-from ..domain import status
+from ..domain import conditions, status
 from ..domain.model import (
     Command,
     CommandError,
@@ -89,6 +89,7 @@ def save(tx: Tx, workspace: Workspace, instance: Instance | None, *, command_id:
         workspace.state = new
     if new is WorkspaceState.DELETED and workspace.delete_time is None:
         workspace.delete_time = tx.now
+    workspace.conditions = conditions.update(workspace, observed, tx.now)
     tx.put_workspace(workspace)
     if instance is not None:
         tx.put_instance(instance)
