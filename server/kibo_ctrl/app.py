@@ -41,6 +41,7 @@ from .transport.connect import application
 from .transport.grpc import service_handler
 from .transport.http import SERVERS, HttpLimits, HttpServer, open_file_limit
 from .transport.http_guard import BodyLimits, guard
+from .transport.rpc import NO_OBSERVER
 from .transport.tls import Tls
 
 log = logging.getLogger("kibo")
@@ -121,8 +122,11 @@ class App:
         self.hub = Hub()
         self.store.subscribe(self.hub.publish)
         self.metrics = Metrics()
-        self.store.observe_commits(self.metrics.commit_observed)
-        self.hub.listen(self.metrics.on_changes)
+        # --metrics off: no /metrics and no per-call counting (the RPC and commit paths are bare).
+        self._counting = config.metrics is not MetricsAccess.OFF
+        if self._counting:
+            self.store.observe_commits(self.metrics.commit_observed)
+            self.hub.listen(self.metrics.on_changes)
         self.hub.listen(events.on_changes)
         storage_pool = "local"
         self.service = Service(Settings(storage_pool=storage_pool, quotas=config.quotas))
@@ -267,7 +271,7 @@ class App:
         # (UNIMPLEMENTED on both listeners, absent from reflection and health).
         if self.sim_api is not None:
             services.append(routes.simulator_service(self.sim_api))
-        grpc_observer = self.metrics.rpc_observer("grpc")
+        grpc_observer = self.metrics.rpc_observer("grpc") if self._counting else NO_OBSERVER
         self.server.add_generic_rpc_handlers(
             [service_handler(service, self.authenticator, grpc_observer) for service in services]
         )
@@ -285,7 +289,8 @@ class App:
         await self.server.start()
         self.http: HttpServer | None = None
         if self.config.http_listen:
-            asgi = application(services, MAX_MESSAGE_BYTES, self.authenticator, self.metrics.rpc_observer("connect"))
+            connect_observer = self.metrics.rpc_observer("connect") if self._counting else NO_OBSERVER
+            asgi = application(services, MAX_MESSAGE_BYTES, self.authenticator, connect_observer)
             asgi = serve_metrics(asgi, self.metrics, self.store, self.authenticator, self.config.metrics)
             # Health, and the methods a data-plane credential in the body authorizes, need no token.
             open_paths = frozenset(["/healthz"]).union(*(service.credential_paths for service in services))

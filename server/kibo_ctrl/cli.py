@@ -168,7 +168,7 @@ def serve(
         MetricsAccess,
         typer.Option(
             help="GET /metrics (Prometheus) on the HTTP listener: operator (needs an operator token), "
-            "open (no token: only where the scraper alone reaches the port) or off."
+            "open (no token: only where the scraper alone reaches the port) or off (no /metrics, nothing counted)."
         ),
     ] = MetricsAccess.OPERATOR,
 ) -> None:
