@@ -22,7 +22,7 @@ from .domain.errors import KiboError, StoreError
 from .domain.model import Backend
 from .engine.service import Quotas
 from .store.sqlite import SqliteStore
-from .telemetry import logs
+from .telemetry import logs, tracing
 from .telemetry.endpoint import MetricsAccess
 from .transport.http import HttpLimits
 from .transport.http_guard import BodyLimits
@@ -218,6 +218,7 @@ def serve(
         quotas=Quotas(workspaces=quota_workspaces, vcpus=quota_vcpus, memory_mib=quota_memory_mib),
         tls=_tls(tls_cert, tls_key, tls_client_ca),
         metrics=metrics,
+        tracer_provider=tracing.from_env(),
     )
     if http_server not in ("uvicorn", "hypercorn"):
         raise typer.BadParameter("choose uvicorn or hypercorn", param_hint="--http-server")

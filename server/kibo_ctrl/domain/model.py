@@ -309,6 +309,8 @@ class Command(msgspec.Struct):
     error: CommandError | None = None
     volume_id: str = ""
     tenant: str = "default"
+    # The W3C traceparent of the call that made it ("" untraced): the loops continue its trace.
+    trace_parent: str = ""
 
     @property
     def key(self) -> str:

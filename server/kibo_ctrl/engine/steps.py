@@ -25,6 +25,7 @@ from ..domain.model import (
 )
 from ..domain.rules import SERVER_STOP_PREFIXES, Facts
 from ..store.base import Tx
+from . import trace
 
 LIFECYCLE_KINDS = frozenset(
     {CommandKind.CREATE, CommandKind.START, CommandKind.STOP, CommandKind.FORCE_STOP, CommandKind.DELETE}
@@ -118,6 +119,7 @@ def record_command(
         create_time=tx.now,
         update_time=tx.now,
         stop_cause=cause,
+        trace_parent=trace.current.get(),
     )
     tx.put_command(command)
     return command

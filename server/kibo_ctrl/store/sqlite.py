@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import queue
 import sqlite3
 import threading
@@ -404,7 +405,9 @@ class SqliteStore:
         if self._closed:
             raise RuntimeError("store is closed")
         future: asyncio.Future[T] = self._loop.create_future()
-        self._queue.put(_Job(lambda on: fn(on, *args, **kwargs), future))
+        # Run in the caller's context (its trace, engine/trace.py) on the writer thread.
+        context = contextvars.copy_context()
+        self._queue.put(_Job(lambda on: context.run(fn, on, *args, **kwargs), future))
         return await future
 
     async def read(self, fn: Callable[Concatenate[Reader, P], T], /, *args: P.args, **kwargs: P.kwargs) -> T:

@@ -12,6 +12,7 @@ from contextlib import asynccontextmanager
 from ..domain.model import Instance, Phase, StopDurability
 from ..runtime.base import DestroyError, LaunchError, LaunchSpec, RestartError, Runtime, SyncError
 from .metrics import Metrics
+from .tracing import TraceParentOf, Tracing
 
 log = logging.getLogger("kibo.runtime")
 
@@ -34,10 +35,20 @@ def reason_of(error: BaseException) -> str:
 
 
 class MeteredRuntime:
-    def __init__(self, inner: Runtime, node_id: str, metrics: Metrics) -> None:
+    def __init__(
+        self,
+        inner: Runtime,
+        node_id: str,
+        metrics: Metrics,
+        tracing: Tracing | None = None,
+        trace_parent_of: TraceParentOf | None = None,
+    ) -> None:
         self.inner = inner
         self.node_id = node_id
         self._metrics = metrics
+        # With tracing: each operation is a span in the trace of the command it acts for.
+        self._tracing = tracing
+        self._trace_parent_of = trace_parent_of
         # The same objects as the inner runtime's: the node agent reads and waits on them.
         self.backend = inner.backend
         self.events = inner.events
@@ -51,6 +62,17 @@ class MeteredRuntime:
 
     @asynccontextmanager
     async def _timed(self, operation: str, workspace_id: str, instance_id: str = "") -> AsyncIterator[None]:
+        if self._tracing is None or self._trace_parent_of is None or not workspace_id:
+            async with self._measured(operation, workspace_id, instance_id):
+                yield
+            return
+        parent = await self._trace_parent_of(workspace_id)
+        with self._tracing.runtime_step(operation, self.node_id, workspace_id, parent):
+            async with self._measured(operation, workspace_id, instance_id):
+                yield
+
+    @asynccontextmanager
+    async def _measured(self, operation: str, workspace_id: str, instance_id: str) -> AsyncIterator[None]:
         start = time.perf_counter()
         try:
             yield
