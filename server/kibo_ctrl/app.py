@@ -184,7 +184,7 @@ class App:
             n.id: MeteredRuntime(self.runtimes[n.id], n.id, self.metrics, self.tracing, self._trace_parent_of)
             for n in nodes
         }
-        self.metrics.watch_nodes(nodes, lambda node_id: self.runtimes[node_id].reachable.is_set())
+        self.metrics.watch_nodes(nodes, lambda node_id: self.runtimes[node_id].reachable.is_set(), liveness.report_age)
         # The pool's files are deleted by its first node.
         agents = [
             NodeAgent(n, metered[n.id], self.store, liveness)

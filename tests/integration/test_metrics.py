@@ -93,6 +93,8 @@ async def test_a_create_and_a_stop_move_the_command_rpc_store_and_runtime_metric
     )
     assert value(after_create, "kibo_node_reserved_memory_bytes", node="node-1") >= 512 * 1024 * 1024
     assert value(after, "kibo_node_reachable", node="node-1") == 1
+    # The node reports (its heartbeat): a lease age, not NaN, and not older than the test.
+    assert 0 <= value(after, "kibo_node_last_report_age_seconds", node="node-1") < 120
     # The workspace moved from available to stopped in the per-tenant counts.
     assert (
         value(after_create, "kibo_workspaces", tenant="default", state="available")

@@ -298,6 +298,11 @@ class Liveness:
         self._silent: dict[str, bool | None] = dict.fromkeys(node_ids)
         self._writes: set[asyncio.Task[None]] = set()
 
+    def report_age(self, node_id: str) -> float | None:
+        """Seconds since the node last reported (its lease's age); None before its first report."""
+        last = self._last.get(node_id)
+        return None if last is None else time.monotonic() - last
+
     def beat(self, node_id: str) -> None:
         self._last[node_id] = time.monotonic()
         if self._silent.get(node_id) is not False:

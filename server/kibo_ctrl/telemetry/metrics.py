@@ -11,6 +11,7 @@ ever a label: those are in the log lines (logs.py)."""
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from collections.abc import Callable
 
@@ -97,6 +98,12 @@ class Metrics:
             ("node",),
             registry=registry,
         )
+        self.node_report_age = Gauge(
+            "kibo_node_last_report_age_seconds",
+            "Seconds since the node last reported (its lease's age; NaN before its first report).",
+            ("node",),
+            registry=registry,
+        )
         self.commit_duration = Histogram(
             "kibo_store_commit_duration_seconds",
             "Time of one store commit (all of a group commit's transactions and its fsync).",
@@ -167,9 +174,12 @@ class Metrics:
 
     # -- read at scrape ------------------------------------------------------------------------
 
-    def watch_nodes(self, nodes: list[Node], reachable: Callable[[str], bool]) -> None:
+    def watch_nodes(
+        self, nodes: list[Node], reachable: Callable[[str], bool], report_age: Callable[[str], float | None]
+    ) -> None:
         self._nodes = list(nodes)
         for node in nodes:
+            self.node_report_age.labels(node.id).set_function(_age(report_age, node.id))
             self.node_capacity_vcpus.labels(node.id).set(node.vcpus)
             self.node_capacity_memory.labels(node.id).set(node.memory_mib * MIB)
             self.node_reachable.labels(node.id).set_function(_reachable(reachable, node.id))
@@ -188,6 +198,14 @@ class Metrics:
             self.node_reserved_vcpus.labels(node_id).set(vcpus)
             self.node_reserved_memory.labels(node_id).set(memory_mib * MIB)
         return generate_latest(self.registry)
+
+
+def _age(report_age: Callable[[str], float | None], node_id: str) -> Callable[[], float]:
+    def age() -> float:
+        seconds = report_age(node_id)
+        return math.nan if seconds is None else seconds
+
+    return age
 
 
 def _reachable(reachable: Callable[[str], bool], node_id: str) -> Callable[[], float]:
