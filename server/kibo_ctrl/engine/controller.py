@@ -44,6 +44,9 @@ from ..store.base import Tx
 from . import steps
 from .steps import event, finish_command, save
 
+# Phases in which no VMM runs: a STOPPING progress does not apply to them.
+_NOT_RUNNING = frozenset({Phase.EXITED, Phase.STOPPED, Phase.FAILED, Phase.RELEASED})
+
 # The guest-reset rule: more than MAX_RESETS within RESET_WINDOW seconds -> FAILED.
 MAX_RESETS = 3
 RESET_WINDOW = 600.0
@@ -92,7 +95,12 @@ def apply(tx: Tx, report: Report) -> None:
 
 
 def _progress(tx: Tx, workspace: Workspace, instance: Instance, report: Progress, current: bool) -> None:
-    instance.phase = report.phase
+    # Nothing runs to stop in these (an exited VMM stays EXITED for the stop's answer).
+    applies = not (report.phase is Phase.STOPPING and instance.phase in _NOT_RUNNING)
+    if applies and instance.phase is not report.phase:
+        message = f"instance {instance.id}: {report.phase.name.lower()} on {instance.node_id}"
+        event(tx, workspace, EventType.INSTANCE_PHASE, message=message)
+        instance.phase = report.phase
     _volumes_created(tx, report.volumes_created)
     if current:
         steps.mark_running(tx, workspace)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import uuid
 
-from ..domain import status
+from ..domain import conditions, status
 from ..domain.model import (
     Command,
     CommandError,
@@ -28,6 +28,7 @@ from ..domain.model import (
 )
 from ..domain.rules import SERVER_STOP_PREFIXES, Facts
 from ..store.base import Tx
+from . import trace
 
 LIFECYCLE_KINDS = frozenset(
     {CommandKind.CREATE, CommandKind.START, CommandKind.STOP, CommandKind.FORCE_STOP, CommandKind.DELETE}
@@ -92,6 +93,7 @@ def save(tx: Tx, workspace: Workspace, instance: Instance | None, *, command_id:
         workspace.state = new
     if new is WorkspaceState.DELETED and workspace.delete_time is None:
         workspace.delete_time = tx.now
+    workspace.conditions = conditions.update(workspace, observed, tx.now)
     tx.put_workspace(workspace)
     if instance is not None:
         tx.put_instance(instance)
@@ -120,6 +122,7 @@ def record_command(
         create_time=tx.now,
         update_time=tx.now,
         stop_cause=cause,
+        trace_parent=trace.current.get(),
     )
     tx.put_command(command)
     return command
