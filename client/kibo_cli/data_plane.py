@@ -20,10 +20,10 @@ from typer._click import exceptions as click_exceptions
 from typer.core import TyperCommand
 
 from . import parsing
-from .common import _recovery, fail, handle, report, timeout_seconds
-from .common import connect as _connect
 from .exit_codes import ExitCode, of
 from .output import note
+from .session import _recovery, fail, handle, report, timeout_seconds
+from .session import connect as _connect
 
 WorkspaceId = Annotated[str, typer.Argument(help="The workspace ID (ws-...).", show_default=False)]
 # Reading and writing retry a restarting guest this long (issuing the credential first

@@ -9,9 +9,9 @@ import kibotos
 import typer
 from kibotos.token_discovery import discover
 
-from . import exit_codes, other, workspace
-from .common import Settings, use
+from . import exit_codes, volumes_and_commands, workspace
 from .help import command_of
+from .session import Settings, use
 
 HELP = (
     "kibo: drive workspaces from a terminal.\n\n"
@@ -28,9 +28,9 @@ app = typer.Typer(
     rich_markup_mode="rich",
 )
 app.add_typer(workspace.app, name="workspace")
-app.add_typer(other.command_app, name="command")
-app.add_typer(other.volume_app, name="volume")
-app.command("capabilities")(other.capabilities)
+app.add_typer(volumes_and_commands.command_app, name="command")
+app.add_typer(volumes_and_commands.volume_app, name="volume")
+app.command("capabilities")(volumes_and_commands.capabilities)
 
 
 @app.callback()

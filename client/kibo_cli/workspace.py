@@ -13,7 +13,10 @@ from kibo.ctrl.v1 import command_pb2, workspace_pb2
 from kibo.ctrl.v1 import observation_service_pb2 as obs_pb2
 
 from . import data_plane, output, parsing, render, workspace_config
-from .common import (
+from .exit_codes import ExitCode
+from .output import Format, note
+from .progress import Progress
+from .session import (
     DEFAULT_TIMEOUT,
     CommandIdOpt,
     NoWaitOpt,
@@ -29,9 +32,6 @@ from .common import (
     run_command,
     timeout_seconds,
 )
-from .exit_codes import ExitCode
-from .output import Format, note
-from .progress import Progress
 
 app = typer.Typer(help="Create, inspect, stop, start and delete workspaces.", no_args_is_help=True)
 

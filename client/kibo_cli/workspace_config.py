@@ -12,9 +12,9 @@ import typer
 from kibo.ctrl.v1 import workspace_pb2
 
 from . import output, render
-from .common import CommandIdOpt, OutputOpt, command_id_or_new, connect, fail, handle
 from .exit_codes import ExitCode
 from .output import Format
+from .session import CommandIdOpt, OutputOpt, command_id_or_new, connect, fail, handle
 
 WorkspaceId = Annotated[str, typer.Argument(help="The workspace ID (ws-...).", show_default=False)]
 VolumeId = Annotated[str, typer.Argument(help="The volume ID (vol-...).", show_default=False)]

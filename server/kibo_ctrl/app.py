@@ -12,6 +12,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from opentelemetry.sdk.trace import TracerProvider
 
 from . import routes, tokens
 from .api import data_plane
@@ -31,11 +32,19 @@ from .runtime.process.idmap import IdRange
 from .runtime.process.runtime import ProcessOptions, ProcessRuntime
 from .runtime.sim.api import SimulatorApi
 from .runtime.sim.simulator import SimBoard, SimNode
+from .store.base import Reader
 from .store.sqlite import SqliteStore
+from .telemetry import events
+from .telemetry.endpoint import PATH as METRICS_PATH
+from .telemetry.endpoint import MetricsAccess, serve_metrics
+from .telemetry.metrics import Metrics
+from .telemetry.runtime import MeteredRuntime
+from .telemetry.tracing import Observers, Tracing
 from .transport.connect import application
 from .transport.grpc import service_handler
 from .transport.http import SERVERS, HttpLimits, HttpServer, open_file_limit
 from .transport.http_guard import BodyLimits, guard
+from .transport.rpc import NO_OBSERVER, RpcObserver
 from .transport.tls import Tls
 
 log = logging.getLogger("kibo")
@@ -88,6 +97,10 @@ class Config:
     stop_grace_ms: float = 10_000.0
     guest_id_base: int = 100_000  # host uids/gids base..base+65535 are the guests'
     storage_overcommit: float = 1.0
+    # GET /metrics on the HTTP listener: operator token (default), open, or off.
+    metrics: MetricsAccess = MetricsAccess.OPERATOR
+    # Traces: an OpenTelemetry TracerProvider (cli.py builds it from the OTEL_* variables); None: off.
+    tracer_provider: TracerProvider | None = None
 
 
 class App:
@@ -113,6 +126,17 @@ class App:
         self.store = await SqliteStore.open(config.data_dir / "kibo.db")
         self.hub = Hub()
         self.store.subscribe(self.hub.publish)
+        self.metrics = Metrics()
+        # --metrics off: no /metrics and no per-call counting (the RPC and commit paths are bare).
+        self._counting = config.metrics is not MetricsAccess.OFF
+        if self._counting:
+            self.store.observe_commits(self.metrics.commit_observed)
+            self.hub.listen(self.metrics.on_changes)
+        # Traces (OTEL_* variables, cli.py; off by default): spans per RPC and per command step.
+        self.tracing = Tracing(config.tracer_provider) if config.tracer_provider is not None else None
+        if self.tracing is not None:
+            self.hub.listen(self.tracing.on_changes)
+        self.hub.listen(events.on_changes)
         storage_pool = "local"
         self.service = Service(Settings(storage_pool=storage_pool, quotas=config.quotas))
         self.authenticator = await self._authenticator()
@@ -154,13 +178,20 @@ class App:
             self.runtimes.update(sim_nodes)
             self.sim_api = SimulatorApi(self._find_workspace, board, sim_nodes, self._pool_lost)
         liveness = Liveness(self.store, [n.id for n in nodes], config.node_timeout_ms / 1000)
+        # Each node agent drives its runtime through the timing wrapper (metrics, failure
+        # logs, and with tracing a span per operation in its command's trace).
+        metered = {
+            n.id: MeteredRuntime(self.runtimes[n.id], n.id, self.metrics, self.tracing, self._trace_parent_of)
+            for n in nodes
+        }
+        self.metrics.watch_nodes(nodes, lambda node_id: self.runtimes[node_id].reachable.is_set(), liveness.report_age)
         # The pool's files are deleted by its first node.
         agents = [
-            NodeAgent(n, self.runtimes[n.id], self.store, liveness)
+            NodeAgent(n, metered[n.id], self.store, liveness)
             if i == 0
             else NodeAgent(
                 Node(n.id, n.vcpus, n.memory_mib, storage_pool=f"{storage_pool}-{n.id}"),
-                self.runtimes[n.id],
+                metered[n.id],
                 self.store,
                 liveness,
             )
@@ -178,6 +209,7 @@ class App:
         self.data_plane = data_plane.DataPlane(self.store, guests, config.data_dir)
         # Revoke, stop and delete end the data-plane calls running under the old credential.
         self.hub.listen(self.data_plane.on_changes)
+        self.metrics.data_plane_sessions.set_function(lambda: self.data_plane.sessions.count)
         for coroutine in (scheduler.run(), expiry.run(), liveness.run(), *(a.run() for a in agents)):
             self._tasks.append(asyncio.create_task(self._supervise(coroutine)))
         await self._serve()
@@ -207,6 +239,18 @@ class App:
             return await self.store.read(lambda r: r.find_token(digest))
 
         return Authenticator(lookup, rate)
+
+    async def _trace_parent_of(self, workspace_id: str) -> str:
+        """The trace of the command a node acts for: the workspace's active command's."""
+
+        def read(reader: Reader) -> str:
+            workspace = reader.get_workspace(workspace_id)
+            if workspace is None or workspace.active_command is None:
+                return ""
+            command = reader.get_command(workspace.tenant, workspace.active_command)
+            return command.trace_parent if command is not None else ""
+
+        return await self.store.read(read)
 
     async def _find_workspace(self, workspace_id: str) -> Workspace | None:
         return await self.store.read(lambda r: r.get_workspace(workspace_id))
@@ -252,7 +296,10 @@ class App:
         # (UNIMPLEMENTED on both listeners, absent from reflection and health).
         if self.sim_api is not None:
             services.append(routes.simulator_service(self.sim_api))
-        self.server.add_generic_rpc_handlers([service_handler(service, self.authenticator) for service in services])
+        grpc_observer = self._rpc_observer("grpc")
+        self.server.add_generic_rpc_handlers(
+            [service_handler(service, self.authenticator, grpc_observer) for service in services]
+        )
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         names = [service.full_name for service in services] + [health.SERVICE_NAME, reflection.SERVICE_NAME]
@@ -267,9 +314,13 @@ class App:
         await self.server.start()
         self.http: HttpServer | None = None
         if self.config.http_listen:
-            asgi = application(services, MAX_MESSAGE_BYTES, self.authenticator)
+            connect_observer = self._rpc_observer("connect")
+            asgi = application(services, MAX_MESSAGE_BYTES, self.authenticator, connect_observer)
+            asgi = serve_metrics(asgi, self.metrics, self.store, self.authenticator, self.config.metrics)
             # Health, and the methods a data-plane credential in the body authorizes, need no token.
             open_paths = frozenset(["/healthz"]).union(*(service.credential_paths for service in services))
+            if self.config.metrics is MetricsAccess.OPEN:
+                open_paths |= {METRICS_PATH}
             guarded = guard(asgi, self.authenticator, open_paths, self.config.http_body)
             http_server = SERVERS[self.config.http_server]
             try:
@@ -285,6 +336,16 @@ class App:
         # SERVING only once both listeners accept calls.
         for name in ["", *(service.full_name for service in services)]:
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+
+    def _rpc_observer(self, transport: str) -> RpcObserver:
+        observers: list[RpcObserver] = []
+        if self._counting:
+            observers.append(self.metrics.rpc_observer(transport))
+        if self.tracing is not None:
+            observers.append(self.tracing.rpc_observer(transport))
+        if not observers:
+            return NO_OBSERVER
+        return observers[0] if len(observers) == 1 else Observers(*observers)
 
     def _grpc_connection_cap(self) -> int:
         if self.config.grpc_max_connections > 0:
@@ -309,6 +370,8 @@ class App:
         for closable in self._closables:
             await closable.close()
         await self.store.close()
+        if self.tracing is not None:
+            self.tracing.shutdown()  # flushes the spans still batched
 
 
 def _raise_open_file_limit() -> None:

@@ -22,6 +22,8 @@ from .domain.errors import KiboError, StoreError
 from .domain.model import Backend
 from .engine.service import Quotas
 from .store.sqlite import SqliteStore
+from .telemetry import logs, tracing
+from .telemetry.endpoint import MetricsAccess
 from .transport.http import HttpLimits
 from .transport.http_guard import BodyLimits
 from .transport.tls import Tls
@@ -159,6 +161,16 @@ def serve(
         Path | None, typer.Option(help="PEM CA: require client certificates it signed (mutual TLS).")
     ] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
+    log_format: Annotated[
+        str, typer.Option(help="text, or json: one JSON object a line with workspace, command and node IDs as fields.")
+    ] = "text",
+    metrics: Annotated[
+        MetricsAccess,
+        typer.Option(
+            help="GET /metrics (Prometheus) on the HTTP listener: operator (needs an operator token), "
+            "open (no token: only where the scraper alone reaches the port) or off (no /metrics, nothing counted)."
+        ),
+    ] = MetricsAccess.OPERATOR,
 ) -> None:
     """Run the control plane until SIGTERM or SIGINT.
 
@@ -168,7 +180,9 @@ def serve(
     The HTTP port may face the internet: a request without a valid token is refused from
     its headers (its body is never read), and the --http-* limits bound what any client
     can hold. Log lines are rate-limited (10 of a kind per 10 s)."""
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if log_format not in logs.FORMATS:
+        raise typer.BadParameter("choose text or json", param_hint="--log-format")
+    logs.configure(log_level, log_format)
     log_limit.install()
     config = Config(
         data_dir=data_dir or default_data_dir(),
@@ -203,6 +217,8 @@ def serve(
         rate_limit_rps=rate_limit_rps,
         quotas=Quotas(workspaces=quota_workspaces, vcpus=quota_vcpus, memory_mib=quota_memory_mib),
         tls=_tls(tls_cert, tls_key, tls_client_ca),
+        metrics=metrics,
+        tracer_provider=tracing.from_env(),
     )
     if http_server not in ("uvicorn", "hypercorn"):
         raise typer.BadParameter("choose uvicorn or hypercorn", param_hint="--http-server")

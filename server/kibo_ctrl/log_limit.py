@@ -14,6 +14,9 @@ import time
 # Kinds of message remembered; past this the table starts over (messages built with
 # f-strings would otherwise grow it without bound).
 MAX_KINDS = 1000
+# Loggers never limited: the workspace event log (telemetry/events.py) is an audit trail
+# of what authenticated callers did, bounded by their rate limit, not a library's flood.
+EXEMPT = frozenset({"kibo.events"})
 
 
 class RateLimitFilter(logging.Filter):
@@ -25,6 +28,8 @@ class RateLimitFilter(logging.Filter):
         self._windows: dict[tuple[str, int, str], tuple[float, int, int]] = {}
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if record.name in EXEMPT:
+            return True
         kind = (record.name, record.levelno, str(record.msg).split("\n", 1)[0][:200])
         now = time.monotonic()
         start, passed, dropped = self._windows.get(kind, (now, 0, 0))

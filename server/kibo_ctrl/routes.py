@@ -1,7 +1,9 @@
 """Every RPC kibo serves, bound to its handler: one table per proto service.
 
 Both transports serve these tables (transport/grpc.py, transport/connect.py), so this is
-where a method name leads to the code that answers it ("go to definition" on the handler).
+where a method name leads to the code that answers it ("go to definition" on the handler;
+for a command, on its entry in the registry, api/commands.py, which names its parser and
+its engine handler).
 `Service` checks each table against its proto when it is built: a method added to a proto
 but not here, or with the wrong types, stops the server from starting (and the tests)."""
 
@@ -13,6 +15,7 @@ from kibo.ctrl.v1 import volume_service_pb2 as vol
 from kibo.ctrl.v1 import workspace_service_pb2 as ws
 from kibo.sim.v1 import simulator_pb2 as sim
 
+from .api.commands import VOLUME_COMMANDS, WORKSPACE_COMMANDS
 from .api.control_plane import Api
 from .api.data_plane import DataPlane
 from .runtime.sim.api import SimulatorApi
@@ -23,12 +26,8 @@ def workspace_service(api: Api) -> Service:
     return Service(
         ws.DESCRIPTOR.services_by_name["WorkspaceService"],
         (
-            Unary("CreateWorkspace", ws.CreateWorkspaceRequest, ws.CreateWorkspaceResponse, api.create_workspace),
             Unary("GetWorkspace", ws.GetWorkspaceRequest, ws.GetWorkspaceResponse, api.get_workspace),
             Unary("ListWorkspaces", ws.ListWorkspacesRequest, ws.ListWorkspacesResponse, api.list_workspaces),
-            Unary("StopWorkspace", ws.StopWorkspaceRequest, ws.StopWorkspaceResponse, api.stop_workspace),
-            Unary("StartWorkspace", ws.StartWorkspaceRequest, ws.StartWorkspaceResponse, api.start_workspace),
-            Unary("DeleteWorkspace", ws.DeleteWorkspaceRequest, ws.DeleteWorkspaceResponse, api.delete_workspace),
             Unary(
                 "GetWorkspaceCommand",
                 ws.GetWorkspaceCommandRequest,
@@ -37,49 +36,8 @@ def workspace_service(api: Api) -> Service:
             ),
             ServerStream("WatchWorkspace", ws.WatchWorkspaceRequest, ws.WatchWorkspaceResponse, api.watch_workspace),
             Unary("GetCapabilities", ws.GetCapabilitiesRequest, ws.GetCapabilitiesResponse, api.get_capabilities),
-            Unary(
-                "SetWorkspaceExpiration",
-                ws.SetWorkspaceExpirationRequest,
-                ws.SetWorkspaceExpirationResponse,
-                api.set_workspace_expiration,
-            ),
-            Unary(
-                "ClearWorkspaceExpiration",
-                ws.ClearWorkspaceExpirationRequest,
-                ws.ClearWorkspaceExpirationResponse,
-                api.clear_workspace_expiration,
-            ),
-            Unary(
-                "SetWorkspaceLabels",
-                ws.SetWorkspaceLabelsRequest,
-                ws.SetWorkspaceLabelsResponse,
-                api.set_workspace_labels,
-            ),
-            Unary("ResizeWorkspace", ws.ResizeWorkspaceRequest, ws.ResizeWorkspaceResponse, api.resize_workspace),
-            Unary(
-                "SetWorkspaceNetworkPolicy",
-                ws.SetWorkspaceNetworkPolicyRequest,
-                ws.SetWorkspaceNetworkPolicyResponse,
-                api.set_workspace_network_policy,
-            ),
-            Unary(
-                "BindWorkspaceVolume",
-                ws.BindWorkspaceVolumeRequest,
-                ws.BindWorkspaceVolumeResponse,
-                api.bind_workspace_volume,
-            ),
-            Unary(
-                "UnbindWorkspaceVolume",
-                ws.UnbindWorkspaceVolumeRequest,
-                ws.UnbindWorkspaceVolumeResponse,
-                api.unbind_workspace_volume,
-            ),
-            Unary(
-                "RevokeWorkspaceDataPlaneAccess",
-                ws.RevokeWorkspaceDataPlaneAccessRequest,
-                ws.RevokeWorkspaceDataPlaneAccessResponse,
-                api.revoke_workspace_data_plane_access,
-            ),
+            # The commands: each declared once, in the registry (api/commands.py).
+            *(Unary(c.rpc, c.request, c.response, api.workspace_command(c)) for c in WORKSPACE_COMMANDS),
         ),
     )
 
@@ -114,9 +72,9 @@ def volume_service(api: Api) -> Service:
     return Service(
         vol.DESCRIPTOR.services_by_name["VolumeService"],
         (
-            Unary("CreateVolume", vol.CreateVolumeRequest, vol.CreateVolumeResponse, api.create_volume),
+            # The commands, from the registry (api/commands.py).
+            *(Unary(c.rpc, c.request, c.response, api.volume_command(c)) for c in VOLUME_COMMANDS),
             Unary("GetVolume", vol.GetVolumeRequest, vol.GetVolumeResponse, api.get_volume),
-            Unary("DeleteVolume", vol.DeleteVolumeRequest, vol.DeleteVolumeResponse, api.delete_volume),
         ),
     )
 

@@ -17,6 +17,7 @@ from unittest.mock import Mock
 import pytest
 from kibo.ctrl.v1 import volume_service_pb2 as vol
 from kibo_ctrl import routes
+from kibo_ctrl.api import commands
 from kibo_ctrl.api.control_plane import Api
 from kibo_ctrl.api.data_plane import DataPlane
 from kibo_ctrl.runtime.sim.api import SimulatorApi
@@ -127,10 +128,23 @@ TABLES = [
 @pytest.mark.parametrize(("build", "implementation"), TABLES)
 def test_every_proto_method_is_routed_to_a_handler_of_its_service(build: Any, implementation: type) -> None:
     # spec=: a handler the implementation does not have is an AttributeError here.
-    service = build(Mock(spec=implementation))
+    implementation_mock = Mock(spec=implementation)
+    service = build(implementation_mock)
     assert sorted(rpc.name for rpc in service.rpcs) == sorted(m.name for m in service.descriptor.methods)
+    entries = {entry.rpc: entry for entry in (*commands.WORKSPACE_COMMANDS, *commands.VOLUME_COMMANDS)}
     for rpc in service.rpcs:
-        assert rpc.handler._mock_name == re.sub(r"(?<!^)(?=[A-Z])", "_", rpc.name).lower(), rpc.name
+        snake = re.sub(r"(?<!^)(?=[A-Z])", "_", rpc.name).lower()
+        entry = entries.get(rpc.name)
+        if entry is None:
+            assert rpc.handler._mock_name == snake, rpc.name
+            continue
+        # A command: served through its registry entry (api/commands.py), whose engine
+        # handler is named after it.
+        workspace_command = entry in commands.WORKSPACE_COMMANDS
+        runner = implementation_mock.workspace_command if workspace_command else implementation_mock.volume_command
+        assert rpc.handler is runner.return_value, rpc.name
+        assert any(call.args == (entry,) for call in runner.call_args_list), rpc.name
+        assert entry.handle.__name__ == snake, rpc.name
 
 
 def test_a_table_that_drifts_from_its_proto_stops_the_server_from_starting() -> None:

@@ -11,10 +11,11 @@ import contextlib
 import hashlib
 import json
 import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
+from google.protobuf.message import Message
 from kibo.ctrl.v1 import (
     observation_service_pb2 as obs_pb2,
 )
@@ -37,9 +38,11 @@ from ..engine.service import CommandRequest, Service
 from ..runtime.base import MachineObserver
 from ..store.base import Changes, Reader, Store, WorkspaceQuery, WorkspaceSlice
 from . import parse, render
+from .commands import VolumeCommand, WorkspaceCommand
 from .fairness import TenantSlots
 
-RequestT = TypeVar("RequestT")
+Req = TypeVar("Req", bound=Message)
+Resp = TypeVar("Resp", bound=Message)
 
 # How many rendered workspaces GetWorkspace, ListWorkspaces and WatchWorkspace remember,
 # and how many workspace records GetWorkspace and WatchWorkspace can answer from memory.
@@ -102,16 +105,43 @@ class Api:
         self._rendered[workspace.id] = (workspace.version, message)
         return message
 
-    # -- commands ----------------------------------------------------------------------
+    # -- commands (declared in api/commands.py) ---------------------------------------
+
+    def workspace_command(self, command: WorkspaceCommand[Req, Resp]) -> Callable[[Req, Caller], Awaitable[Resp]]:
+        """The RPC handler of a registry entry (api/commands.py) for a workspace command."""
+
+        async def handle(message: Req, caller: Caller) -> Resp:
+            workspace, done = await self._command(caller, command, message)
+            return command.response(workspace=render.workspace(workspace), command=render.command(done))
+
+        return handle
+
+    def volume_command(self, command: VolumeCommand[Req, Resp]) -> Callable[[Req, Caller], Awaitable[Resp]]:
+        """The RPC handler of a registry entry for a volume command (it takes effect at once)."""
+
+        async def handle(message: Req, caller: Caller) -> Resp:
+            request = self._parse(caller, command, message)
+            volume = await self._store.transact(self._service.execute, command.handle, request)
+            return command.response(volume=render.volume(volume))
+
+        return handle
+
+    @staticmethod
+    def _parse(
+        caller: Caller, entry: WorkspaceCommand[Req, Resp] | VolumeCommand[Req, Resp], message: Req
+    ) -> CommandRequest:
+        # Permission before anything else (AIP-193), then every field, then reserved prefixes.
+        caller.require_admin(entry.rpc)
+        request = replace(entry.parse(message), tenant=caller.tenant)
+        assert request.kind in entry.kinds, (entry.rpc, request.kind)  # a parser that drifted from its entry
+        validation.command_id(request.command_id)
+        return request
 
     async def _command(
-        self, caller: Caller, parser: Callable[[RequestT], CommandRequest], message: RequestT
+        self, caller: Caller, entry: WorkspaceCommand[Req, Resp], message: Req
     ) -> tuple[Workspace, Command]:
-        # Permission before anything else (AIP-193), then every field, then reserved prefixes.
-        caller.require_admin(type(message).__name__.removesuffix("Request"))
-        request = replace(parser(message), tenant=caller.tenant)
-        validation.command_id(request.command_id)
-        workspace, command = await self._store.transact(self._service.execute, request)
+        request = self._parse(caller, entry, message)
+        workspace, command = await self._store.transact(self._service.execute, entry.handle, request)
         if command.terminal or self._settle <= 0:
             return workspace, command
         done = self._hub.command_done(command.key)
@@ -129,80 +159,6 @@ class Api:
             return ws, cmd
 
         return await self._store.read(both)
-
-    async def create_workspace(
-        self, request: ws_pb2.CreateWorkspaceRequest, caller: Caller
-    ) -> ws_pb2.CreateWorkspaceResponse:
-        ws, cmd = await self._command(caller, parse.create, request)
-        return ws_pb2.CreateWorkspaceResponse(workspace=render.workspace(ws), command=render.command(cmd))
-
-    async def stop_workspace(
-        self, request: ws_pb2.StopWorkspaceRequest, caller: Caller
-    ) -> ws_pb2.StopWorkspaceResponse:
-        ws, cmd = await self._command(caller, parse.stop, request)
-        return ws_pb2.StopWorkspaceResponse(workspace=render.workspace(ws), command=render.command(cmd))
-
-    async def start_workspace(
-        self, request: ws_pb2.StartWorkspaceRequest, caller: Caller
-    ) -> ws_pb2.StartWorkspaceResponse:
-        ws, cmd = await self._command(caller, parse.start, request)
-        return ws_pb2.StartWorkspaceResponse(workspace=render.workspace(ws), command=render.command(cmd))
-
-    async def delete_workspace(
-        self, request: ws_pb2.DeleteWorkspaceRequest, caller: Caller
-    ) -> ws_pb2.DeleteWorkspaceResponse:
-        ws, cmd = await self._command(caller, parse.delete, request)
-        return ws_pb2.DeleteWorkspaceResponse(workspace=render.workspace(ws), command=render.command(cmd))
-
-    async def set_workspace_expiration(
-        self, request: ws_pb2.SetWorkspaceExpirationRequest, caller: Caller
-    ) -> ws_pb2.SetWorkspaceExpirationResponse:
-        ws, cmd = await self._command(caller, parse.set_expiration, request)
-        return ws_pb2.SetWorkspaceExpirationResponse(workspace=render.workspace(ws), command=render.command(cmd))
-
-    async def clear_workspace_expiration(
-        self, request: ws_pb2.ClearWorkspaceExpirationRequest, caller: Caller
-    ) -> ws_pb2.ClearWorkspaceExpirationResponse:
-        ws, cmd = await self._command(caller, parse.clear_expiration, request)
-        return ws_pb2.ClearWorkspaceExpirationResponse(workspace=render.workspace(ws), command=render.command(cmd))
-
-    async def set_workspace_labels(
-        self, request: ws_pb2.SetWorkspaceLabelsRequest, caller: Caller
-    ) -> ws_pb2.SetWorkspaceLabelsResponse:
-        ws, cmd = await self._command(caller, parse.set_labels, request)
-        return ws_pb2.SetWorkspaceLabelsResponse(workspace=render.workspace(ws), command=render.command(cmd))
-
-    async def resize_workspace(
-        self, request: ws_pb2.ResizeWorkspaceRequest, caller: Caller
-    ) -> ws_pb2.ResizeWorkspaceResponse:
-        ws, cmd = await self._command(caller, parse.resize, request)
-        return ws_pb2.ResizeWorkspaceResponse(workspace=render.workspace(ws), command=render.command(cmd))
-
-    async def set_workspace_network_policy(
-        self, request: ws_pb2.SetWorkspaceNetworkPolicyRequest, caller: Caller
-    ) -> ws_pb2.SetWorkspaceNetworkPolicyResponse:
-        ws, cmd = await self._command(caller, parse.set_network_policy, request)
-        return ws_pb2.SetWorkspaceNetworkPolicyResponse(workspace=render.workspace(ws), command=render.command(cmd))
-
-    async def bind_workspace_volume(
-        self, request: ws_pb2.BindWorkspaceVolumeRequest, caller: Caller
-    ) -> ws_pb2.BindWorkspaceVolumeResponse:
-        ws, cmd = await self._command(caller, parse.bind_volume, request)
-        return ws_pb2.BindWorkspaceVolumeResponse(workspace=render.workspace(ws), command=render.command(cmd))
-
-    async def unbind_workspace_volume(
-        self, request: ws_pb2.UnbindWorkspaceVolumeRequest, caller: Caller
-    ) -> ws_pb2.UnbindWorkspaceVolumeResponse:
-        ws, cmd = await self._command(caller, parse.unbind_volume, request)
-        return ws_pb2.UnbindWorkspaceVolumeResponse(workspace=render.workspace(ws), command=render.command(cmd))
-
-    async def revoke_workspace_data_plane_access(
-        self, request: ws_pb2.RevokeWorkspaceDataPlaneAccessRequest, caller: Caller
-    ) -> ws_pb2.RevokeWorkspaceDataPlaneAccessResponse:
-        ws, cmd = await self._command(caller, parse.revoke, request)
-        return ws_pb2.RevokeWorkspaceDataPlaneAccessResponse(
-            workspace=render.workspace(ws), command=render.command(cmd)
-        )
 
     # -- queries -----------------------------------------------------------------------
 
@@ -384,32 +340,12 @@ class Api:
 
     # -- volumes -----------------------------------------------------------------------
 
-    async def create_volume(self, request: vol_pb2.CreateVolumeRequest, caller: Caller) -> vol_pb2.CreateVolumeResponse:
-        caller.require_admin("CreateVolume")
-        command_id = validation.command_id(request.metadata.command_id, reserved_ok=True)
-        if not 0 <= request.capacity_gib <= validation.MAX_VOLUME_GIB:
-            raise InvalidArgument("capacity_gib is out of range", field="capacity_gib")
-        validation.command_id(command_id)
-        capacity = request.capacity_gib or validation.DEFAULT_DATA_VOLUME_GIB
-        digest = parse.fingerprint("CreateVolume", request)
-        volume = await self._store.transact(self._service.create_volume, caller.tenant, command_id, digest, capacity)
-        return vol_pb2.CreateVolumeResponse(volume=render.volume(volume))
-
     async def get_volume(self, request: vol_pb2.GetVolumeRequest, caller: Caller) -> vol_pb2.GetVolumeResponse:
         volume_id = validation.resource_id(request.volume_id, "volume_id", "vol-")
         volume = await self._store.read(lambda r: r.get_volume(volume_id))
         if volume is None or volume.tenant != caller.tenant:
             raise NotFound(f"volume {volume_id} not found", field="volume_id")
         return vol_pb2.GetVolumeResponse(volume=render.volume(volume))
-
-    async def delete_volume(self, request: vol_pb2.DeleteVolumeRequest, caller: Caller) -> vol_pb2.DeleteVolumeResponse:
-        caller.require_admin("DeleteVolume")
-        command_id = validation.command_id(request.metadata.command_id, reserved_ok=True)
-        volume_id = validation.resource_id(request.volume_id, "volume_id", "vol-")
-        validation.command_id(command_id)
-        digest = parse.fingerprint("DeleteVolume", request)
-        volume = await self._store.transact(self._service.delete_volume, caller.tenant, command_id, digest, volume_id)
-        return vol_pb2.DeleteVolumeResponse(volume=render.volume(volume))
 
 
 def _scan_slice(reader: Reader, query: WorkspaceQuery, max_rows: int, want: int) -> WorkspaceSlice:

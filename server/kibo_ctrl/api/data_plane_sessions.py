@@ -64,6 +64,11 @@ class Sessions:
                 if not running:
                     del self._running[workspace_id]
 
+    @property
+    def count(self) -> int:
+        """Data-plane calls running now (metrics)."""
+        return sum(len(running) for running in self._running.values())
+
     def on_changes(self, changes: Changes) -> None:
         """A hub listener: called after every commit, in the event loop."""
         for workspace in changes.workspaces.values():

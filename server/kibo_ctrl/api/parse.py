@@ -8,6 +8,7 @@ from dataclasses import replace
 from typing import Any
 
 from google.protobuf.message import Message
+from kibo.ctrl.v1 import volume_service_pb2 as vol_pb2
 from kibo.ctrl.v1 import workspace_pb2
 from kibo.ctrl.v1 import workspace_service_pb2 as ws_pb2
 
@@ -220,4 +221,26 @@ def revoke(request: ws_pb2.RevokeWorkspaceDataPlaneAccessRequest) -> CommandRequ
         "RevokeWorkspaceDataPlaneAccess",
         request,
         workspace_id=workspace_id(request.workspace_id),
+    )
+
+
+def create_volume(request: vol_pb2.CreateVolumeRequest) -> CommandRequest:
+    command_id = validation.command_id(request.metadata.command_id, reserved_ok=True)
+    if not 0 <= request.capacity_gib <= validation.MAX_VOLUME_GIB:
+        raise InvalidArgument("capacity_gib is out of range", field="capacity_gib")
+    return CommandRequest(
+        kind=CommandKind.CREATE_VOLUME,
+        command_id=command_id,
+        fingerprint=fingerprint("CreateVolume", request),
+        capacity_gib=request.capacity_gib or validation.DEFAULT_DATA_VOLUME_GIB,
+    )
+
+
+def delete_volume(request: vol_pb2.DeleteVolumeRequest) -> CommandRequest:
+    command_id = validation.command_id(request.metadata.command_id, reserved_ok=True)
+    return CommandRequest(
+        kind=CommandKind.DELETE_VOLUME,
+        command_id=command_id,
+        fingerprint=fingerprint("DeleteVolume", request),
+        volume_id=validation.resource_id(request.volume_id, "volume_id", "vol-"),
     )

@@ -67,6 +67,16 @@ def workspace(record: Workspace) -> workspace_pb2.Workspace:
         data_plane=workspace_pb2.DataPlane(credential_revision=record.data_plane_revision),
         etag=f"{record.version}",
         deletion_started=record.deletion_started,
+        conditions=[
+            workspace_pb2.Condition(
+                type=c.type,
+                status=c.status,
+                reason=c.reason,
+                message=c.message,
+                last_transition_time=timestamp(c.last_transition_time),
+            )
+            for c in record.conditions
+        ],
     )
     if record.last_stop is not None:
         message.last_stop.CopyFrom(

@@ -233,6 +233,17 @@ class Guest(msgspec.Struct):
     responding: bool = True
 
 
+class Condition(msgspec.Struct):
+    """A named condition next to the state (Kubernetes style): `last_transition_time` is
+    when `status` last flipped; reason and message follow the records at every save."""
+
+    type: str
+    status: bool
+    reason: str
+    message: str = ""
+    last_transition_time: float = 0.0
+
+
 class StoragePending(msgspec.Struct):
     """Files that go once the storage pool has a node available (after delete)."""
 
@@ -276,6 +287,8 @@ class Workspace(msgspec.Struct):
     storage: StoragePending = msgspec.field(default_factory=StoragePending)
     version: int = 0
     tenant: str = "default"
+    # Derived at every save (domain/conditions.py); stored for their transition times.
+    conditions: list[Condition] = msgspec.field(default_factory=list)
 
 
 class CommandError(msgspec.Struct):
@@ -296,6 +309,8 @@ class Command(msgspec.Struct):
     error: CommandError | None = None
     volume_id: str = ""
     tenant: str = "default"
+    # The W3C traceparent of the call that made it ("" untraced): the loops continue its trace.
+    trace_parent: str = ""
 
     @property
     def key(self) -> str:

@@ -6,6 +6,9 @@ completes, and any stop the server now owes."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+from typing import Any
+
 from ..domain.model import (
     EXECUTION_PARTS,
     CommandError,
@@ -13,7 +16,6 @@ from ..domain.model import (
     Desired,
     ErrorCode,
     EventType,
-    Failure,
     Instance,
     Phase,
     StopCause,
@@ -41,6 +43,9 @@ from ..domain.reports import (
 from ..store.base import Tx
 from . import steps
 from .steps import event, finish_command, save
+
+# Phases in which no VMM runs: a STOPPING progress does not apply to them.
+_NOT_RUNNING = frozenset({Phase.EXITED, Phase.STOPPED, Phase.FAILED, Phase.RELEASED})
 
 # The guest-reset rule: more than MAX_RESETS within RESET_WINDOW seconds -> FAILED.
 MAX_RESETS = 3
@@ -74,63 +79,75 @@ def apply(tx: Tx, report: Report) -> None:
         # A report from the node proves it answers, even before liveness notices; without
         # this, an instance that stops or is released here is no longer among the node's
         # active instances, and the workspace would stay UNKNOWN after the node is back.
-        workspace.node_silent = False
-        event(tx, workspace, EventType.NODE_BACK, message=f"node {instance.node_id} reports again")
-    if isinstance(report, Progress):
-        instance.phase = report.phase
-        _volumes_created(tx, report.volumes_created)
-        if current:
-            steps.mark_running(tx, workspace)
-    elif isinstance(report, Launched):
-        _launched(tx, workspace, instance, report, current)
-    elif isinstance(report, LaunchFailed):
-        _launch_failed(tx, workspace, instance, report, current)
-    elif isinstance(report, Stopped):
-        _stopped(tx, workspace, instance, report, current)
-    elif isinstance(report, StopFailed):
-        instance.done_step = instance.step
-        if instance.phase is not Phase.EXITED:  # a VMM that exited stays exited
-            instance.phase = Phase.RUNNING
-        if current and workspace.active_kind in (CommandKind.STOP, CommandKind.FORCE_STOP):
-            workspace.failure = Failure(stage="STOP", message=report.message)
-            finish_command(tx, workspace, error=CommandError(ErrorCode.ABORTED, report.message))
-    elif isinstance(report, Destroyed):
-        instance.done_step = instance.step
-        instance.phase = Phase.RELEASED
-        instance.holds = []
-        if current and workspace.active_kind is CommandKind.DELETE:
-            steps.finish_delete(tx, workspace)
-    elif isinstance(report, DestroyFailed):
-        instance.done_step = instance.step
-        if current and workspace.active_kind is CommandKind.DELETE:
-            workspace.failure = Failure(stage="DELETE", message=report.message)
-            finish_command(tx, workspace, error=CommandError(ErrorCode.UNAVAILABLE, report.message))
-    elif isinstance(report, GuestReset):
-        _guest_reset(tx, workspace, instance, current)
-    elif isinstance(report, Restarted):
-        instance.done_step = instance.step
-        instance.phase = Phase.RUNNING
-        if current:
-            workspace.guest.responding = True
-    elif isinstance(report, RestartFailed):
-        instance.done_step = instance.step
-        instance.phase = Phase.EXITED
-        instance.reason = report.message
-        if current:
-            workspace.failure = Failure(stage="", message=f"guest reset: {report.message}")
-            workspace.release_pending_since = tx.now
-    elif isinstance(report, VmmExited):
-        _vmm_exited(tx, workspace, instance, report, current)
-    elif isinstance(report, GuestResponding) and current and workspace.guest.responding != report.responding:
-        workspace.guest.responding = report.responding
-        if not report.responding:
-            event(tx, workspace, EventType.GUEST_NOT_RESPONDING, message="the guest does not answer")
+        steps.set_node_silent(tx, workspace, instance.node_id, False)
+    FOLDS[type(report)](tx, workspace, instance, report, current)
     if current:
-        workspace.holds_execution = bool(instance.holds)
+        steps.observe_holds(workspace, instance)
         steps.start_owed_stop(tx, workspace, instance)
         save(tx, workspace, instance, command_id=finishing)
     else:
         tx.put_instance(instance)
+
+
+# Each fold: what one report type means for its instance and (when `current`, the report is
+# about the workspace's current instance) its workspace and active command. `apply` looks the
+# report's type up in FOLDS below.
+
+
+def _progress(tx: Tx, workspace: Workspace, instance: Instance, report: Progress, current: bool) -> None:
+    # Nothing runs to stop in these (an exited VMM stays EXITED for the stop's answer).
+    applies = not (report.phase is Phase.STOPPING and instance.phase in _NOT_RUNNING)
+    if applies and instance.phase is not report.phase:
+        message = f"instance {instance.id}: {report.phase.name.lower()} on {instance.node_id}"
+        event(tx, workspace, EventType.INSTANCE_PHASE, message=message)
+        instance.phase = report.phase
+    _volumes_created(tx, report.volumes_created)
+    if current:
+        steps.mark_running(tx, workspace)
+
+
+def _stop_failed(tx: Tx, workspace: Workspace, instance: Instance, report: StopFailed, current: bool) -> None:
+    instance.done_step = instance.step
+    if instance.phase is not Phase.EXITED:  # a VMM that exited stays exited
+        instance.phase = Phase.RUNNING
+    if current and workspace.active_kind in (CommandKind.STOP, CommandKind.FORCE_STOP):
+        steps.fail(workspace, "STOP", report.message)
+        finish_command(tx, workspace, error=CommandError(ErrorCode.ABORTED, report.message))
+
+
+def _destroyed(tx: Tx, workspace: Workspace, instance: Instance, report: Destroyed, current: bool) -> None:
+    instance.done_step = instance.step
+    instance.phase = Phase.RELEASED
+    instance.holds = []
+    if current and workspace.active_kind is CommandKind.DELETE:
+        steps.finish_delete(tx, workspace)
+
+
+def _destroy_failed(tx: Tx, workspace: Workspace, instance: Instance, report: DestroyFailed, current: bool) -> None:
+    instance.done_step = instance.step
+    if current and workspace.active_kind is CommandKind.DELETE:
+        steps.fail(workspace, "DELETE", report.message)
+        finish_command(tx, workspace, error=CommandError(ErrorCode.UNAVAILABLE, report.message))
+
+
+def _restarted(tx: Tx, workspace: Workspace, instance: Instance, report: Restarted, current: bool) -> None:
+    instance.done_step = instance.step
+    instance.phase = Phase.RUNNING
+    if current:
+        steps.set_guest_responding(tx, workspace, True)
+
+
+def _restart_failed(tx: Tx, workspace: Workspace, instance: Instance, report: RestartFailed, current: bool) -> None:
+    instance.done_step = instance.step
+    instance.phase = Phase.EXITED
+    instance.reason = report.message
+    if current:
+        steps.fail_execution(workspace, "", f"guest reset: {report.message}", tx.now)
+
+
+def _guest_responding(tx: Tx, workspace: Workspace, instance: Instance, report: GuestResponding, current: bool) -> None:
+    if current:
+        steps.set_guest_responding(tx, workspace, report.responding)
 
 
 def _volumes_created(tx: Tx, volume_ids: tuple[str, ...]) -> None:
@@ -148,8 +165,7 @@ def _launched(tx: Tx, workspace: Workspace, instance: Instance, report: Launched
     instance.reason = ""
     _volumes_created(tx, report.volumes_created)
     if current and workspace.active_kind in (CommandKind.CREATE, CommandKind.START):
-        workspace.failure = None
-        workspace.guest.responding = True
+        steps.running(workspace)
         finish_command(tx, workspace)
 
 
@@ -161,8 +177,7 @@ def _launch_failed(tx: Tx, workspace: Workspace, instance: Instance, report: Lau
     _volumes_created(tx, report.volumes_created)
     if current and workspace.active_kind in (CommandKind.CREATE, CommandKind.START):
         stage = workspace.active_kind.name
-        workspace.failure = Failure(stage=stage, message=report.message)
-        workspace.release_pending_since = tx.now if report.holds else None
+        steps.fail_execution(workspace, stage, report.message, tx.now, holding=bool(report.holds))
         finish_command(tx, workspace, error=CommandError(ErrorCode.UNAVAILABLE, report.message))
 
 
@@ -175,34 +190,23 @@ def _stopped(tx: Tx, workspace: Workspace, instance: Instance, report: Stopped, 
     durability = report.durability
     if workspace.active_kind is CommandKind.FORCE_STOP:
         durability = StopDurability.UNCONFIRMED
-    workspace.failure = None
-    workspace.release_pending_since = None
-    workspace.guest.responding = True
-    if workspace.last_stop is not None:
-        workspace.last_stop.durability = durability
+    steps.stopped(workspace, durability)
     finish_command(tx, workspace, durability=durability)
 
 
-def _guest_reset(tx: Tx, workspace: Workspace, instance: Instance, current: bool) -> None:
+def _guest_reset(tx: Tx, workspace: Workspace, instance: Instance, report: GuestReset, current: bool) -> None:
     if not current:
         return
     now = tx.now
-    guest = workspace.guest
-    guest.reset_times = [t for t in guest.reset_times if now - t < RESET_WINDOW] + [now]
-    guest.reset_count += 1
-    guest.last_reset_time = now
+    resets = steps.record_guest_reset(workspace, now, RESET_WINDOW)
     instance.restart_count += 1
-    resets = len(guest.reset_times)
     if resets > MAX_RESETS:
         instance.phase = Phase.EXITED
         instance.reason = f"{resets} resets within 10 minutes"
-        workspace.failure = Failure(
-            stage="", message=f"{resets} resets within 10 minutes: the guest is not restarted again"
-        )
-        workspace.release_pending_since = now
+        steps.fail_execution(workspace, "", f"{resets} resets within 10 minutes: the guest is not restarted again", now)
         event(tx, workspace, EventType.GUEST_RESET, message=f"reset {resets} within 10 minutes: not restarted")
         return
-    guest.responding = False
+    steps.restarting_guest(workspace)
     instance.phase = Phase.RESTARTING
     instance.reason = "guest reset: starting a new VMM for the same instance"
     steps.set_desired(instance, Desired.RUNNING)
@@ -218,13 +222,28 @@ def _vmm_exited(tx: Tx, workspace: Workspace, instance: Instance, report: VmmExi
         return
     message = _EXIT_FAILURES.get(report.reason)
     if message is not None:
-        workspace.failure = Failure(stage="", message=message)
-        workspace.release_pending_since = tx.now
+        steps.fail_execution(workspace, "", message, tx.now)
     owed = _OWED_STOPS.get(report.reason)
     if owed is not None:
-        workspace.owed_stop = owed
-        workspace.data_plane_revision += 1
-        workspace.guest.responding = False
+        steps.owe_stop(workspace, owed)
+
+
+# report type -> its fold, read like domain/rules.py: every Report type has exactly one
+# (tests/unit/test_report_folds.py checks it).
+FOLDS: Mapping[type[Report], Callable[[Tx, Workspace, Instance, Any, bool], None]] = {
+    Progress: _progress,
+    Launched: _launched,
+    LaunchFailed: _launch_failed,
+    Stopped: _stopped,
+    StopFailed: _stop_failed,
+    Destroyed: _destroyed,
+    DestroyFailed: _destroy_failed,
+    GuestReset: _guest_reset,
+    Restarted: _restarted,
+    RestartFailed: _restart_failed,
+    VmmExited: _vmm_exited,
+    GuestResponding: _guest_responding,
+}
 
 
 def apply_storage(tx: Tx, report: StorageReleased) -> None:
@@ -239,8 +258,7 @@ def apply_storage(tx: Tx, report: StorageReleased) -> None:
             volume.storage_pending = False
             volume.storage_release_time = tx.now
             tx.put_volume(volume)
-    workspace.storage.layer = False
-    workspace.storage.volume_ids = []
+    steps.storage_released(workspace)
     why = "the storage pool was declared lost: no readable data is left" if report.pool_lost else "files deleted"
     event(tx, workspace, EventType.STORAGE_RELEASED, message=f"retained layer and volumes released: {why}")
     save(tx, workspace, None)
@@ -261,11 +279,5 @@ def set_node_silent(tx: Tx, node_id: str, silent: bool) -> None:
         workspace = tx.get_workspace(instance.workspace_id)
         if workspace is None or workspace.instance_id != instance.id or workspace.node_silent == silent:
             continue
-        workspace.node_silent = silent
-        event(
-            tx,
-            workspace,
-            EventType.NODE_SILENT if silent else EventType.NODE_BACK,
-            message=f"node {node_id} {'stopped reporting' if silent else 'reports again'}",
-        )
+        steps.set_node_silent(tx, workspace, node_id, silent)
         save(tx, workspace, instance)

@@ -161,6 +161,8 @@ class NodeAgent:
             async def progress(phase: Phase, volumes: tuple[str, ...]) -> None:
                 await self._report(Progress(instance.id, None, phase=phase, volumes_created=volumes))
 
+            # The phases before the runtime's own (LAUNCHING...): visible while it provisions.
+            await progress(Phase.PROVISIONING, ())
             try:
                 volumes = await self.runtime.launch(spec, progress)
             except LaunchError as error:
@@ -168,6 +170,7 @@ class NodeAgent:
             return Launched(instance.id, step, volumes)
         if instance.desired in (Desired.STOPPED, Desired.FORCE_STOPPED):
             force = instance.desired is Desired.FORCE_STOPPED
+            await self._report(Progress(instance.id, None, phase=Phase.STOPPING))
             try:
                 durability = await self.runtime.stop(instance, force=force)
             except SyncError as error:
@@ -294,6 +297,11 @@ class Liveness:
         # None: not yet decided since start (the first beat clears stale silence).
         self._silent: dict[str, bool | None] = dict.fromkeys(node_ids)
         self._writes: set[asyncio.Task[None]] = set()
+
+    def report_age(self, node_id: str) -> float | None:
+        """Seconds since the node last reported (its lease's age); None before its first report."""
+        last = self._last.get(node_id)
+        return None if last is None else time.monotonic() - last
 
     def beat(self, node_id: str) -> None:
         self._last[node_id] = time.monotonic()

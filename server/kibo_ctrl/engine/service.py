@@ -1,14 +1,18 @@
-"""Commands: each is checked and recorded in one store transaction.
+"""Command handlers: each command is checked and recorded in one store transaction.
 
-Order of checks (the contract's error table): the request is well formed (done by the
-caller, see validation), the workspace exists, the command ID is new or a resend of the
-same request, the expiration revision matches, the state allows the operation."""
+Each handler is named after its RPC and is what the command registry (api/commands.py)
+names for it; `Service.execute` runs the one an entry names. Order of checks (the contract's
+error table): the request is well formed (done by the caller, see validation), the
+workspace exists, the command ID is new or a resend of the same request, the expiration
+revision matches (these three in `on_workspace`), the state allows the operation."""
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from ..domain import rules
 from ..domain.errors import CommandIdReused, Conflict, InvalidArgument, NotFound, QuotaExceeded, RevisionMismatch
@@ -21,7 +25,6 @@ from ..domain.model import (
     EventType,
     Expiration,
     ExpirationAction,
-    Instance,
     NetworkPolicy,
     Phase,
     Resources,
@@ -65,6 +68,7 @@ class CommandRequest:
     network_policy: NetworkPolicy | None = None
     binding: Binding | None = None
     volume_id: str = ""
+    capacity_gib: int = 0
     # Whose command this is: command IDs and workspaces are scoped per tenant.
     tenant: str = "default"
 
@@ -84,36 +88,25 @@ class Settings:
     quotas: Quotas = field(default_factory=Quotas)
 
 
-class Service:
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
-        self._handlers: dict[CommandKind, Callable[[Tx, Workspace, CommandRequest], Command]] = {
-            CommandKind.STOP: self._stop,
-            CommandKind.FORCE_STOP: self._force_stop,
-            CommandKind.START: self._start,
-            CommandKind.DELETE: self._delete,
-            CommandKind.SET_EXPIRATION: self._set_expiration,
-            CommandKind.CLEAR_EXPIRATION: self._clear_expiration,
-            CommandKind.SET_LABELS: self._set_labels,
-            CommandKind.RESIZE: self._resize,
-            CommandKind.SET_NETWORK_POLICY: self._set_network_policy,
-            CommandKind.BIND_VOLUME: self._bind_volume,
-            CommandKind.UNBIND_VOLUME: self._unbind_volume,
-            CommandKind.REVOKE_DATA_PLANE_ACCESS: self._revoke,
-        }
+T = TypeVar("T")
+# A command on an existing workspace, after the checks every such command takes first.
+WorkspaceHandler = Callable[["Service", Tx, Workspace, CommandRequest], Command]
+# What a registry entry names: the whole command, in the transaction `Service.execute` runs.
+WorkspaceCommandHandler = Callable[["Service", Tx, CommandRequest], tuple[Workspace, Command]]
+VolumeCommandHandler = Callable[["Service", Tx, CommandRequest], Volume]
 
-    # -- entry point -------------------------------------------------------------------
 
-    def execute(self, tx: Tx, request: CommandRequest) -> tuple[Workspace, Command]:
-        if request.kind is CommandKind.CREATE:
-            existing = self._existing(tx, request)
-            if existing is not None:
-                return existing
-            return self._create(tx, request)
+def on_workspace(handle: WorkspaceHandler) -> WorkspaceCommandHandler:
+    """A handler of a command on an existing workspace: first the workspace exists (for this
+    tenant), the command ID is new (a resend answers with its command), the expiration
+    revision matches; then `handle`."""
+
+    @functools.wraps(handle)
+    def checked(service: Service, tx: Tx, request: CommandRequest) -> tuple[Workspace, Command]:
         workspace = tx.get_workspace(request.workspace_id)
         if workspace is None or workspace.tenant != request.tenant:
             raise NotFound(f"workspace {request.workspace_id} not found", field="workspace_id")
-        existing = self._existing(tx, request)
+        existing = _existing(tx, request)
         if existing is not None:
             return existing
         if request.expected_revision and request.expected_revision != workspace.expiration.revision:
@@ -122,25 +115,41 @@ class Service:
                 f"the workspace is at {workspace.expiration.revision}",
                 field="expected_expiration_revision",
             )
-        command = self._handlers[request.kind](tx, workspace, request)
-        return workspace, command
+        return workspace, handle(service, tx, workspace, request)
 
-    def _existing(self, tx: Tx, request: CommandRequest) -> tuple[Workspace, Command] | None:
-        command = tx.get_command(request.tenant, request.command_id)
-        if command is None:
-            return None
-        if command.fingerprint != request.fingerprint:
-            raise CommandIdReused(
-                f"command ID {request.command_id} was already used for another request",
-                field="metadata.command_id",
-            )
-        workspace = tx.get_workspace(command.workspace_id)
-        assert workspace is not None  # commands are never recorded without their workspace
-        return workspace, command
+    return checked
+
+
+def _existing(tx: Tx, request: CommandRequest) -> tuple[Workspace, Command] | None:
+    command = tx.get_command(request.tenant, request.command_id)
+    if command is None:
+        return None
+    if command.fingerprint != request.fingerprint:
+        raise CommandIdReused(
+            f"command ID {request.command_id} was already used for another request",
+            field="metadata.command_id",
+        )
+    workspace = tx.get_workspace(command.workspace_id)
+    assert workspace is not None  # commands are never recorded without their workspace
+    return workspace, command
+
+
+class Service:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+
+    # -- entry point -------------------------------------------------------------------
+
+    def execute(self, tx: Tx, handle: Callable[[Service, Tx, CommandRequest], T], request: CommandRequest) -> T:
+        """Run the handler a registry entry names (api/commands.py), in this transaction."""
+        return handle(self, tx, request)
 
     # -- lifecycle ---------------------------------------------------------------------
 
-    def _create(self, tx: Tx, request: CommandRequest) -> tuple[Workspace, Command]:
+    def create_workspace(self, tx: Tx, request: CommandRequest) -> tuple[Workspace, Command]:
+        existing = _existing(tx, request)
+        if existing is not None:
+            return existing
         spec = request.create
         assert spec is not None
         workspace_id = f"ws-{uuid.uuid4().hex[:20]}"
@@ -181,42 +190,29 @@ class Service:
             expiration=expiration,
         )
         command = steps.new_command(tx, workspace, request.command_id, CommandKind.CREATE, request.fingerprint)
-        instance = self._new_instance(tx, workspace)
+        instance = steps.new_instance(tx, workspace)
         save(tx, workspace, instance, command_id=command.id)
         return workspace, command
 
-    def _new_instance(self, tx: Tx, workspace: Workspace) -> Instance:
-        workspace.generation += 1
-        instance = Instance(
-            id=f"{workspace.id}-g{workspace.generation}",
-            workspace_id=workspace.id,
-            generation=workspace.generation,
-            vcpus=workspace.resources.vcpus,
-            memory_mib=workspace.resources.memory_mib,
-            create_time=tx.now,
-        )
-        workspace.instance_id = instance.id
-        workspace.node_id = None
-        workspace.guest.reset_times.clear()
-        workspace.guest.reset_count = 0
-        workspace.guest.last_reset_time = None
-        workspace.guest.responding = True
-        return instance
-
-    def _start(self, tx: Tx, workspace: Workspace, request: CommandRequest) -> Command:
+    @on_workspace
+    def start_workspace(self, tx: Tx, workspace: Workspace, request: CommandRequest) -> Command:
         rules.check(CommandKind.START, steps.rule_facts(workspace))
         command = steps.new_command(tx, workspace, request.command_id, CommandKind.START, request.fingerprint)
-        workspace.last_stop = None
-        workspace.failure = None
-        workspace.release_pending_since = None
-        instance = self._new_instance(tx, workspace)
+        instance = steps.new_instance(tx, workspace)
         save(tx, workspace, instance, command_id=command.id)
         return command
 
-    def _stop(self, tx: Tx, workspace: Workspace, request: CommandRequest) -> Command:
-        return self.stop(tx, workspace, request.command_id, request.fingerprint, StopCause.REQUESTED)
+    @on_workspace
+    def stop_workspace(self, tx: Tx, workspace: Workspace, request: CommandRequest) -> Command:
+        # One RPC, two commands: its mode (parse.stop) chose the kind.
+        if request.kind is CommandKind.FORCE_STOP:
+            return self._force_stop(tx, workspace, request)
+        return self._graceful_stop(tx, workspace, request.command_id, request.fingerprint, StopCause.REQUESTED)
 
-    def stop(self, tx: Tx, workspace: Workspace, command_id: str, fingerprint: str, cause: StopCause) -> Command:
+    def _graceful_stop(
+        self, tx: Tx, workspace: Workspace, command_id: str, fingerprint: str, cause: StopCause
+    ) -> Command:
+        """A graceful stop, asked for by a caller or by the workspace's expiration."""
         rules.check(CommandKind.STOP, steps.rule_facts(workspace))
         instance = steps.current_instance(tx, workspace)
         command = steps.new_command(tx, workspace, command_id, CommandKind.STOP, fingerprint, cause=cause)
@@ -232,27 +228,22 @@ class Service:
         command = steps.new_command(
             tx, workspace, request.command_id, CommandKind.FORCE_STOP, request.fingerprint, cause=StopCause.REQUESTED
         )
-        workspace.failure = None
+        steps.clear_failure(workspace)
         steps.begin_stop(tx, workspace, instance, request.command_id, force=True, cause=StopCause.REQUESTED)
         save(tx, workspace, instance, command_id=command.id)
         return command
 
-    def _delete(self, tx: Tx, workspace: Workspace, request: CommandRequest) -> Command:
-        return self.delete(tx, workspace, request.command_id, request.fingerprint)
+    @on_workspace
+    def delete_workspace(self, tx: Tx, workspace: Workspace, request: CommandRequest) -> Command:
+        return self._delete(tx, workspace, request.command_id, request.fingerprint)
 
-    def delete(self, tx: Tx, workspace: Workspace, command_id: str, fingerprint: str) -> Command:
+    def _delete(self, tx: Tx, workspace: Workspace, command_id: str, fingerprint: str) -> Command:
+        """A delete, asked for by a caller or by the workspace's expiration."""
         rules.check(CommandKind.DELETE, steps.rule_facts(workspace))
         if workspace.active_command is not None:
             steps.cancel_active(tx, workspace, command_id, "cancelled by a delete")
         command = steps.new_command(tx, workspace, command_id, CommandKind.DELETE, fingerprint)
-        workspace.deletion_started = True
-        workspace.last_stop = None
-        workspace.failure = None
-        workspace.owed_stop = None
-        workspace.data_plane_revision += 1
-        if workspace.release_pending_since is None:
-            workspace.release_pending_since = tx.now
-        workspace.expiration.expire_time = None
+        steps.begin_delete(tx, workspace)
         instance = steps.current_instance(tx, workspace)
         if instance is not None and instance.node_id is None:
             # Never reached a node: nothing to release there.
@@ -270,12 +261,14 @@ class Service:
         return command
 
     # -- configuration (immediate commands) --------------------------------------------
+    # A configuration field (expiration, labels, resources, ...) is written by its command alone.
 
     def _immediate(self, tx: Tx, workspace: Workspace, request: CommandRequest, message: str) -> Command:
         rules.check(request.kind, steps.rule_facts(workspace))
         return steps.immediate_command(tx, workspace, request.command_id, request.kind, request.fingerprint, message)
 
-    def _set_expiration(self, tx: Tx, workspace: Workspace, request: CommandRequest) -> Command:
+    @on_workspace
+    def set_workspace_expiration(self, tx: Tx, workspace: Workspace, request: CommandRequest) -> Command:
         command = self._immediate(tx, workspace, request, "expiration set")
         workspace.expiration = Expiration(
             revision=workspace.expiration.revision + 1,
@@ -285,20 +278,23 @@ class Service:
         save(tx, workspace, None)
         return command
 
-    def _clear_expiration(self, tx: Tx, workspace: Workspace, request: CommandRequest) -> Command:
+    @on_workspace
+    def clear_workspace_expiration(self, tx: Tx, workspace: Workspace, request: CommandRequest) -> Command:
         command = self._immediate(tx, workspace, request, "expiration cleared")
         workspace.expiration = Expiration(revision=workspace.expiration.revision + 1)
         save(tx, workspace, None)
         return command
 
-    def _set_labels(self, tx: Tx, workspace: Workspace, request: CommandRequest) -> Command:
+    @on_workspace
+    def set_workspace_labels(self, tx: Tx, workspace: Workspace, request: CommandRequest) -> Command:
         command = self._immediate(tx, workspace, request, "labels and annotations replaced")
         workspace.labels = dict(request.labels)
         workspace.annotations = dict(request.annotations)
         save(tx, workspace, None)
         return command
 
-    def _resize(self, tx: Tx, workspace: Workspace, request: CommandRequest) -> Command:
+    @on_workspace
+    def resize_workspace(self, tx: Tx, workspace: Workspace, request: CommandRequest) -> Command:
         assert request.resources is not None
         rules.check(request.kind, steps.rule_facts(workspace))
         wanted, current = request.resources, workspace.resources
@@ -315,7 +311,8 @@ class Service:
         save(tx, workspace, None)
         return command
 
-    def _set_network_policy(self, tx: Tx, workspace: Workspace, request: CommandRequest) -> Command:
+    @on_workspace
+    def set_workspace_network_policy(self, tx: Tx, workspace: Workspace, request: CommandRequest) -> Command:
         assert request.network_policy is not None
         when = "now" if workspace.state is WorkspaceState.AVAILABLE else "at the next start"
         command = self._immediate(tx, workspace, request, f"network policy changed, effective {when}")
@@ -323,7 +320,8 @@ class Service:
         save(tx, workspace, None)
         return command
 
-    def _bind_volume(self, tx: Tx, workspace: Workspace, request: CommandRequest) -> Command:
+    @on_workspace
+    def bind_workspace_volume(self, tx: Tx, workspace: Workspace, request: CommandRequest) -> Command:
         binding = request.binding
         assert binding is not None
         rules.check(request.kind, steps.rule_facts(workspace))
@@ -337,7 +335,8 @@ class Service:
         save(tx, workspace, None)
         return command
 
-    def _unbind_volume(self, tx: Tx, workspace: Workspace, request: CommandRequest) -> Command:
+    @on_workspace
+    def unbind_workspace_volume(self, tx: Tx, workspace: Workspace, request: CommandRequest) -> Command:
         rules.check(request.kind, steps.rule_facts(workspace))
         if not any(b.volume_id == request.volume_id for b in workspace.bindings):
             raise NotFound(f"volume {request.volume_id} is not bound to {workspace.id}", field="volume_id")
@@ -350,9 +349,10 @@ class Service:
         save(tx, workspace, None)
         return command
 
-    def _revoke(self, tx: Tx, workspace: Workspace, request: CommandRequest) -> Command:
+    @on_workspace
+    def revoke_workspace_data_plane_access(self, tx: Tx, workspace: Workspace, request: CommandRequest) -> Command:
         command = self._immediate(tx, workspace, request, "every data-plane credential revoked")
-        workspace.data_plane_revision += 1
+        steps.revoke_credentials(workspace)
         save(tx, workspace, None)
         return command
 
@@ -385,7 +385,8 @@ class Service:
 
     # -- volumes ------------------------------------------------------------------------
 
-    def create_volume(self, tx: Tx, tenant: str, command_id: str, fingerprint: str, capacity_gib: int) -> Volume:
+    def create_volume(self, tx: Tx, request: CommandRequest) -> Volume:
+        tenant, command_id, fingerprint = request.tenant, request.command_id, request.fingerprint
         existing = tx.get_command(tenant, command_id)
         if existing is not None:
             if existing.fingerprint != fingerprint:
@@ -396,7 +397,7 @@ class Service:
         volume = Volume(
             id=f"vol-{uuid.uuid4().hex[:20]}",
             storage_pool=self.settings.storage_pool,
-            capacity_gib=capacity_gib,
+            capacity_gib=request.capacity_gib,
             # Standalone volumes live in the control plane's pool record until first bound.
             state=VolumeState.READY,
             create_time=tx.now,
@@ -408,7 +409,13 @@ class Service:
         )
         return volume
 
-    def delete_volume(self, tx: Tx, tenant: str, command_id: str, fingerprint: str, volume_id: str) -> Volume:
+    def delete_volume(self, tx: Tx, request: CommandRequest) -> Volume:
+        tenant, command_id, fingerprint, volume_id = (
+            request.tenant,
+            request.command_id,
+            request.fingerprint,
+            request.volume_id,
+        )
         volume = tx.get_volume(volume_id)
         if volume is None or volume.tenant != tenant:
             raise NotFound(f"volume {volume_id} not found", field="volume_id")
@@ -453,9 +460,9 @@ class Service:
             WorkspaceState.DELETING,
             WorkspaceState.DELETED,
         ):
-            self.delete(tx, workspace, command_id, "expiration")
+            self._delete(tx, workspace, command_id, "expiration")
         elif action is ExpirationAction.STOP and workspace.state is WorkspaceState.AVAILABLE:
-            self.stop(tx, workspace, command_id, "expiration", StopCause.EXPIRED)
+            self._graceful_stop(tx, workspace, command_id, "expiration", StopCause.EXPIRED)
         else:
             save(tx, workspace, None, message=f"expiration found the workspace {workspace.state.name}: nothing to do")
 

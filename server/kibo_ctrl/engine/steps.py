@@ -1,12 +1,14 @@
 """Small steps every writer of workspace records takes the same way: derive the visible
 state and record the transition, finish or cancel the active command, start the stops
-the server owes. Runs inside a store transaction."""
+the server owes, and the named state changes of a workspace (`fail`, `begin_release`, ...:
+the service and the controller change a workspace's state through these, not by writing
+its fields). Runs inside a store transaction."""
 
 from __future__ import annotations
 
 import uuid
 
-from ..domain import status
+from ..domain import conditions, status
 from ..domain.model import (
     Command,
     CommandError,
@@ -16,6 +18,7 @@ from ..domain.model import (
     ErrorCode,
     Event,
     EventType,
+    Failure,
     Instance,
     LastStop,
     StopCause,
@@ -25,6 +28,7 @@ from ..domain.model import (
 )
 from ..domain.rules import SERVER_STOP_PREFIXES, Facts
 from ..store.base import Tx
+from . import trace
 
 LIFECYCLE_KINDS = frozenset(
     {CommandKind.CREATE, CommandKind.START, CommandKind.STOP, CommandKind.FORCE_STOP, CommandKind.DELETE}
@@ -89,6 +93,7 @@ def save(tx: Tx, workspace: Workspace, instance: Instance | None, *, command_id:
         workspace.state = new
     if new is WorkspaceState.DELETED and workspace.delete_time is None:
         workspace.delete_time = tx.now
+    workspace.conditions = conditions.update(workspace, observed, tx.now)
     tx.put_workspace(workspace)
     if instance is not None:
         tx.put_instance(instance)
@@ -117,6 +122,7 @@ def record_command(
         create_time=tx.now,
         update_time=tx.now,
         stop_cause=cause,
+        trace_parent=trace.current.get(),
     )
     tx.put_command(command)
     return command
@@ -208,14 +214,154 @@ def set_desired(instance: Instance, desired: Desired) -> None:
     instance.step += 1
 
 
+# -- state changes of a workspace ------------------------------------------------------
+
+
+def new_instance(tx: Tx, workspace: Workspace) -> Instance:
+    """The workspace's next generation (create, start): a new instance, not yet on a node; the
+    workspace starts over with no failure, no last stop, nothing pending release, a guest
+    that answers and no resets counted."""
+    workspace.generation += 1
+    instance = Instance(
+        id=f"{workspace.id}-g{workspace.generation}",
+        workspace_id=workspace.id,
+        generation=workspace.generation,
+        vcpus=workspace.resources.vcpus,
+        memory_mib=workspace.resources.memory_mib,
+        create_time=tx.now,
+    )
+    workspace.instance_id = instance.id
+    workspace.node_id = None
+    workspace.last_stop = None
+    clear_failure(workspace)
+    end_release(workspace)
+    workspace.guest.reset_times.clear()
+    workspace.guest.reset_count = 0
+    workspace.guest.last_reset_time = None
+    workspace.guest.responding = True
+    return instance
+
+
+def fail(workspace: Workspace, stage: str, message: str) -> None:
+    """A command failed at `stage`; what the execution holds is unchanged."""
+    workspace.failure = Failure(stage=stage, message=message)
+
+
+def fail_execution(workspace: Workspace, stage: str, message: str, now: float, *, holding: bool = True) -> None:
+    """The execution failed; while it still holds parts of the node, their release is pending from now."""
+    fail(workspace, stage, message)
+    workspace.release_pending_since = now if holding else None
+
+
+def clear_failure(workspace: Workspace) -> None:
+    workspace.failure = None
+
+
+def end_release(workspace: Workspace) -> None:
+    """Nothing of the execution is left to release (stopped, started anew, deleted)."""
+    workspace.release_pending_since = None
+
+
+def revoke_credentials(workspace: Workspace) -> None:
+    """Every data-plane credential issued so far stops working (they carry the revision)."""
+    workspace.data_plane_revision += 1
+
+
+def begin_release(tx: Tx, workspace: Workspace) -> None:
+    """The execution is being let go (stop, delete): credentials end now, and its release is
+    pending since the first time this was asked (a second ask keeps the first time)."""
+    revoke_credentials(workspace)
+    if workspace.release_pending_since is None:
+        workspace.release_pending_since = tx.now
+
+
+def running(workspace: Workspace) -> None:
+    """The instance launched: no failure, and the guest answers."""
+    clear_failure(workspace)
+    workspace.guest.responding = True
+
+
+def stopped(workspace: Workspace, durability: StopDurability) -> None:
+    """A stop finished: nothing is held or pending release, and the last stop has its durability."""
+    clear_failure(workspace)
+    end_release(workspace)
+    workspace.guest.responding = True
+    if workspace.last_stop is not None:
+        workspace.last_stop.durability = durability
+
+
+def set_guest_responding(tx: Tx, workspace: Workspace, responding: bool) -> None:
+    """The guest answers (again), or stopped answering: recorded as an event."""
+    if workspace.guest.responding == responding:
+        return
+    workspace.guest.responding = responding
+    if not responding:
+        event(tx, workspace, EventType.GUEST_NOT_RESPONDING, message="the guest does not answer")
+
+
+def record_guest_reset(workspace: Workspace, now: float, window: float) -> int:
+    """The guest reset itself: counted, and remembered within `window`; returns how many
+    resets the window now holds."""
+    guest = workspace.guest
+    guest.reset_times = [t for t in guest.reset_times if now - t < window] + [now]
+    guest.reset_count += 1
+    guest.last_reset_time = now
+    return len(guest.reset_times)
+
+
+def restarting_guest(workspace: Workspace) -> None:
+    """A new VMM starts for the reset guest: it does not answer until it runs (no event of
+    its own: the reset's event says why)."""
+    workspace.guest.responding = False
+
+
+def set_node_silent(tx: Tx, workspace: Workspace, node_id: str | None, silent: bool) -> None:
+    """The workspace's node stopped reporting (liveness), or reports again: recorded as an event."""
+    workspace.node_silent = silent
+    event(
+        tx,
+        workspace,
+        EventType.NODE_SILENT if silent else EventType.NODE_BACK,
+        message=f"node {node_id} {'stopped reporting' if silent else 'reports again'}",
+    )
+
+
+def observe_holds(workspace: Workspace, instance: Instance) -> None:
+    """The workspace holds execution while its current instance holds any part of the node."""
+    workspace.holds_execution = bool(instance.holds)
+
+
+def storage_released(workspace: Workspace) -> None:
+    """The retained layer and volumes of a deleted workspace are gone."""
+    workspace.storage.layer = False
+    workspace.storage.volume_ids = []
+
+
+def owe_stop(workspace: Workspace, cause: StopCause) -> None:
+    """The server owes a force stop (start_owed_stop starts it once allowed): credentials end
+    now and the guest is taken as not answering."""
+    workspace.owed_stop = cause
+    revoke_credentials(workspace)
+    workspace.guest.responding = False
+
+
+def begin_delete(tx: Tx, workspace: Workspace) -> None:
+    """A delete was accepted: for good (only a delete or labels follow), with no failure, no
+    stop owed and no expiration left; the execution is being released."""
+    workspace.deletion_started = True
+    workspace.last_stop = None
+    clear_failure(workspace)
+    workspace.owed_stop = None
+    begin_release(tx, workspace)
+    workspace.expiration.expire_time = None
+
+
 def begin_stop(
     tx: Tx, workspace: Workspace, instance: Instance | None, command_id: str, force: bool, cause: StopCause
 ) -> None:
     """Everything a stop does when accepted, whoever asked for it."""
     workspace.last_stop = LastStop(cause=cause, command_id=command_id)
-    workspace.data_plane_revision += 1
-    if workspace.release_pending_since is None:
-        workspace.release_pending_since = tx.now
+    begin_release(tx, workspace)
     if instance is not None:
         set_desired(instance, Desired.FORCE_STOPPED if force else Desired.STOPPED)
 
@@ -249,11 +395,11 @@ def finish_delete(tx: Tx, workspace: Workspace) -> None:
     finish_command(tx, workspace)
     workspace.deleted = True
     # Whatever failed before (e.g. a host OOM during the delete) is gone with the execution.
-    workspace.failure = None
+    clear_failure(workspace)
     workspace.owed_stop = None
     workspace.holds_execution = False
     workspace.node_silent = False
-    workspace.release_pending_since = None
+    end_release(workspace)
     workspace.storage.layer = True
     workspace.storage.volume_ids = [b.volume_id for b in workspace.bindings if b.delete_with_workspace]
     workspace.storage.since = tx.now

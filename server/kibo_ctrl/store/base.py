@@ -17,6 +17,8 @@ from ..domain.model import Command, Event, Instance, Volume, Workspace, Workspac
 T = TypeVar("T")
 P = ParamSpec("P")
 
+CommitObserver = Callable[[float, int], None]
+
 
 @dataclass
 class Changes:
@@ -76,6 +78,10 @@ class Reader(Protocol):
         ...
 
     def count_workspaces(self) -> int: ...
+    def workspace_counts(self) -> list[tuple[str, WorkspaceState, int]]:
+        """(tenant, state, how many) over the workspaces not deleted: one grouped count (metrics)."""
+        ...
+
     def tenant_usage(self, tenant: str) -> tuple[int, int, int]:
         """Workspaces not deleted, and their vCPU and memory, for quotas."""
         ...
@@ -134,5 +140,10 @@ class Store(Protocol):
         ...
 
     def subscribe(self, listener: Callable[[Changes], None]) -> None: ...
+    def observe_commits(self, observer: CommitObserver) -> None:
+        """`observer(seconds, transactions)` after each commit: how long it took (on disk),
+        and how many transactions it carried (group commit). Called off the event loop."""
+        ...
+
     def published_mark(self) -> int | None: ...
     async def close(self) -> None: ...

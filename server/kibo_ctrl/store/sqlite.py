@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import queue
 import sqlite3
 import threading
@@ -27,8 +28,8 @@ import msgspec
 
 from ..domain.access import Role, TokenRecord
 from ..domain.errors import StoreError, Unavailable
-from ..domain.model import Command, Event, Instance, Phase, Volume, Workspace
-from .base import Changes, Reader, Tx, WorkspaceQuery, WorkspaceSlice
+from ..domain.model import Command, Event, Instance, Phase, Volume, Workspace, WorkspaceState
+from .base import Changes, CommitObserver, Reader, Tx, WorkspaceQuery, WorkspaceSlice
 from .migrations import MIGRATIONS
 
 T = TypeVar("T")
@@ -115,6 +116,12 @@ class SqliteReader:
 
     def count_workspaces(self) -> int:
         return int(self._conn.execute("SELECT COUNT(*) FROM workspaces").fetchone()[0])
+
+    def workspace_counts(self) -> list[tuple[str, WorkspaceState, int]]:
+        rows = self._conn.execute(
+            "SELECT tenant, state, COUNT(*) FROM workspaces WHERE deleted = 0 GROUP BY tenant, state"
+        )
+        return [(str(tenant), WorkspaceState(int(state)), int(count)) for tenant, state, count in rows]
 
     def tenant_usage(self, tenant: str) -> tuple[int, int, int]:
         """Workspaces not deleted, and their vCPU and memory, for quotas."""
@@ -332,6 +339,7 @@ class SqliteStore:
         self._loop = loop
         self._queue: queue.SimpleQueue[_Job | object] = queue.SimpleQueue()
         self._listeners: list[Callable[[Changes], None]] = []
+        self._commit_observers: list[CommitObserver] = []
         self._read_queue: queue.SimpleQueue[_Job | object] = queue.SimpleQueue()
         self._reader = threading.Thread(
             target=self._read_loop, args=(self._read_queue,), name="kibo-store-read", daemon=True
@@ -383,6 +391,9 @@ class SqliteStore:
     def subscribe(self, listener: Callable[[Changes], None]) -> None:
         self._listeners.append(listener)
 
+    def observe_commits(self, observer: CommitObserver) -> None:
+        self._commit_observers.append(observer)
+
     def published_mark(self) -> int | None:
         """On the event loop: a number that changes with every commit, or None while a commit
         may be visible to readers but not yet published to the listeners. While it stays the
@@ -394,7 +405,9 @@ class SqliteStore:
         if self._closed:
             raise RuntimeError("store is closed")
         future: asyncio.Future[T] = self._loop.create_future()
-        self._queue.put(_Job(lambda on: fn(on, *args, **kwargs), future))
+        # Run in the caller's context (its trace, engine/trace.py) on the writer thread.
+        context = contextvars.copy_context()
+        self._queue.put(_Job(lambda on: context.run(fn, on, *args, **kwargs), future))
         return await future
 
     async def read(self, fn: Callable[Concatenate[Reader, P], T], /, *args: P.args, **kwargs: P.kwargs) -> T:
@@ -466,6 +479,7 @@ class SqliteStore:
         now = time.time()
         # Before anything can commit; _publish_and_settle counts the batch published.
         self._batches_begun += 1
+        started = time.perf_counter()
         try:
             conn.execute("BEGIN IMMEDIATE")
             for job in batch:
@@ -482,6 +496,7 @@ class SqliteStore:
                     outcomes.append((job, result, None))
                     changes.merge(tx.changes)
             conn.execute("COMMIT")
+            took: float | None = time.perf_counter() - started
         except sqlite3.Error as commit_error:
             if conn.in_transaction:
                 # SQLite may have rolled back already (disk full); the writer must survive either way.
@@ -489,6 +504,10 @@ class SqliteStore:
                     conn.execute("ROLLBACK")
             outcomes = [(job, None, commit_error) for job in batch]
             changes = Changes()
+            took = None
+        if took is not None:
+            for observer in self._commit_observers:
+                observer(took, len(batch))
         # One wake-up of the event loop per batch: publish first, so whoever learns of the
         # commit from an answer finds the hub (watchers, waiters, loops) already told.
         self._loop.call_soon_threadsafe(self._publish_and_settle, changes, outcomes)

@@ -5,6 +5,7 @@ through transport/errors.py."""
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, cast
 
@@ -22,7 +23,7 @@ from protobuf.wkt import Any as ConnectAny
 from ..api.auth import OPEN, Authenticator
 from ..domain.errors import InvalidArgument, KiboError
 from .errors import status_of
-from .rpc import Rpc, ServerStream, Service, Unary
+from .rpc import NO_OBSERVER, Rpc, RpcObserver, ServerStream, Service, Unary
 
 if TYPE_CHECKING:
     # connectrpc exports only their base class, Endpoint.
@@ -74,36 +75,57 @@ CODECS: list[Codec[Any, Any]] = [google_protobuf_binary_codec(), cast(Codec[Any,
 
 
 def _unary(
-    rpc: Unary[Any, Any], auth: Authenticator
+    names: tuple[str, str], rpc: Unary[Any, Any], auth: Authenticator, observer: RpcObserver
 ) -> Callable[[Message, RequestContext[Any, Any]], Awaitable[Message]]:
     async def unary(request: Message, ctx: RequestContext[Any, Any]) -> Message:
+        start = time.perf_counter()
+        observer.started(*names, False)
+        outcome = "CANCELLED"  # unless the handler returns or raises: the client went away
         try:
             caller = await auth.authenticate(ctx.request_headers.get("authorization"))
             response: Message = await rpc.handler(request, caller)
+            outcome = "OK"
         except Exception as error:  # every exception: status_of tells a domain error from a bug
+            outcome = _code_name(error)
             raise connect_error(error) from None
+        finally:
+            observer.finished(*names, False, outcome, time.perf_counter() - start)
         return response
 
     return unary
 
 
 def _stream(
-    rpc: ServerStream[Any, Any], auth: Authenticator
+    names: tuple[str, str], rpc: ServerStream[Any, Any], auth: Authenticator, observer: RpcObserver
 ) -> Callable[[Message, RequestContext[Any, Any]], AsyncIterator[Message]]:
     async def stream(request: Message, ctx: RequestContext[Any, Any]) -> AsyncIterator[Message]:
+        start = time.perf_counter()
+        observer.started(*names, True)
+        outcome = "CANCELLED"
         try:
             caller = await auth.authenticate(ctx.request_headers.get("authorization"))
             # Closed at once when the client goes away (connectrpc closes this stream).
             async with contextlib.aclosing(rpc.handler(request, caller)) as responses:
                 async for response in responses:
                     yield response
+            outcome = "OK"
         except Exception as error:  # as in _unary
+            outcome = _code_name(error)
             raise connect_error(error) from None
+        finally:
+            observer.finished(*names, True, outcome, time.perf_counter() - start)
 
     return stream
 
 
-def _endpoint(service: Service, rpc: Rpc, auth: Authenticator) -> AnyEndpoint:
+def _code_name(error: Exception) -> str:
+    """The gRPC code's name an exception answers with (OK, NOT_FOUND, ...), for observers."""
+    if isinstance(error, ConnectError):
+        return "CANCELLED" if error.code is Code.CANCELED else error.code.name
+    return status_of(error)[0].name
+
+
+def _endpoint(service: Service, rpc: Rpc, auth: Authenticator, observer: RpcObserver) -> AnyEndpoint:
     """connectrpc's endpoint for one RPC of the table (what its generated code would build)."""
     # Methods authorized by a credential in the request need no token.
     rpc_auth = OPEN if rpc.credential else auth
@@ -116,16 +138,21 @@ def _endpoint(service: Service, rpc: Rpc, auth: Authenticator) -> AnyEndpoint:
         idempotency_level=IdempotencyLevel.UNKNOWN,
         stream_type=StreamType.SERVER_STREAM if streaming else StreamType.UNARY,
     )
+    names = (service.full_name, rpc.name)
     if isinstance(rpc, ServerStream):
-        return Endpoint.server_stream(method=method, function=_stream(rpc, rpc_auth))
-    return Endpoint.unary(method=method, function=_unary(rpc, rpc_auth))
+        return Endpoint.server_stream(method=method, function=_stream(names, rpc, rpc_auth, observer))
+    return Endpoint.unary(method=method, function=_unary(names, rpc, rpc_auth, observer))
 
 
 class ServiceApplication(ConnectASGIApplication[Service]):
     """One service's table as a connectrpc ASGI application, mounted at /FULL.NAME/."""
 
-    def __init__(self, service: Service, auth: Authenticator, read_max_bytes: int) -> None:
-        endpoints = {f"/{service.full_name}/{rpc.name}": _endpoint(service, rpc, auth) for rpc in service.rpcs}
+    def __init__(
+        self, service: Service, auth: Authenticator, read_max_bytes: int, observer: RpcObserver = NO_OBSERVER
+    ) -> None:
+        endpoints = {
+            f"/{service.full_name}/{rpc.name}": _endpoint(service, rpc, auth, observer) for rpc in service.rpcs
+        }
 
         def resolve(_: Service) -> Mapping[str, AnyEndpoint]:
             return endpoints
@@ -138,9 +165,11 @@ class ServiceApplication(ConnectASGIApplication[Service]):
         return self._path
 
 
-def application(services: list[Service], read_max_bytes: int, auth: Authenticator) -> ASGIApp:
+def application(
+    services: list[Service], read_max_bytes: int, auth: Authenticator, observer: RpcObserver = NO_OBSERVER
+) -> ASGIApp:
     """One ASGI app routing each service's path prefix to its connectrpc application."""
-    apps = [ServiceApplication(service, auth, read_max_bytes) for service in services]
+    apps = [ServiceApplication(service, auth, read_max_bytes, observer) for service in services]
     routes = {f"/{app.path.strip('/')}/": app for app in apps}
 
     async def route(

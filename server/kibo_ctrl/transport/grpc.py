@@ -4,6 +4,7 @@ request that cannot be decoded is INVALID_ARGUMENT, not grpc.aio's UNKNOWN."""
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -14,14 +15,13 @@ from ..api.auth import OPEN, Authenticator
 from ..domain.access import Caller
 from ..domain.errors import InvalidArgument
 from .errors import status_of
-from .rpc import ServerStream, Service
+from .rpc import NO_OBSERVER, RpcObserver, ServerStream, Service
 
 UnaryFn = Callable[[Any, Caller], Awaitable[Message]]
 StreamFn = Callable[[Any, Caller], AsyncGenerator[Message, None]]
 
 
-async def _abort(context: grpc.aio.ServicerContext[Any, Any], error: Exception) -> None:
-    code, status = status_of(error)
+async def _abort(context: grpc.aio.ServicerContext[Any, Any], code: grpc.StatusCode, status: Any) -> None:
     await context.abort(
         code, status.message, trailing_metadata=(("grpc-status-details-bin", status.SerializeToString()),)
     )
@@ -43,20 +43,35 @@ def _authorization(context: grpc.aio.ServicerContext[Any, Any]) -> str | None:
     return None
 
 
-def _unary(request_class: type[Message], fn: UnaryFn, auth: Authenticator) -> grpc.RpcMethodHandler[Any, Any]:
+def _unary(
+    names: tuple[str, str], request_class: type[Message], fn: UnaryFn, auth: Authenticator, observer: RpcObserver
+) -> grpc.RpcMethodHandler[Any, Any]:
     async def handle(raw: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
+        start = time.perf_counter()
+        observer.started(*names, False)
+        outcome = "CANCELLED"  # unless the handler returns or raises: the call was cancelled
         try:
             caller = await auth.authenticate(_authorization(context))
             response = await fn(_decode(request_class, raw), caller)
+            outcome = "OK"
         except Exception as error:  # every exception: status_of tells a domain error from a bug
-            await _abort(context, error)
+            code, status = status_of(error)
+            outcome = code.name
+            await _abort(context, code, status)
+        finally:
+            observer.finished(*names, False, outcome, time.perf_counter() - start)
         return response.SerializeToString()
 
     return grpc.unary_unary_rpc_method_handler(handle)
 
 
-def _stream(request_class: type[Message], fn: StreamFn, auth: Authenticator) -> grpc.RpcMethodHandler[Any, Any]:
+def _stream(
+    names: tuple[str, str], request_class: type[Message], fn: StreamFn, auth: Authenticator, observer: RpcObserver
+) -> grpc.RpcMethodHandler[Any, Any]:
     async def handle(raw: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[bytes]:
+        start = time.perf_counter()
+        observer.started(*names, True)
+        outcome = "CANCELLED"
         try:
             caller = await auth.authenticate(_authorization(context))
             # Closed here, at once, when the call ends early (the client cancelled or went
@@ -65,21 +80,29 @@ def _stream(request_class: type[Message], fn: StreamFn, auth: Authenticator) -> 
             async with contextlib.aclosing(fn(_decode(request_class, raw), caller)) as responses:
                 async for response in responses:
                     yield response.SerializeToString()
+            outcome = "OK"
         except Exception as error:  # as in _unary
-            await _abort(context, error)
+            code, status = status_of(error)
+            outcome = code.name
+            await _abort(context, code, status)
+        finally:
+            observer.finished(*names, True, outcome, time.perf_counter() - start)
 
     return grpc.unary_stream_rpc_method_handler(handle)
 
 
-def service_handler(service: Service, auth: Authenticator) -> grpc.GenericRpcHandler:
+def service_handler(
+    service: Service, auth: Authenticator, observer: RpcObserver = NO_OBSERVER
+) -> grpc.GenericRpcHandler:
     """Serve `service`'s table: each RPC calls its handler as `handler(request, caller)` once
     the caller is authenticated."""
     handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
     for rpc in service.rpcs:
         # Methods authorized by a credential in the request need no token.
         rpc_auth = OPEN if rpc.credential else auth
+        names = (service.full_name, rpc.name)
         if isinstance(rpc, ServerStream):
-            handlers[rpc.name] = _stream(rpc.request, rpc.handler, rpc_auth)
+            handlers[rpc.name] = _stream(names, rpc.request, rpc.handler, rpc_auth, observer)
         else:
-            handlers[rpc.name] = _unary(rpc.request, rpc.handler, rpc_auth)
+            handlers[rpc.name] = _unary(names, rpc.request, rpc.handler, rpc_auth, observer)
     return grpc.method_handlers_generic_handler(service.full_name, handlers)

@@ -1,6 +1,6 @@
 """What a transport serves: services as explicit tables of RPCs, each bound to its handler.
 
-routes.py writes the tables (`Unary("CreateWorkspace", ..., api.create_workspace)`), so a
+routes.py writes the tables (`Unary("GetWorkspace", ..., api.get_workspace)`), so a
 reader goes from a method name to its handler with "go to definition"; grpc.py and
 connect.py serve the same tables. A table must name every method of its proto service,
 with the proto's request and response types and streaming: `Service` checks that when it
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from google.protobuf.descriptor import ServiceDescriptor
 from google.protobuf.message import Message
@@ -46,6 +46,27 @@ class ServerStream(Generic[Req, Resp]):
 
 
 Rpc = Unary[Any, Any] | ServerStream[Any, Any]
+
+
+class RpcObserver(Protocol):
+    """Told about every call a transport serves (metrics, traces): both transports call it
+    in the same places, so gRPC and Connect are counted alike. `service` and `method` are
+    the table's names (a bounded set: an unknown path never reaches a handler); `code` is
+    the gRPC status code's name (OK, NOT_FOUND, ...)."""
+
+    def started(self, service: str, method: str, stream: bool) -> None: ...
+    def finished(self, service: str, method: str, stream: bool, code: str, seconds: float) -> None: ...
+
+
+class NoObserver:
+    def started(self, service: str, method: str, stream: bool) -> None:
+        pass
+
+    def finished(self, service: str, method: str, stream: bool, code: str, seconds: float) -> None:
+        pass
+
+
+NO_OBSERVER: RpcObserver = NoObserver()
 
 
 @dataclass(frozen=True)

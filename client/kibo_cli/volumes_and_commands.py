@@ -7,8 +7,8 @@ from typing import Annotated
 import typer
 
 from . import output, render
-from .common import CommandIdOpt, OutputOpt, YesOpt, command_id_or_new, confirm, connect, handle
 from .output import Format
+from .session import CommandIdOpt, OutputOpt, YesOpt, command_id_or_new, confirm, connect, handle
 
 command_app = typer.Typer(help="Commands: the result of any mutating call, by command ID.", no_args_is_help=True)
 volume_app = typer.Typer(help="Volumes that outlive workspaces (bind one with workspace create --volume).")
