@@ -6,7 +6,7 @@ Each round runs W clients sending random lifecycle commands, kills the server wi
 after a random 0.2-1.5 s, checks the files it left (integrity), restarts it, then checks:
 every command acknowledged before the kill is found, every unfinished command reaches a
 terminal state, no workspace stays transitional, every workspace's events feed has no gap.
-The same checks as tests/test_durability.py::test_kill_9_under_load_loses_no_acknowledged_command.
+The same checks as tests/system/test_durability.py::test_kill_9_under_load_loses_no_acknowledged_command.
 Exit status 1 if anything was lost, stuck, out of order, or answered INTERNAL/UNKNOWN."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from kibo.ctrl.v1 import workspace_service_pb2 as ws
 
 from tests.client import TERMINAL, Client, meta
 from tests.server import ServerProcess
-from tests.test_durability import STEADY, feed_gaps, integrity_of_copy, list_all
+from tests.system.test_durability import STEADY, feed_gaps, integrity_of_copy, list_all
 
 BAD = (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN)
 

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Installs what the tests need beyond pip (README.md's second command runs it):
-#   - bubblewrap, the sandbox of the process runtime (tests/test_process_runtime.py);
+#   - bubblewrap, the sandbox of the process runtime (tests/system/test_process_runtime.py);
 #   - h2load (nghttp2-client), the benchmark's second opinion and its Connect figure;
 #   - python3-venv, for `python3 -m venv` on Debian;
-# and what the real-client tests (tests/test_real_clients.py) need:
+# and what the real-client tests (tests/system/test_real_clients.py) need:
 #   - Go, grpc-go and protoc from Debian's packages (the Go example builds offline, GOPATH
 #     mode), and curl;
 #   - the Node example's packages from npm (examples/node/package-lock.json).

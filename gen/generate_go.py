@@ -4,7 +4,7 @@ protoc with Debian's protoc-gen-go and protoc-gen-go-grpc (examples/setup.sh ins
 The protos' go_package names the stand-alone import path github.com/kibo-dev/kibo/gen/go/...;
 the SDK module maps every kibo file to its own tree instead (`M` options), so nothing in
 proto/ changes. google/rpc/status.proto maps to the genproto package Debian ships.
-`--check` compares a fresh generation with sdk/go/gen (tests/test_go_sdk.py runs it).
+`--check` compares a fresh generation with sdk/go/gen (tests/system/test_go_sdk.py runs it).
 """
 
 from __future__ import annotations

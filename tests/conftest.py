@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import itertools
 import os
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -15,6 +16,33 @@ from tests.client import Client
 from tests.server import ServerProcess
 
 _count = itertools.count()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "serial: runs alone, no other test of the session meanwhile (it needs the machine's throughput)",
+    )
+
+
+@pytest.fixture(autouse=True)
+def _serial_tests_run_alone(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """A readers-writer lock across the pytest-xdist workers, in the session's shared temp dir:
+    every test holds it shared, a `serial` test exclusively. The gate lets a waiting serial test
+    stop new tests from starting (Linux flock does not favour writers), so it waits only for the
+    tests already running."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the workers' basetemps are <root>/popen-gwN
+    with open(root / "serial.gate", "a+b") as gate, open(root / "serial.lock", "a+b") as lock:
+        if request.node.get_closest_marker("serial") is None:
+            fcntl.flock(gate, fcntl.LOCK_SH)
+            fcntl.flock(lock, fcntl.LOCK_SH)
+            fcntl.flock(gate, fcntl.LOCK_UN)
+        else:
+            fcntl.flock(gate, fcntl.LOCK_EX)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        yield  # closing the files releases the locks
 
 
 @pytest.fixture(scope="session", autouse=True)

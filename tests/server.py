@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
 import os
+import secrets
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -15,7 +18,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 # Fast defaults for tests: small simulated steps, short settle window, quick node timeout.
-# Authentication is off except where a test turns it on (tests/test_auth.py): the
+# Authentication is off except where a test turns it on (tests/integration/test_auth.py): the
 # lifecycle does not depend on who asks, and tenancy has its own tests.
 TEST_FLAGS = (
     "--runtime",
@@ -31,10 +34,50 @@ TEST_FLAGS = (
 )
 
 
-def free_port() -> int:
+# Ports for test servers. A port picked here is bound later, by the server: two pickers must never
+# hand out the same one. bind(0) cannot promise that across pytest-xdist workers (the kernel may
+# give a port just released by one worker's probe to another's, or to an outgoing connection), so
+# each worker walks its own block of ports below the kernel's ephemeral range (32768-60999 here,
+# where bind(0) and outgoing connections take theirs), from a random start (two test sessions on
+# one machine rarely meet), skipping ports something holds.
+PORT_BASE = 10000
+PORT_BLOCK = 1000
+PORT_BLOCKS = 20  # 10000-29999
+_next_port: Iterator[int] | None = None
+
+
+def worker_index() -> int:
+    """This pytest-xdist worker's number (PYTEST_XDIST_WORKER=gw3: 3); 0 without xdist."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    return int(worker[2:]) if worker.startswith("gw") and worker[2:].isdigit() else 0
+
+
+def _ports() -> Iterator[int]:
+    base = PORT_BASE + (worker_index() % PORT_BLOCKS) * PORT_BLOCK
+    start = secrets.randbelow(PORT_BLOCK)  # not `random`: hypothesis seeds that one
+    for step in itertools.count():
+        yield base + (start + step) % PORT_BLOCK
+
+
+def _bindable(port: int) -> bool:
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port() -> int:
+    """A loopback port no other picker of this test session hands out (see PORT_BLOCK)."""
+    global _next_port
+    if _next_port is None:
+        _next_port = _ports()
+    for _ in range(PORT_BLOCK):
+        port = next(_next_port)
+        if _bindable(port):
+            return port
+    raise RuntimeError(f"no free port in this worker's block of {PORT_BLOCK} from {PORT_BASE}")
 
 
 @dataclass
@@ -63,7 +106,6 @@ class ServerProcess:
 
     def start(self, timeout: float = 20.0) -> ServerProcess:
         self.log_path = self.data_dir.parent / f"{self.data_dir.name}-server.log"
-        log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
         command = [
             sys.executable,
             "-m",
@@ -84,7 +126,9 @@ class ServerProcess:
             # grpc's threads run, and grpc's fork handler can abort the child before its exec
             # (grpc/grpc#43055: "epoll_wait error: Bad file descriptor", exit -6).
             command = ["prlimit", f"--nofile={self.nofile}:{self.nofile}", "--", *command]
-        self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ})
+        # The child gets its own descriptor of the log; ours is closed once it has it.
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ})
         self._wait_serving(timeout)
         return self
 

@@ -5,7 +5,7 @@
 
 Every command's plain help (kibo_cli.help), in the order `kibo --help` lists them, then the
 server's (`kibo-ctrl`).
-tests/test_readme.py fails when the README's copy differs from what this prints."""
+tests/system/test_readme.py fails when the README's copy differs from what this prints."""
 
 from __future__ import annotations
 

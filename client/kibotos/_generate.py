@@ -7,7 +7,7 @@ the SDK needs no unasync at run time.
     python -m kibotos._generate           # rewrite client/kibotos/client.py
     python -m kibotos._generate --check   # exit 1, with a diff, when client.py is stale
 
-tests/test_sdk_generated.py runs the check in CI.
+tests/unit/test_sdk_generated.py runs the check in CI.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The client, written once: AsyncClient here (awaitable, over grpc.aio) and kibotos.Client,
 the same methods blocking (over grpc), which `python -m kibotos._generate` writes into
-client.py from this file with unasync. Edit this file, then regenerate; tests/test_sdk_generated.py
+client.py from this file with unasync. Edit this file, then regenerate; tests/unit/test_sdk_generated.py
 fails when client.py is not what this file generates.
 
     with kibotos.Client("127.0.0.1:50051") as client:

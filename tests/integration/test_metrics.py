@@ -17,8 +17,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.client import Client, S
 from tests.conftest import _client
+from tests.integration.test_auth import make_token
 from tests.server import ServerProcess
-from tests.test_auth import make_token
 
 Factory = Callable[..., ServerProcess]
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]

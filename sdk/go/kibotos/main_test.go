@@ -12,11 +12,11 @@ import (
 )
 
 // The tests and examples talk to a real server: kibo-ctrl serve --runtime sim at
-// $KIBO_SERVER, its token in $KIBO_TOKEN. tests/test_go_sdk.py starts one and runs go test.
+// $KIBO_SERVER, its token in $KIBO_TOKEN. tests/system/test_go_sdk.py starts one and runs go test.
 func TestMain(m *testing.M) {
 	if os.Getenv(kibotos.EnvServer) == "" {
 		fmt.Fprintln(os.Stderr, "set KIBO_SERVER (and KIBO_TOKEN) to a `kibo-ctrl serve --runtime sim`, "+
-			"or run `pytest tests/test_go_sdk.py`, which starts one")
+			"or run `pytest tests/system/test_go_sdk.py`, which starts one")
 		os.Exit(2)
 	}
 	os.Exit(m.Run())

@@ -3,7 +3,7 @@
 A line's context rides in `extra=`: `workspace_id`, `command_id`, `node_id`, `instance_id`,
 `kind`, `outcome`, ... (CONTEXT); the JSON formatter writes each one present as a field,
 the text formatter appends them as key=value. A token never reaches a line: the
-Authenticator logs nothing, tokens.py logs a token's ID only, and tests/test_auth.py
+Authenticator logs nothing, tokens.py logs a token's ID only, and tests/integration/test_auth.py
 checks the server's whole output for the token."""
 
 from __future__ import annotations

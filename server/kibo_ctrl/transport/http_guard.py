@@ -144,21 +144,22 @@ class _Bounded:
             await refuse(self._scope, self._send, code, _status(code, message))
 
 
-# A refused request whose declared body is at most this is read (and dropped) before the
-# answer: an ordinary client that is still writing its small request then reads a clean
-# error, not a reset (EPIPE). Reading 64 KiB without decoding it costs next to nothing; a
-# larger or chunked body is never read.
+# A refused request whose body is at most this is read (and dropped) before the answer: an
+# ordinary client that is still writing its small request then reads a clean error, not a
+# reset (EPIPE). Reading 64 KiB without decoding it costs next to nothing; a body declared
+# larger is never read, and a chunked one (Node's HTTP/1.1 clients send those) only up to it.
 DRAIN_BYTES = 64 * 1024
 DRAIN_SECONDS = 2.0
 
 
 async def _drain_small_body(headers: list[tuple[bytes, bytes]], receive: Receive) -> None:
     declared = _content_length(headers)
-    if declared is None or declared > DRAIN_BYTES:
+    if declared is not None and declared > DRAIN_BYTES:
         return
+    limit = DRAIN_BYTES if declared is None else declared
     received = 0
     deadline = asyncio.get_running_loop().time() + DRAIN_SECONDS
-    while received <= declared:
+    while received <= limit:
         remaining = deadline - asyncio.get_running_loop().time()
         if remaining <= 0:
             return

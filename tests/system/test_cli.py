@@ -89,7 +89,7 @@ def test_help_documents_every_exit_code(firecracker: ServerProcess) -> None:
 
 
 def readme() -> str:
-    return (Path(__file__).parent.parent / "README.md").read_text()
+    return (Path(__file__).parents[2] / "README.md").read_text()
 
 
 def test_the_readme_tour_runs_as_written(server_factory: Callable[..., ServerProcess]) -> None:

@@ -18,7 +18,7 @@ import pytest
 
 from tests.server import ServerProcess
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 GO_SH = REPO / "sdk" / "go" / "go.sh"
 SETUP = "run `bash examples/setup.sh` (Go, protoc, protoc-gen-go, protoc-gen-go-grpc from Debian)"
 

@@ -29,7 +29,7 @@ from kibo.ctrl.v1 import error_pb2
 from tests.client import Client, S, new_id
 from tests.server import ServerProcess
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
 NODE_EXAMPLE = EXAMPLES / "node"
 GO_EXAMPLE = EXAMPLES / "go"

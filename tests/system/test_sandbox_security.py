@@ -3,7 +3,7 @@
 A real `kibo-ctrl serve --runtime process` (bubblewrap) runs the guests; the attacks run
 inside them through the data plane's exec (what a holder of the exec credential, or the
 tenant's own code, can do), or at the guest's next boot after it replaced its /bin/sh.
-Needs root and bubblewrap, like tests/test_process_runtime.py (whose helpers it uses)."""
+Needs root and bubblewrap, like tests/system/test_process_runtime.py (whose helpers it uses)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from kibo.ctrl.v1 import workspace_pb2 as wp
 
 from tests.client import Client, S
 from tests.server import ServerProcess
-from tests.test_process_runtime import (
+from tests.system.test_process_runtime import (
     FLAGS,
     DataPlane,
     _require_sandbox,

@@ -3,7 +3,7 @@
 A guest is hostile: it writes past its volume's and its writable layer's declared capacity,
 and a deleted volume's files must not stay on the host. Each test drives a real
 `kibo-ctrl serve --runtime process` (bubblewrap sandboxes; helpers of
-tests/test_process_runtime.py) and checks the host: free space, files, loop devices, mounts.
+tests/system/test_process_runtime.py) and checks the host: free space, files, loop devices, mounts.
 Capacities are the minimum (1 GiB); the images are sparse and the fills mostly fallocate,
 so a test writes little real data."""
 
@@ -29,8 +29,8 @@ from kibo_ctrl.runtime.process.sandbox import seed_layer
 
 from tests.client import Client, S, meta
 from tests.server import ServerProcess
-from tests.test_cleanup_os import LAYER, RELEASED, VOLUMES, by_kind, cleanup_until
-from tests.test_process_runtime import (
+from tests.system.test_cleanup_os import LAYER, RELEASED, VOLUMES, by_kind, cleanup_until
+from tests.system.test_process_runtime import (
     CONFIRMED,
     FLAGS,
     DataPlane,

@@ -29,8 +29,8 @@ from kibo_ctrl.api.fairness import TenantSlots
 
 from tests.client import Client, S, error_of, meta, rejected
 from tests.conftest import TRANSPORTS
+from tests.integration.test_auth import make_token
 from tests.server import ServerProcess
-from tests.test_auth import make_token
 
 Factory = Callable[..., ServerProcess]
 
@@ -232,6 +232,8 @@ async def test_a_tenants_lists_wait_for_its_own_slots_only() -> None:
     assert len(entered) == 6 and slots.in_use("heavy") == slots.in_use("light") == 0
 
 
+# Serial: the flood must outrun 1,000 calls/s, which it cannot while other tests share the CPU.
+@pytest.mark.serial
 async def test_a_tenant_has_a_rate_limit_by_default(server_factory: Factory) -> None:
     """No --rate-limit-rps: a tenant flooding the server is limited (1,000/s, burst 2,000)."""
     server = server_factory(auth=True)

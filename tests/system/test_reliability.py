@@ -1,6 +1,6 @@
 """Reliability: clients racing on one workspace, a full disk, a data dir that turns read-only.
 
-The kill -9 crash test (with the events-feed check) is in tests/test_durability.py. The
+The kill -9 crash test (with the events-feed check) is in tests/system/test_durability.py. The
 disk tests mount their own filesystems (they run as root, like the rest of the suite here)
 and always unmount them."""
 
@@ -28,7 +28,7 @@ from kibo.ctrl.v1 import workspace_service_pb2 as ws
 
 from tests.client import TERMINAL, Client, S, error_of, meta, state_name
 from tests.server import TEST_FLAGS, ServerProcess, free_port
-from tests.test_durability import STEADY, assert_feeds_have_no_gap, eventually, feed_gaps, list_all
+from tests.system.test_durability import STEADY, assert_feeds_have_no_gap, eventually, feed_gaps, list_all
 
 Factory = Callable[..., ServerProcess]
 SUCCEEDED = command_pb2.COMMAND_STATE_SUCCEEDED

@@ -20,7 +20,7 @@ from kibo_cli import docs
 
 from tests.server import ServerProcess, free_port
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 BEGIN, END = "<!-- first-run:begin", "<!-- first-run:end -->"
 
 

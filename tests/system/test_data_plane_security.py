@@ -34,14 +34,17 @@ from kibo.ctrl.v1 import workspace_pb2 as wp
 from kibo.ctrl.v1 import workspace_service_pb2 as ws
 
 from tests.server import ServerProcess
-from tests.test_data_plane_client import FLAGS, _require_sandbox, create, delete, none_running, poll
-from tests.test_process_runtime import processes, reap
+from tests.system.test_data_plane_client import FLAGS, _require_sandbox, create, delete, none_running, poll
+from tests.system.test_process_runtime import _cmdline, processes, reap
 
 # What the server may grow by while a guest floods a client that does not read: the bound
 # is on the server's memory, a correctness property (the figures are in the report).
 RSS_BOUND_KIB = 64 << 10
 # How long the flood is watched: on main the server grew by ~1 GiB in 1.5 s of this.
 FLOOD_WINDOW_S = 3.0
+# One worker for the module: one module server, and its floods one at a time (each watches the
+# server's memory while it floods).
+pytestmark = pytest.mark.xdist_group("data_plane_security")
 FLOOD = ["head", "-c", "2G", "/dev/zero"]
 
 
@@ -94,14 +97,36 @@ def jobs(server: ServerProcess, workspace_id: str) -> list[int]:
     return processes(f"guest_exec.py {server.data_dir}/instances/{workspace_id}-g")
 
 
-def flood_writers() -> list[int]:
-    """The guest's `head` writing the flood (not a client that has it in its argv)."""
+def _parent(pid: int) -> int:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0
+    return int(stat[stat.rindex(")") + 2 :].split()[1])
+
+
+def _descends_from(pid: int, needle: str) -> bool:
+    """Some ancestor of `pid` has `needle` in its command line."""
+    while (pid := _parent(pid)) > 1:
+        if needle in _cmdline(pid):
+            return True
+    return False
+
+
+def flood_writers(server: ServerProcess) -> list[int]:
+    """The `head` writing the flood in a guest of this server (started by a guest_exec of its
+    data dir: another test run on the machine floods too), not a client with it in its argv."""
     pids = processes(" ".join(FLOOD))
-    return [pid for pid in pids if Path(f"/proc/{pid}/comm").read_text(errors="replace").strip() == "head"]
+    return [
+        pid
+        for pid in pids
+        if Path(f"/proc/{pid}/comm").read_text(errors="replace").strip() == "head"
+        and _descends_from(pid, f"{server.data_dir}/instances/")
+    ]
 
 
-def flood_writer() -> int:
-    [pid] = flood_writers()
+def flood_writer(server: ServerProcess) -> int:
+    [pid] = flood_writers(server)
     return pid
 
 
@@ -132,8 +157,8 @@ def workspace(sdk: kibotos.Client, server: ServerProcess) -> Iterator[str]:
 
 def _watch_flood(server: ServerProcess, start_kib: int) -> RssSampler:
     """With the flood running and its client no longer reading: sample the server's RSS."""
-    poll(lambda: bool(flood_writers()))
-    writer = flood_writer()
+    poll(lambda: bool(flood_writers(server)))
+    writer = flood_writer(server)
     with RssSampler(server_pid(server)) as sampler:
         time.sleep(FLOOD_WINDOW_S)
     peak = max(sampler.samples)
@@ -161,7 +186,7 @@ def pipe_count(pid: int) -> int:
 def _after_the_end(server: ServerProcess, workspace_id: str, start_kib: int, start_pipes: int) -> None:
     """Once the client has gone: no job or command is left, the job's pipes are closed and
     memory is back near the start."""
-    poll(lambda: not jobs(server, workspace_id) and not flood_writers())
+    poll(lambda: not jobs(server, workspace_id) and not flood_writers(server))
     poll(lambda: pipe_count(server_pid(server)) <= start_pipes)
     with RssSampler(server_pid(server)) as sampler:
         time.sleep(0.5)
@@ -216,6 +241,7 @@ def test_grpc_client_killed_mid_flood(sdk: kibotos.Client, server: ServerProcess
     finally:
         client.kill()
         client.wait()
+        client.stdout.close()
     _after_the_end(server, workspace, start_kib, start_pipes)
 
 
@@ -338,9 +364,9 @@ def test_a_flood_to_a_client_that_stops_reading_ends_at_revoke(
         stub = dp_grpc.DataPlaneServiceStub(channel)  # type: ignore[no-untyped-call]
         call = stub.ExecWorkspaceCommand(dp.ExecWorkspaceCommandRequest(credential=credential, argv=FLOOD))
         assert next(call).stdout
-        poll(lambda: bool(flood_writers()))
+        poll(lambda: bool(flood_writers(server)))
         revoke(sdk, workspace)
-        poll(lambda: not flood_writers() and not jobs(server, workspace))
+        poll(lambda: not flood_writers(server) and not jobs(server, workspace))
         # What was in flight, then the status.
         with pytest.raises(grpc.RpcError) as ended:
             for _ in call:

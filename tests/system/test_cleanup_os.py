@@ -3,7 +3,7 @@ shows what the OS shows now (supervisor process, the guest's namespaces, cgroup,
 volume directories), not only what the store remembers. Plus unit tests of
 `cleanup.with_observation`, the pure step that puts an observation over the derived status.
 
-Needs root and bubblewrap, like tests/test_process_runtime.py (whose helpers it uses)."""
+Needs root and bubblewrap, like tests/system/test_process_runtime.py (whose helpers it uses)."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ from kibo_ctrl.domain.model import (
 
 from tests.client import Client, S
 from tests.server import ServerProcess
-from tests.test_process_runtime import FLAGS, SMALL, _alive, _require_sandbox, instance_dir, reap, state
+from tests.system.test_process_runtime import FLAGS, SMALL, _alive, _require_sandbox, instance_dir, reap, state
 
 INSTANCE = obs.CLEANUP_COMPONENT_INSTANCE
 RESERVATION = obs.CLEANUP_COMPONENT_RESERVATION

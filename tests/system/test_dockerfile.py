@@ -23,7 +23,7 @@ from dockerfile_parse import DockerfileParser
 
 from tests.server import free_port
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO / "Dockerfile"
 BIN = Path(sys.executable).parent
 

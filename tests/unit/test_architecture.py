@@ -23,7 +23,7 @@ from kibo_ctrl.api.data_plane import DataPlane
 from kibo_ctrl.runtime.sim.api import SimulatorApi
 from kibo_ctrl.transport.rpc import ServerStream, Service, Unary
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "server" / "kibo_ctrl"
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 

@@ -25,7 +25,7 @@ from kibo.ctrl.v1 import data_plane_service_pb2, observation_service_pb2, volume
 from kibo.sim.v1 import simulator_pb2
 from kibo_cli.main import app
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 GO_SDK = REPO / "sdk" / "go" / "kibotos"
 PUBLIC = (workspace_service_pb2, observation_service_pb2, volume_service_pb2, data_plane_service_pb2, simulator_pb2)
 SURFACES = ("cli", "python", "go")

@@ -24,7 +24,7 @@ from kibo_cli.main import app
 from typer.testing import CliRunner, Result
 
 from tests.server import ServerProcess
-from tests.test_process_runtime import processes, reap
+from tests.system.test_process_runtime import processes, reap
 
 FLAGS = ("--runtime", "process", "--sandbox", "bwrap", "--settle-ms", "3000", "--stop-grace-ms", "2000")
 SMALL = wp.WorkspaceSpec(resources=wp.Resources(vcpus=1, memory_mib=64))

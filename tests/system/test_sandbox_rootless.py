@@ -25,7 +25,7 @@ from kibo.ctrl.v1 import workspace_service_pb2 as ws
 
 from tests.client import Client, S
 from tests.server import ServerProcess, free_port
-from tests.test_process_runtime import (
+from tests.system.test_process_runtime import (
     DataPlane,
     create,
     instance_dir,
@@ -55,7 +55,7 @@ def _venv_for_nobody(directory: Path) -> Path:
     subprocess.run([SYSTEM_PYTHON, "-m", "venv", "--without-pip", str(directory)], check=True, timeout=60)
     [site] = list(directory.glob("lib/python3*/site-packages"))
     ours = Path(sysconfig.get_paths()["purelib"])
-    repo_server = Path(__file__).resolve().parent.parent / "server"
+    repo_server = Path(__file__).resolve().parents[2] / "server"
     # A .pth line that starts with `import` is run: addsitedir also processes that directory's
     # own .pth files (the editable install's paths); this checkout's server code goes first.
     (site / "kibo-under-test.pth").write_text(

@@ -16,15 +16,15 @@ import pytest
 from kibo.ctrl.v1 import workspace_pb2 as wp
 from kibo.sim.v1 import simulator_pb2 as sim
 
+from tests.integration.test_auth import make_token
 from tests.server import ServerProcess
-from tests.test_auth import make_token
-from tests.test_real_clients import NODE_EXAMPLE, go_client, node_client
+from tests.system.test_real_clients import NODE_EXAMPLE, go_client, node_client
 
-# The compiled Go and Node examples, built as tests/test_real_clients.py builds them.
+# The compiled Go and Node examples, built as tests/system/test_real_clients.py builds them.
 __all__ = ["go_client", "node_client"]
 
 S = wp.WorkspaceState
-EXAMPLES = Path(__file__).parent.parent / "examples" / "python"
+EXAMPLES = Path(__file__).parents[2] / "examples" / "python"
 
 
 @pytest.fixture(scope="module")
