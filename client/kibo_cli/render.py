@@ -98,11 +98,16 @@ def workspace(ws: workspace_pb2.Workspace) -> RenderableType:
     ]
     if ws.HasField("delete_time"):
         rows.append(("Deleted", when(ws.delete_time)))
-    for condition in ws.conditions:
-        status = "True" if condition.status else "False"
-        reason = f" {condition.reason}" if condition.reason else ""
-        rows.append((f"Condition {condition.type}", f"{status}{reason} {condition.message}".rstrip()))
+    if ws.conditions:
+        # One row, a line per condition: the grid's name column keeps its width.
+        rows.append(("Conditions", "\n".join(condition(c) for c in ws.conditions)))
     return grid(rows)
+
+
+def condition(c: workspace_pb2.Condition) -> str:
+    status = "True" if c.status else "False"
+    reason = f" {c.reason}" if c.reason else ""
+    return f"{c.type} {status}{reason} {c.message}".rstrip()
 
 
 def workspaces(items: Iterable[workspace_pb2.Workspace]) -> RenderableType:

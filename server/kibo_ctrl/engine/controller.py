@@ -46,6 +46,10 @@ from .steps import event, finish_command, save
 
 # Phases in which no VMM runs: a STOPPING progress does not apply to them.
 _NOT_RUNNING = frozenset({Phase.EXITED, Phase.STOPPED, Phase.FAILED, Phase.RELEASED})
+# Progress in these phases announces a step the node begins; it says nothing of the parts
+# the instance holds, so it is no observation of them (cleanup status stays UNKNOWN for an
+# instance on a silent node that never reported more).
+_ANNOUNCED = frozenset({Phase.PROVISIONING, Phase.STOPPING})
 
 # The guest-reset rule: more than MAX_RESETS within RESET_WINDOW seconds -> FAILED.
 MAX_RESETS = 3
@@ -71,7 +75,8 @@ def apply(tx: Tx, report: Report) -> None:
     workspace = tx.get_workspace(instance.workspace_id)
     if workspace is None:
         return
-    instance.observe_time = tx.now
+    if not (isinstance(report, Progress) and report.phase in _ANNOUNCED):
+        instance.observe_time = tx.now
     current = workspace.instance_id == instance.id
     # A transition this report causes by finishing a command is recorded with that command.
     finishing = workspace.active_command or ""
