@@ -9,9 +9,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from dataclasses import dataclass
 
+from ..domain.clock import SYSTEM_CLOCK, Clock
 from ..domain.errors import StoreError
 from ..domain.model import Desired, Instance, Node, Phase, StopDurability, Volume, Workspace
 from ..domain.reports import (
@@ -286,8 +286,9 @@ def _launch_spec(reader: Reader, instance: Instance) -> LaunchSpec:
 class Liveness:
     """Tells whether each node reports. In memory: liveness is about this process's view."""
 
-    def __init__(self, store: Store, node_ids: list[str], timeout: float) -> None:
+    def __init__(self, store: Store, node_ids: list[str], timeout: float, clock: Clock = SYSTEM_CLOCK) -> None:
         self._store = store
+        self._clock = clock
         self.timeout = timeout
         self.interval = timeout / 4
         self._last: dict[str, float] = {}
@@ -296,7 +297,7 @@ class Liveness:
         self._writes: set[asyncio.Task[None]] = set()
 
     def beat(self, node_id: str) -> None:
-        self._last[node_id] = time.monotonic()
+        self._last[node_id] = self._clock.monotonic()
         if self._silent.get(node_id) is not False:
             self._mark(node_id, silent=False)
 
@@ -316,7 +317,7 @@ class Liveness:
     async def run(self) -> None:
         while True:
             await asyncio.sleep(self.interval)
-            now = time.monotonic()
+            now = self._clock.monotonic()
             for node_id, silent in list(self._silent.items()):
                 last = self._last.get(node_id)
                 if silent is False and last is not None and now - last > self.timeout:

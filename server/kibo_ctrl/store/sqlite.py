@@ -17,7 +17,6 @@ import contextlib
 import queue
 import sqlite3
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +25,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 import msgspec
 
 from ..domain.access import Role, TokenRecord
+from ..domain.clock import SYSTEM_CLOCK, Clock
 from ..domain.errors import StoreError, Unavailable
 from ..domain.model import Command, Event, Instance, Phase, Volume, Workspace
 from .base import Changes, Reader, Tx, WorkspaceQuery, WorkspaceSlice
@@ -327,8 +327,9 @@ class SqliteStore:
 
     MAX_BATCH = 512
 
-    def __init__(self, path: Path, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, path: Path, loop: asyncio.AbstractEventLoop, clock: Clock = SYSTEM_CLOCK) -> None:
         self.path = path
+        self._clock = clock
         self._loop = loop
         self._queue: queue.SimpleQueue[_Job | object] = queue.SimpleQueue()
         self._listeners: list[Callable[[Changes], None]] = []
@@ -347,9 +348,9 @@ class SqliteStore:
         self._batches_published = 0
 
     @classmethod
-    async def open(cls, path: Path) -> SqliteStore:
+    async def open(cls, path: Path, clock: Clock = SYSTEM_CLOCK) -> SqliteStore:
         path.parent.mkdir(parents=True, exist_ok=True)
-        store = cls(path, asyncio.get_running_loop())
+        store = cls(path, asyncio.get_running_loop(), clock)
         try:
             await asyncio.to_thread(store._migrate)
         except sqlite3.Error as error:
@@ -463,7 +464,7 @@ class SqliteStore:
     def _commit_batch(self, conn: sqlite3.Connection, batch: list[_Job]) -> None:
         outcomes: list[tuple[_Job, Any, BaseException | None]] = []
         changes = Changes()
-        now = time.time()
+        now = self._clock.now()
         # Before anything can commit; _publish_and_settle counts the batch published.
         self._batches_begun += 1
         try:
