@@ -232,8 +232,10 @@ class Simulation:
         request = sim_pb2.InjectFaultRequest(workspace_id=workspace_id, fault=int(fault))  # type: ignore[arg-type]
         try:
             await plane.sim_api.inject_fault(request, operator)
-        except KiboError as error:
+        except (KiboError, StoreError) as error:
             self._log(f"  fault {fault.name} {workspace_id or '(next created)'}: {type(error).__name__}")
+            if isinstance(error, StoreError) and error.unavailable is None:
+                self.broken.append(f"fault {fault.name}: the store failed with {error}, not as unavailable")
             return
         self._log(f"  fault {fault.name} {workspace_id or '(next created)'}: armed")
 
@@ -319,6 +321,8 @@ class Simulation:
         except (KiboError, StoreError) as error:
             name = type(error).__name__
             self._log(f"  {label}: {name}")
+            if isinstance(error, StoreError) and error.unavailable is None:
+                self.broken.append(f"{label}: the store failed with {error}, not as unavailable")
             if reuse and name != "CommandIdReused" and self._known(request):
                 self.broken.append(f"{label}: a reused command ID was answered {name}, not CommandIdReused")
             return
@@ -326,7 +330,7 @@ class Simulation:
             self.broken.append(f"{label}: the engine raised {error!r}")
             return
         self._log(f"  {label}: {command.kind.name} {command.state.name} {workspace.id} {workspace.state.name}")
-        if reuse:
+        if reuse and self._known(request):
             self.broken.append(f"{label}: a reused command ID with another body was accepted")
         key = (request.tenant, command.id)
         first = self.state.acknowledged.get(key)

@@ -475,6 +475,10 @@ class SqliteStore:
                 try:
                     result = job.fn(tx)
                 except BaseException as error:
+                    if isinstance(error, sqlite3.Error) and not conn.in_transaction:
+                        # SQLite rolled the whole transaction back (it may on SQLITE_FULL): the
+                        # savepoint is gone, and the batch fails with this job's own error.
+                        raise
                     conn.execute("ROLLBACK TO job")
                     conn.execute("RELEASE job")
                     outcomes.append((job, None, error))
