@@ -186,6 +186,11 @@ def _stopped(tx: Tx, workspace: Workspace, instance: Instance, report: Stopped, 
 def _guest_reset(tx: Tx, workspace: Workspace, instance: Instance, current: bool) -> None:
     if not current:
         return
+    if instance.desired is not Desired.RUNNING:
+        # A stop or delete is under way: its step goes on. Restarting would supersede it, and
+        # the workspace would wait in STOPPING or DELETING for that command forever.
+        event(tx, workspace, EventType.GUEST_RESET, message="reset during a stop or delete: not restarted")
+        return
     now = tx.now
     guest = workspace.guest
     guest.reset_times = [t for t in guest.reset_times if now - t < RESET_WINDOW] + [now]

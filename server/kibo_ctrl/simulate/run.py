@@ -116,6 +116,8 @@ class Simulation:
         self.loop: VirtualTimeLoop | None = None
         self.plane: ControlPlane | None = None
         self.broken: list[str] = []
+        # Calls in flight; a crash drops them (the caller sees its connection fail).
+        self.clients: set[asyncio.Task[None]] = set()
 
     # -- running -----------------------------------------------------------------------
 
@@ -160,8 +162,16 @@ class Simulation:
             await self._finish()
             return len(self.steps) if self.broken else None
         finally:
+            await self._drop_clients()
             await self.plane.crash()
             await asyncio.sleep(0)
+
+    async def _drop_clients(self) -> None:
+        for task in list(self.clients):
+            task.cancel()
+        for task in list(self.clients):
+            with contextlib.suppress(BaseException):
+                await task
 
     def _clock(self) -> VirtualClock:
         assert self.loop is not None
@@ -193,7 +203,7 @@ class Simulation:
             self._send(self.state.sent[step.ref % len(self.state.sent)].request, resend=True)
         elif act is Act.REUSE and self.state.sent:
             old = self.state.sent[step.ref % len(self.state.sent)].request
-            self._send(self._with_fingerprint(old, "reused"), reuse=True)
+            self._send(self._with_fingerprint(old, self._next_id("reused")), reuse=True)
         elif act is Act.STALE:
             target = self._workspace(step.ref)
             if target is not None:
@@ -217,6 +227,7 @@ class Simulation:
         plane = self.plane
         assert plane is not None
         disk_full = plane.store.disk_full
+        await self._drop_clients()
         await plane.crash()
         self.plane = await ControlPlane.boot(self.path, self.shape, self.board, self._clock())
         if disk_full:
@@ -310,7 +321,8 @@ class Simulation:
         plane = self.plane
         assert plane is not None
         task = asyncio.get_running_loop().create_task(self._call(plane, request, sent, resend, reuse))
-        task.add_done_callback(lambda t: None if t.cancelled() else t.exception())
+        self.clients.add(task)
+        task.add_done_callback(self.clients.discard)
 
     async def _call(self, plane: ControlPlane, request: CommandRequest, sent: _Sent, resend: bool, reuse: bool) -> None:
         label = f"{request.kind.name} {request.tenant}/{request.command_id} {request.workspace_id}".rstrip()
