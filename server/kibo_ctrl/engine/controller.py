@@ -215,6 +215,10 @@ def _guest_reset(tx: Tx, workspace: Workspace, instance: Instance, current: bool
 
 
 def _vmm_exited(tx: Tx, workspace: Workspace, instance: Instance, report: VmmExited, current: bool) -> None:
+    if instance.phase in (Phase.STOPPED, Phase.RELEASED):
+        # A late report (queued while the node was silent): the instance was stopped or
+        # destroyed since, and holds nothing; marking it held again would leak it.
+        return
     instance.phase = Phase.EXITED
     instance.reason = report.reason.value
     # The node keeps the instance: volume, network and writable layer stay held.
