@@ -194,18 +194,18 @@ class NodeAgent:
                     return
                 try:
                     await self.runtime.delete_storage(workspace_id, tuple(workspace.storage.volume_ids))
-                except OSError as error:
-                    # E.g. an image still mounted while its namespace goes: try again.
+                    await self.runtime.reachable.wait()
+                    report = StorageReleased(workspace_id, volume_ids=tuple(workspace.storage.volume_ids))
+                    await self._store.transact(controller.apply_storage, report)
+                    return
+                except (OSError, StoreError) as error:
+                    # E.g. an image still mounted while its namespace goes, or a full disk that
+                    # cannot record the release: try again (nothing else would, until a restart).
                     log.warning(
                         "node %s: releasing storage of %s failed (%s): retrying", self.node.id, workspace_id, error
                     )
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, 30.0)
-                    continue
-                await self.runtime.reachable.wait()
-                report = StorageReleased(workspace_id, volume_ids=tuple(workspace.storage.volume_ids))
-                await self._store.transact(controller.apply_storage, report)
-                return
         except asyncio.CancelledError:
             raise
         except Exception:
