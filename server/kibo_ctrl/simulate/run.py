@@ -335,7 +335,8 @@ class Simulation:
             self._log(f"  {label}: {name}")
             if isinstance(error, StoreError) and error.unavailable is None:
                 self.broken.append(f"{label}: the store failed with {error}, not as unavailable")
-            if reuse and name != "CommandIdReused" and self._known(request):
+            # A store that cannot write now may answer anything unavailable.
+            if reuse and name not in ("CommandIdReused", "StoreError") and self._known(request):
                 self.broken.append(f"{label}: a reused command ID was answered {name}, not CommandIdReused")
             return
         except Exception as error:
