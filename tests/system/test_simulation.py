@@ -15,7 +15,6 @@ from typing import Any
 from unittest import mock
 
 import pytest
-
 from kibo_ctrl.domain.errors import StoreError
 from kibo_ctrl.domain.model import Component, Event, EventType
 from kibo_ctrl.domain.reports import Destroyed, Report

@@ -20,7 +20,6 @@ from ..engine.scheduler import Scheduler
 from ..engine.service import Service, Settings
 from ..runtime.sim.api import SimulatorApi
 from ..runtime.sim.simulator import SimBoard, SimNode
-from ..store.base import Changes
 from .loop import VirtualClock
 from .store import LoopStore
 
@@ -48,7 +47,7 @@ class ControlPlane:
         store.subscribe(self.hub.publish)
         self.service = Service(Settings(storage_pool=STORAGE_POOL))
         self.nodes = [
-            Node(id=f"node-{i + 1}", vcpus=shape.node_vcpus, memory_mib=shape.node_memory_mib, storage_pool=STORAGE_POOL)
+            Node(f"node-{i + 1}", shape.node_vcpus, shape.node_memory_mib, storage_pool=STORAGE_POOL)
             for i in range(shape.nodes)
         ]
         self.runtimes = {n.id: SimNode(n.id, shape.backend, shape.step_s, board) for n in self.nodes}
@@ -81,9 +80,6 @@ class ControlPlane:
         plane.tasks = [asyncio.create_task(loop, name=name) for loop, name in zip(loops, names, strict=True)]
         return plane
 
-    def listen(self, listener: object) -> None:
-        self.hub.listen(listener)  # type: ignore[arg-type]
-
     def dead_loops(self) -> list[str]:
         """Engine loops that ended (each runs forever): with the exception that ended them."""
         return [f"{t.get_name()}: {t.exception()!r}" for t in self.tasks if t.done() and not t.cancelled()]
@@ -111,11 +107,3 @@ class ControlPlane:
         for workspace in pending:
             if workspace.storage_pool == pool:
                 await self.store.transact(controller.apply_storage, StorageReleased(workspace.id, pool_lost=True))
-
-
-def changes_listener(fn: object) -> object:
-    """Typing helper for hub listeners."""
-    return fn
-
-
-__all__ = ["Changes", "ControlPlane", "Shape"]

@@ -52,7 +52,9 @@ def all_workspaces(reader: Reader) -> list[Workspace]:
     return found
 
 
-def check_store(reader: Reader, nodes: list[Node], seen: Seen, acknowledged: Mapping[tuple[str, str], Command]) -> list[str]:
+def check_store(
+    reader: Reader, nodes: list[Node], seen: Seen, acknowledged: Mapping[tuple[str, str], Command]
+) -> list[str]:
     broken: list[str] = []
     workspaces = all_workspaces(reader)
     instances: dict[str, list[Instance]] = {w.id: reader.list_instances(w.id) for w in workspaces}

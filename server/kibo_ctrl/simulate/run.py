@@ -23,7 +23,6 @@ from ..domain.errors import KiboError, StoreError
 from ..domain.model import (
     Command,
     CommandKind,
-    Component,
     ExpirationAction,
     NetworkEgress,
     NetworkPolicy,
@@ -32,7 +31,6 @@ from ..domain.model import (
 )
 from ..engine.service import CommandRequest, CreateSpec
 from ..runtime.sim.simulator import Fault, SimBoard
-from ..store.base import Tx
 from . import invariants
 from .cluster import ControlPlane, Shape
 from .loop import VirtualClock, VirtualTimeLoop
@@ -41,6 +39,7 @@ from .workload import Act, Step, plan
 SIZES = {1: (1, 512), 2: (2, 2048), 3: (4, 4096), 4: (8, 8192)}
 # Virtual seconds the final phase gives the system to settle, per round.
 SETTLE_S = 120.0
+DEFAULT_SHAPE = Shape()
 
 
 class Violation(Exception):
@@ -98,7 +97,7 @@ class Simulation:
         seed: int,
         steps: list[Step],
         data_dir: Path,
-        shape: Shape = Shape(),
+        shape: Shape = DEFAULT_SHAPE,
         bug: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
     ) -> None:
         self.seed = seed
@@ -369,9 +368,7 @@ class Simulation:
         if self.errors.records:
             self.broken.append(f"the engine logged errors: {self.errors.records}")
             self.errors.records = []
-        found = plane.store.check(
-            lambda r: invariants.check_store(r, plane.nodes, self.seen, self.state.acknowledged)
-        )
+        found = plane.store.check(lambda r: invariants.check_store(r, plane.nodes, self.seen, self.state.acknowledged))
         self.broken.extend(found)
         running: dict[str, str] = {}
         for node_id, runtime in plane.runtimes.items():
@@ -460,7 +457,7 @@ class Simulation:
 def simulate(
     seed: int,
     steps: int,
-    shape: Shape = Shape(),
+    shape: Shape = DEFAULT_SHAPE,
     keep: list[int] | None = None,
     bug: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
 ) -> Outcome:
@@ -475,7 +472,7 @@ def shrink(
     seed: int,
     steps: int,
     failed: Outcome,
-    shape: Shape = Shape(),
+    shape: Shape = DEFAULT_SHAPE,
     bug: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
     budget: int = 200,
 ) -> tuple[list[int], Outcome]:
@@ -499,6 +496,3 @@ def shrink(
         if not changed:
             chunk //= 2
     return keep, best
-
-
-__all__ = ["Component", "Outcome", "Simulation", "Tx", "shrink", "simulate"]

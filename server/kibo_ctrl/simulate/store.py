@@ -82,7 +82,7 @@ class LoopStore(SqliteStore):
         self._loop.call_soon(self._answer, _Job(lambda on: fn(on, *args, **kwargs), future))
         return await future
 
-    scan = read  # type: ignore[assignment]
+    scan = read
 
     def _answer(self, job: _Job) -> None:
         if self._closed or self._read_conn is None:
