@@ -5,10 +5,10 @@ Transitions are data: TRANSITIONS lists, for each visible state, the states the 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
-from ..domain.model import Command, Instance, Node, Workspace
+from ..domain.model import Command, Node, Workspace
 from ..domain.model import WorkspaceState as S
 from ..store.base import Reader, WorkspaceQuery
 
@@ -37,6 +37,8 @@ class Seen:
     last_event_seq: dict[str, int] = field(default_factory=dict)
     last_state: dict[str, S] = field(default_factory=dict)
     version: dict[str, int] = field(default_factory=dict)
+    # The states each workspace's events went through since the current watch began.
+    event_states: dict[str, list[S]] = field(default_factory=dict)
 
 
 def all_workspaces(reader: Reader) -> list[Workspace]:
@@ -53,22 +55,31 @@ def all_workspaces(reader: Reader) -> list[Workspace]:
 
 
 def check_store(
-    reader: Reader, nodes: list[Node], seen: Seen, acknowledged: Mapping[tuple[str, str], Command]
+    reader: Reader,
+    nodes: list[Node],
+    seen: Seen,
+    acknowledged: Mapping[tuple[str, str], Command],
+    only: Collection[str] | None,
 ) -> list[str]:
+    """The invariants over the workspaces in `only` (all when None), every node's
+    reservations, and the `acknowledged` commands."""
     broken: list[str] = []
-    workspaces = all_workspaces(reader)
-    instances: dict[str, list[Instance]] = {w.id: reader.list_instances(w.id) for w in workspaces}
+    if only is None:
+        workspaces = all_workspaces(reader)
+    else:
+        workspaces = [w for i in sorted(only) if (w := reader.get_workspace(i)) is not None]
     for workspace in workspaces:
         broken.extend(_events(reader, workspace, seen))
         if workspace.version < seen.version.get(workspace.id, 0):
             broken.append(f"{workspace.id}: version went back from {seen.version[workspace.id]} to {workspace.version}")
         seen.version[workspace.id] = workspace.version
-        holding = [i.id for i in instances[workspace.id] if i.holds]
+        holding = [i.id for i in reader.list_instances(workspace.id) if i.holds]
         if len(holding) > 1:
             broken.append(f"{workspace.id}: {len(holding)} instances hold parts at once: {holding}")
     for node in nodes:
         vcpus, memory = reader.node_usage(node.id)
-        reserved = [i for group in instances.values() for i in group if i.reserved and i.node_id == node.id]
+        # A reserved instance is active (store/sqlite.py): the node's active ones are enough.
+        reserved = [i for i in reader.node_instances(node.id) if i.reserved]
         want = (sum(i.vcpus for i in reserved), sum(i.memory_mib for i in reserved))
         if (vcpus, memory) != want:
             broken.append(f"{node.id}: node_usage {(vcpus, memory)} != reserved instances {want}")
@@ -81,6 +92,28 @@ def check_store(
         elif (stored.workspace_id, stored.kind) != (command.workspace_id, command.kind):
             broken.append(f"acknowledged command {command_id} changed: {command} -> {stored}")
     return broken
+
+
+def check_watch(seen: Seen, watched: Mapping[str, list[S]], only: Collection[str]) -> list[str]:
+    """What a watcher of the hub saw of each workspace is the sequence its events record
+    (consecutive repeats folded), since the watch began. Call only when every commit is
+    published (Store.published_mark)."""
+    broken = []
+    for workspace_id in sorted(only):
+        states = seen.event_states.get(workspace_id, [])
+        got = watched.get(workspace_id, [])
+        if got != states:
+            names = [s.name for s in got]
+            want = [s.name for s in states]
+            broken.append(f"{workspace_id}: a watcher saw {names}, the events record {want}")
+    return broken
+
+
+def fold(states: list[S], state: S) -> None:
+    """Append `state` unless it repeats the last one (a create's first event is recorded
+    before the workspace has a state: UNSPECIFIED, which no snapshot shows)."""
+    if state is not S.UNSPECIFIED and (not states or states[-1] is not state):
+        states.append(state)
 
 
 def _events(reader: Reader, workspace: Workspace, seen: Seen) -> list[str]:
@@ -97,6 +130,7 @@ def _events(reader: Reader, workspace: Workspace, seen: Seen) -> list[str]:
             broken.append(f"{workspace.id}: event {event.seq}: {state.name} -> {event.to_state.name} is not allowed")
         state = event.to_state
         after = event.seq
+        fold(seen.event_states.setdefault(workspace.id, []), state)
     seen.last_event_seq[workspace.id] = after
     seen.last_state[workspace.id] = state
     if state is not workspace.state:

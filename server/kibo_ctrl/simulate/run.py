@@ -31,6 +31,7 @@ from ..domain.model import (
 )
 from ..engine.service import CommandRequest, CreateSpec
 from ..runtime.sim.simulator import Fault, SimBoard
+from ..store.base import Changes
 from . import invariants
 from .cluster import ControlPlane, Shape
 from .loop import VirtualClock, VirtualTimeLoop
@@ -39,6 +40,7 @@ from .workload import Act, Step, plan
 SIZES = {1: (1, 512), 2: (2, 2048), 3: (4, 4096), 4: (8, 8192)}
 # Virtual seconds the final phase gives the system to settle, per round.
 SETTLE_S = 120.0
+FULL_CHECK_EVERY = 50
 DEFAULT_SHAPE = Shape()
 
 
@@ -117,6 +119,13 @@ class Simulation:
         self.broken: list[str] = []
         # Calls in flight; a crash drops them (the caller sees its connection fail).
         self.clients: set[asyncio.Task[None]] = set()
+        # Workspaces changed and commands acknowledged since the last check.
+        self.dirty: set[str] = set()
+        self.fresh: dict[tuple[str, str], Command] = {}
+        self.full_next = True
+        self.checks = 0
+        # What a watcher of the hub saw of each workspace (consecutive repeats folded).
+        self.watched: dict[str, list[WorkspaceState]] = {}
 
     # -- running -----------------------------------------------------------------------
 
@@ -144,7 +153,7 @@ class Simulation:
             yield
 
     async def _main(self) -> int | None:
-        self.plane = await ControlPlane.boot(self.path, self.shape, self.board, self._clock())
+        await self._boot()
         try:
             for number, step in enumerate(self.steps):
                 self.number = number
@@ -171,6 +180,22 @@ class Simulation:
         for task in list(self.clients):
             with contextlib.suppress(BaseException):
                 await task
+
+    async def _boot(self) -> None:
+        """Start an incarnation, and watch every workspace from what the store holds now
+        (a watcher resuming after the restart)."""
+        self.plane = await ControlPlane.boot(self.path, self.shape, self.board, self._clock())
+        self.plane.hub.listen(self._observe)
+        self.full_next = True
+        self._check()
+        self.seen.event_states = {ws: [state] for ws, state in self.seen.last_state.items()}
+        self.watched = {ws: [state] for ws, state in self.seen.last_state.items()}
+
+    def _observe(self, changes: Changes) -> None:
+        self.dirty.update(changes.workspaces)
+        self.dirty.update(i.workspace_id for i in changes.instances.values())
+        for snapshot in changes.workspace_history:
+            invariants.fold(self.watched.setdefault(snapshot.id, []), snapshot.state)
 
     def _clock(self) -> VirtualClock:
         assert self.loop is not None
@@ -228,7 +253,7 @@ class Simulation:
         disk_full = plane.store.disk_full
         await self._drop_clients()
         await plane.crash()
-        self.plane = await ControlPlane.boot(self.path, self.shape, self.board, self._clock())
+        await self._boot()
         if disk_full:
             self.plane.store.set_disk_full(True)
         self._log("restarted from the store")
@@ -350,6 +375,7 @@ class Simulation:
             self.broken.append(f"{label}: a resend returned {command} where the first answer was {first}")
         if first is None:
             self.state.acknowledged[key] = command
+            self.fresh[key] = command
         if request.kind is CommandKind.CREATE and (request.tenant, workspace.id) not in self.state.workspaces:
             self.state.workspaces.append((request.tenant, workspace.id))
         sent.command = command
@@ -368,8 +394,18 @@ class Simulation:
         if self.errors.records:
             self.broken.append(f"the engine logged errors: {self.errors.records}")
             self.errors.records = []
-        found = plane.store.check(lambda r: invariants.check_store(r, plane.nodes, self.seen, self.state.acknowledged))
+        # Cheap steps check what changed; every FULL_CHECK_EVERY steps (and after a restart)
+        # everything, and every acknowledged command.
+        full = self.full_next or self.checks % FULL_CHECK_EVERY == 0
+        self.checks += 1
+        only = None if full else set(self.dirty)
+        acknowledged = self.state.acknowledged if full else self.fresh
+        self.dirty, self.fresh, self.full_next = set(), {}, False
+        found = plane.store.check(lambda r: invariants.check_store(r, plane.nodes, self.seen, acknowledged, only))
         self.broken.extend(found)
+        if plane.store.published_mark() is not None:
+            watched = self.watched if only is None else only & self.watched.keys()
+            self.broken.extend(invariants.check_watch(self.seen, self.watched, watched))
         running: dict[str, str] = {}
         for node_id, runtime in plane.runtimes.items():
             for vm in runtime.vms.values():
@@ -393,6 +429,7 @@ class Simulation:
         self._log("faults end")
         await self._calm()
         await self._settle()
+        self.full_next = True
         self._check()
         plane = self.plane
         assert plane is not None
@@ -408,6 +445,7 @@ class Simulation:
                     target = (workspace.tenant, workspace.id)
                     self._send(self._request(CommandKind.DELETE, target, 0))
             await self._settle()
+            self.full_next = True
             self._check()
         self.broken.extend(plane.store.check(lambda r: self._unfinished(r, allow_unschedulable=False)))
         self.broken.extend(plane.store.check(self._cleaned))
