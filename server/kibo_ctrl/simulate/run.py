@@ -171,7 +171,8 @@ class Simulation:
             return len(self.steps) if self.broken else None
         finally:
             await self._drop_clients()
-            await self.plane.crash()
+            if self.plane is not None:
+                await self.plane.crash()
             await asyncio.sleep(0)
 
     async def _drop_clients(self) -> None:
@@ -181,7 +182,7 @@ class Simulation:
             with contextlib.suppress(BaseException):
                 await task
 
-    async def _boot(self) -> None:
+    async def _boot(self) -> ControlPlane:
         """Start an incarnation, and watch every workspace from what the store holds now
         (a watcher resuming after the restart)."""
         self.plane = await ControlPlane.boot(self.path, self.shape, self.board, self._clock())
@@ -190,6 +191,7 @@ class Simulation:
         self._check()
         self.seen.event_states = {ws: [state] for ws, state in self.seen.last_state.items()}
         self.watched = {ws: [state] for ws, state in self.seen.last_state.items()}
+        return self.plane
 
     def _observe(self, changes: Changes) -> None:
         self.dirty.update(changes.workspaces)
@@ -253,9 +255,9 @@ class Simulation:
         disk_full = plane.store.disk_full
         await self._drop_clients()
         await plane.crash()
-        await self._boot()
+        restarted = await self._boot()
         if disk_full:
-            self.plane.store.set_disk_full(True)
+            restarted.store.set_disk_full(True)
         self._log("restarted from the store")
 
     async def _fault(self, fault: Fault, ref: int) -> None:
