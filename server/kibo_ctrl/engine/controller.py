@@ -191,6 +191,11 @@ def _guest_reset(tx: Tx, workspace: Workspace, instance: Instance, current: bool
         # the workspace would wait in STOPPING or DELETING for that command forever.
         event(tx, workspace, EventType.GUEST_RESET, message="reset during a stop or delete: not restarted")
         return
+    if instance.done_step != instance.step and workspace.active_kind in (CommandKind.CREATE, CommandKind.START):
+        # The guest reset before the node's Launched report was stored: it ran, so the launch
+        # succeeded. Record that first: the restart below supersedes the launch's step, whose
+        # report is then dropped, and the command would stay RUNNING forever.
+        _launched(tx, workspace, instance, Launched(instance.id, instance.step, ()), current)
     now = tx.now
     guest = workspace.guest
     guest.reset_times = [t for t in guest.reset_times if now - t < RESET_WINDOW] + [now]
