@@ -132,6 +132,11 @@ class Simulation:
     def run(self) -> Outcome:
         loop = self.loop = VirtualTimeLoop()
         engine_log = logging.getLogger("kibo_ctrl")
+        # The engine's errors reach the checker whatever the root logger's level, and only it
+        # (the history says what happened; thousands of retried warnings would not).
+        level, propagate = engine_log.level, engine_log.propagate
+        engine_log.setLevel(logging.ERROR)
+        engine_log.propagate = False
         engine_log.addHandler(self.errors)
         failed_step: int | None = None
         try:
@@ -139,6 +144,8 @@ class Simulation:
                 failed_step = loop.run_until_complete(self._main())
         finally:
             engine_log.removeHandler(self.errors)
+            engine_log.setLevel(level)
+            engine_log.propagate = propagate
             loop.close()
         digest = hashlib.sha256("\n".join(self.history).encode()).hexdigest()[:16]
         violation = "; ".join(self.broken) if self.broken else None
@@ -188,6 +195,9 @@ class Simulation:
         self.plane = await ControlPlane.boot(self.path, self.shape, self.board, self._clock())
         self.plane.hub.listen(self._observe)
         self.full_next = True
+        # The old watch ended with the crash (it may have missed what was never published):
+        # the new one starts from the store, as a client's watch resumes.
+        self.watched = {}
         self._check()
         self.seen.event_states = {ws: [state] for ws, state in self.seen.last_state.items()}
         self.watched = {ws: [state] for ws, state in self.seen.last_state.items()}
@@ -242,6 +252,13 @@ class Simulation:
             node = plane.runtimes[plane.nodes[step.ref % len(plane.nodes)].id]
             node.inject("", None, Fault.NODE_SILENT if act is Act.SILENT else Fault.NODE_BACK)
         elif act is Act.CRASH:
+            if step.ref % 2:
+                # Between a commit and its publication: at the next commit, whenever it comes.
+                plane.store.crash_after_commit = True
+                for _ in range(100):
+                    if plane.store.crashed:
+                        break
+                    await asyncio.sleep(0.01)
             await self._restart()
         elif act in (Act.DISK_FULL, Act.DISK_OK):
             plane.store.set_disk_full(act is Act.DISK_FULL)
@@ -253,12 +270,13 @@ class Simulation:
         plane = self.plane
         assert plane is not None
         disk_full = plane.store.disk_full
+        unpublished = plane.store.crashed or plane.store.published_mark() is None
         await self._drop_clients()
         await plane.crash()
         restarted = await self._boot()
         if disk_full:
             restarted.store.set_disk_full(True)
-        self._log("restarted from the store")
+        self._log(f"restarted from the store{' (a commit was not yet published)' if unpublished else ''}")
 
     async def _fault(self, fault: Fault, ref: int) -> None:
         plane = self.plane

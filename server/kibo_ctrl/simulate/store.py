@@ -35,6 +35,8 @@ class LoopStore(SqliteStore):
         # A crashed store publishes nothing more: what it committed is on disk, unannounced.
         self.crashed = False
         self.disk_full = False
+        # Crash right after the next commit: on disk, answered to nobody, published to nobody.
+        self.crash_after_commit = False
 
     @classmethod
     async def open_here(cls, path: Path, clock: Clock) -> LoopStore:
@@ -76,6 +78,8 @@ class LoopStore(SqliteStore):
             return
         batch, self._pending = self._pending, []
         self._commit_batch(self._write_conn, batch)
+        if self.crash_after_commit:
+            self.crashed = True
 
     def _publish_and_settle(self, changes: Changes, outcomes: list[tuple[_Job, Any, BaseException | None]]) -> None:
         if self.crashed:
