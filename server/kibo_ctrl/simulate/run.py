@@ -34,7 +34,7 @@ from ..runtime.sim.simulator import Fault, SimBoard
 from ..store.base import Changes
 from . import invariants
 from .cluster import ControlPlane, Shape
-from .loop import VirtualClock, VirtualTimeLoop
+from .loop import Deadlock, VirtualClock, VirtualTimeLoop
 from .workload import Act, Step, plan
 
 SIZES = {1: (1, 512), 2: (2, 2048), 3: (4, 4096), 4: (8, 8192)}
@@ -141,7 +141,12 @@ class Simulation:
         failed_step: int | None = None
         try:
             with self._seeded_ids(), self.bug() if self.bug else contextlib.nullcontext():
-                failed_step = loop.run_until_complete(self._main())
+                try:
+                    failed_step = loop.run_until_complete(self._main())
+                except Deadlock as stuck:
+                    # Every task waits for something no timer or callback will bring.
+                    self.broken.append(f"the simulation deadlocked: {stuck}")
+                    failed_step = getattr(self, "number", 0)
         finally:
             engine_log.removeHandler(self.errors)
             engine_log.setLevel(level)
