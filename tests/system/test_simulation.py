@@ -19,6 +19,7 @@ from kibo_ctrl.domain.errors import StoreError
 from kibo_ctrl.domain.model import Component, Event, EventType
 from kibo_ctrl.domain.reports import Destroyed, Report
 from kibo_ctrl.engine import controller
+from kibo_ctrl.simulate.__main__ import main
 from kibo_ctrl.simulate.loop import VirtualClock, VirtualTimeLoop
 from kibo_ctrl.simulate.run import shrink, simulate
 from kibo_ctrl.simulate.store import LoopStore
@@ -101,6 +102,17 @@ def test_command_line_prints_the_hash_line() -> None:
     )
     assert run.returncode == 0, run.stdout + run.stderr
     assert run.stdout.splitlines()[-1] == f"seed 3 steps 60 hash {simulate(3, 60).digest}"
+
+
+def test_command_line_reports_a_failure_with_its_replay(capsys: pytest.CaptureFixture[str]) -> None:
+    with _leaky_destroy():
+        status = main(["--seed", "1", "--steps", "120", "--shrink-runs", "4"])
+    out = capsys.readouterr().out.splitlines()
+    assert status == 1
+    assert "replay: python -m kibo_ctrl.simulate --seed 1 --steps 120" in out
+    assert any(line.startswith("shrunk to ") for line in out)
+    assert any(line.startswith("violation: ") and "RESERVATION" in line for line in out)
+    assert out[-1].startswith("seed 1 steps 120 hash ")
 
 
 def test_full_disk_inside_a_job_is_unavailable(tmp_path: Path) -> None:

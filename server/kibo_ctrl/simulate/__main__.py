@@ -20,6 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--seeds", type=int, default=1, help="run this many seeds from --seed on (a soak)")
     parser.add_argument("--no-shrink", action="store_true", help="print the full failing history")
+    parser.add_argument("--shrink-runs", type=int, default=200, help="at most this many reruns to shrink a failure")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.CRITICAL)
     first = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 32)
@@ -32,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
             status = 1
             history = outcome.history
             if not args.no_shrink:
-                keep, shrunk = shrink(seed, args.steps, outcome)
+                keep, shrunk = shrink(seed, args.steps, outcome, budget=args.shrink_runs)
                 print(f"shrunk to {len(keep)} of {args.steps} steps: {keep}")
                 history = shrunk.history
                 print(f"violation (shrunk run): {shrunk.violation}")
