@@ -143,6 +143,15 @@ def _volumes_created(tx: Tx, volume_ids: tuple[str, ...]) -> None:
 
 def _launched(tx: Tx, workspace: Workspace, instance: Instance, report: Launched, current: bool) -> None:
     instance.done_step = instance.step
+    if instance.phase is Phase.EXITED:
+        # The VMM's exit was reported first (the two reports take different paths, each with
+        # its own retries): the instance launched, then exited. It stays exited and held;
+        # marking it RUNNING would show a dead guest AVAILABLE.
+        _volumes_created(tx, report.volumes_created)
+        if current and workspace.active_kind in (CommandKind.CREATE, CommandKind.START):
+            message = f"the VMM exited right after launch ({instance.reason})"
+            finish_command(tx, workspace, error=CommandError(ErrorCode.UNAVAILABLE, message))
+        return
     instance.phase = Phase.RUNNING
     instance.holds = list(EXECUTION_PARTS)
     instance.reason = ""

@@ -87,13 +87,14 @@ class ControlPlane:
     async def crash(self) -> None:
         """Stop at once: nothing more is published; the store's file stays as it is."""
         self.store.crashed = True
-        for agent in self.agents:
-            await agent.stop()
+        # The loops first: a node agent's loop still running could start work after its stop.
         for task in self.tasks:
             task.cancel()
         for task in self.tasks:
             with contextlib.suppress(BaseException):
                 await task
+        for agent in self.agents:
+            await agent.stop()
         for task in list(self.liveness._writes):
             task.cancel()
         await self.store.close()
