@@ -26,7 +26,7 @@ from kibo_ctrl.simulate.store import LoopStore
 from kibo_ctrl.store.base import Tx
 
 STEPS = 300
-SEEDS = range(100, 108)
+SEEDS = range(100, 116)
 
 
 @pytest.mark.parametrize("seed", SEEDS)
