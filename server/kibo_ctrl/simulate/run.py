@@ -141,7 +141,8 @@ class Simulation:
                     failed_step = loop.run_until_complete(self._main())
                 except Deadlock as stuck:
                     # Every task waits for something no timer or callback will bring.
-                    self.broken.append(f"the simulation deadlocked: {stuck}")
+                    waiting = sorted(_where(task) for task in asyncio.all_tasks(loop))
+                    self.broken.append(f"the simulation deadlocked: {stuck}; waiting: {waiting}")
                     failed_step = getattr(self, "number", 0)
         finally:
             engine_log.removeHandler(self.errors)
@@ -512,6 +513,12 @@ class Simulation:
             if reader.node_usage(node.id) != (0, 0):
                 broken.append(f"{node.id} still reserves {reader.node_usage(node.id)} with every workspace deleted")
         return broken
+
+
+def _where(task: asyncio.Task[Any]) -> str:
+    stack = task.get_stack(limit=1)
+    frame = stack[-1] if stack else None
+    return f"{task.get_name()} at {frame.f_code.co_name}:{frame.f_lineno}" if frame else task.get_name()
 
 
 def simulate(
