@@ -16,14 +16,15 @@ from unittest import mock
 
 import pytest
 from kibo_ctrl.domain.errors import StoreError
-from kibo_ctrl.domain.model import Component, Event, EventType
+from kibo_ctrl.domain.model import Component, Event, EventType, WorkspaceState
 from kibo_ctrl.domain.reports import Destroyed, Report
 from kibo_ctrl.engine import controller
+from kibo_ctrl.engine.hub import Hub
 from kibo_ctrl.simulate.__main__ import main
 from kibo_ctrl.simulate.loop import VirtualClock, VirtualTimeLoop
 from kibo_ctrl.simulate.run import shrink, simulate
 from kibo_ctrl.simulate.store import LoopStore
-from kibo_ctrl.store.base import Tx
+from kibo_ctrl.store.base import Changes, Tx
 
 STEPS = 300
 SEEDS = range(100, 116)
@@ -92,6 +93,25 @@ def test_injected_bug_is_found_replayed_and_shrunk() -> None:
     keep, shrunk = shrink(1, steps, found, bug=_leaky_destroy, budget=12)
     assert not shrunk.ok and len(keep) < steps
     assert not simulate(1, steps, keep=keep, bug=_leaky_destroy).ok
+
+
+@contextlib.contextmanager
+def _watchers_miss_stopped() -> Iterator[None]:
+    """Another bug put in on purpose: the hub tells watchers of every change but STOPPED."""
+    real = Hub.publish
+
+    def publish(self: Hub, changes: Changes) -> None:
+        changes.workspace_history = [w for w in changes.workspace_history if w.state is not WorkspaceState.STOPPED]
+        real(self, changes)
+
+    with mock.patch.object(Hub, "publish", publish):
+        yield
+
+
+def test_a_watch_that_misses_a_change_is_found() -> None:
+    found = simulate(1, 120, bug=_watchers_miss_stopped)
+    assert not found.ok
+    assert found.violation is not None and "a watcher saw" in found.violation and "STOPPED" in found.violation
 
 
 def test_command_line_prints_the_hash_line() -> None:
