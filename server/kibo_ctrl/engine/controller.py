@@ -77,7 +77,9 @@ def apply(tx: Tx, report: Report) -> None:
         workspace.node_silent = False
         event(tx, workspace, EventType.NODE_BACK, message=f"node {instance.node_id} reports again")
     if isinstance(report, Progress):
-        instance.phase = report.phase
+        # A late progress report (reports take different paths) does not undo a VMM's exit.
+        if instance.phase is not Phase.EXITED:
+            instance.phase = report.phase
         _volumes_created(tx, report.volumes_created)
         if current:
             steps.mark_running(tx, workspace)
