@@ -19,6 +19,7 @@ from .api import data_plane
 from .api.auth import Authenticator
 from .api.control_plane import Api
 from .domain.access import DEFAULT_TENANT, Role, TokenRecord
+from .domain.clock import SYSTEM_CLOCK, Clock
 from .domain.model import Backend, Node, Workspace
 from .domain.reports import StorageReleased
 from .engine import controller
@@ -106,8 +107,10 @@ class Config:
 class App:
     """One control plane process. `await App.start(config)`, then `await app.stop()`."""
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, clock: Clock = SYSTEM_CLOCK) -> None:
         self.config = config
+        # Where the store and the loops read the time (the simulation hands in a virtual one).
+        self.clock = clock
         self.port = 0
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -123,7 +126,7 @@ class App:
             raise ValueError(f"unknown runtime {config.runtime!r}; this build has: sim, process")
         _check_writable(config.data_dir)
         _raise_open_file_limit()
-        self.store = await SqliteStore.open(config.data_dir / "kibo.db")
+        self.store = await SqliteStore.open(config.data_dir / "kibo.db", self.clock)
         self.hub = Hub()
         self.store.subscribe(self.hub.publish)
         self.metrics = Metrics()
@@ -177,7 +180,7 @@ class App:
             sim_nodes = {n.id: SimNode(n.id, config.sim_backend, config.sim_step_ms / 1000, board) for n in nodes}
             self.runtimes.update(sim_nodes)
             self.sim_api = SimulatorApi(self._find_workspace, board, sim_nodes, self._pool_lost)
-        liveness = Liveness(self.store, [n.id for n in nodes], config.node_timeout_ms / 1000)
+        liveness = Liveness(self.store, [n.id for n in nodes], config.node_timeout_ms / 1000, self.clock)
         # Each node agent drives its runtime through the timing wrapper (metrics, failure
         # logs, and with tracing a span per operation in its command's trace).
         metered = {
@@ -198,7 +201,7 @@ class App:
             for i, n in enumerate(nodes)
         ]
         scheduler = Scheduler(self.store, nodes)
-        expiry = ExpiryLoop(self.store, self.service)
+        expiry = ExpiryLoop(self.store, self.service, self.clock)
         for listener in (scheduler.on_changes, expiry.on_changes, *(a.on_changes for a in agents)):
             self.hub.listen(listener)
         self._agents = agents

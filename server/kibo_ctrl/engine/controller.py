@@ -100,8 +100,11 @@ def apply(tx: Tx, report: Report) -> None:
 
 
 def _progress(tx: Tx, workspace: Workspace, instance: Instance, report: Progress, current: bool) -> None:
-    # Nothing runs to stop in these (an exited VMM stays EXITED for the stop's answer).
-    applies = not (report.phase is Phase.STOPPING and instance.phase in _NOT_RUNNING)
+    # A late progress report (reports take different paths) does not undo a VMM's exit, and
+    # nothing runs to stop in the other not-running phases.
+    applies = instance.phase is not Phase.EXITED and not (
+        report.phase is Phase.STOPPING and instance.phase in _NOT_RUNNING
+    )
     if applies and instance.phase is not report.phase:
         message = f"instance {instance.id}: {report.phase.name.lower()} on {instance.node_id}"
         event(tx, workspace, EventType.INSTANCE_PHASE, message=message)
@@ -165,6 +168,15 @@ def _volumes_created(tx: Tx, volume_ids: tuple[str, ...]) -> None:
 
 def _launched(tx: Tx, workspace: Workspace, instance: Instance, report: Launched, current: bool) -> None:
     instance.done_step = instance.step
+    if instance.phase is Phase.EXITED:
+        # The VMM's exit was reported first (the two reports take different paths, each with
+        # its own retries): the instance launched, then exited. It stays exited and held;
+        # marking it RUNNING would show a dead guest AVAILABLE.
+        _volumes_created(tx, report.volumes_created)
+        if current and workspace.active_kind in (CommandKind.CREATE, CommandKind.START):
+            message = f"the VMM exited right after launch ({instance.reason})"
+            finish_command(tx, workspace, error=CommandError(ErrorCode.UNAVAILABLE, message))
+        return
     instance.phase = Phase.RUNNING
     instance.holds = list(EXECUTION_PARTS)
     instance.reason = ""
@@ -202,6 +214,16 @@ def _stopped(tx: Tx, workspace: Workspace, instance: Instance, report: Stopped, 
 def _guest_reset(tx: Tx, workspace: Workspace, instance: Instance, report: GuestReset, current: bool) -> None:
     if not current:
         return
+    if instance.desired is not Desired.RUNNING:
+        # A stop or delete is under way: its step goes on. Restarting would supersede it, and
+        # the workspace would wait in STOPPING or DELETING for that command forever.
+        event(tx, workspace, EventType.GUEST_RESET, message="reset during a stop or delete: not restarted")
+        return
+    if instance.done_step != instance.step and workspace.active_kind in (CommandKind.CREATE, CommandKind.START):
+        # The guest reset before the node's Launched report was stored: it ran, so the launch
+        # succeeded. Record that first: the restart below supersedes the launch's step, whose
+        # report is then dropped, and the command would stay RUNNING forever.
+        _launched(tx, workspace, instance, Launched(instance.id, instance.step, ()), current)
     now = tx.now
     resets = steps.record_guest_reset(workspace, now, RESET_WINDOW)
     instance.restart_count += 1
@@ -219,6 +241,10 @@ def _guest_reset(tx: Tx, workspace: Workspace, instance: Instance, report: Guest
 
 
 def _vmm_exited(tx: Tx, workspace: Workspace, instance: Instance, report: VmmExited, current: bool) -> None:
+    if instance.phase in (Phase.STOPPED, Phase.RELEASED):
+        # A late report (queued while the node was silent): the instance was stopped or
+        # destroyed since, and holds nothing; marking it held again would leak it.
+        return
     instance.phase = Phase.EXITED
     instance.reason = report.reason.value
     # The node keeps the instance: volume, network and writable layer stay held.

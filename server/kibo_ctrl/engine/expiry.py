@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import logging
-import time
 
+from ..domain.clock import SYSTEM_CLOCK, Clock
 from ..store.base import Changes, Store
 from .hub import Wakeup
 from .service import Service
@@ -14,8 +14,9 @@ BATCH = 100
 
 
 class ExpiryLoop:
-    def __init__(self, store: Store, service: Service) -> None:
+    def __init__(self, store: Store, service: Service, clock: Clock = SYSTEM_CLOCK) -> None:
         self._store = store
+        self._clock = clock
         self._service = service
         self._wakeup = Wakeup()
 
@@ -26,7 +27,7 @@ class ExpiryLoop:
     async def run(self) -> None:
         while True:
             due = await self._store.read(lambda r: r.next_expirations(BATCH))
-            now = time.time()
+            now = self._clock.now()
             times = [(w.id, w.expiration.expire_time or 0.0, w.active_command) for w in due]
             later = [when for _, when, _ in times if when > now]
             for workspace_id, when, active in times:

@@ -106,8 +106,12 @@ class Wakeup:
         self._event.set()
 
     async def wait(self, within: float | None = None) -> frozenset[str]:
+        # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a cancellation that
+        # arrives as the event is set, and the loop runs on past its cancel (a shutdown that
+        # waits for it hangs; found by the simulator, seed 3007).
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._event.wait(), within)
+            async with asyncio.timeout(within):
+                await self._event.wait()
         self._event.clear()
         ids, self.ids = frozenset(self.ids), set()
         return ids

@@ -9,9 +9,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from dataclasses import dataclass
 
+from ..domain.clock import SYSTEM_CLOCK, Clock
 from ..domain.errors import StoreError
 from ..domain.model import Desired, Instance, Node, Phase, StopDurability, Volume, Workspace
 from ..domain.reports import (
@@ -197,18 +197,18 @@ class NodeAgent:
                     return
                 try:
                     await self.runtime.delete_storage(workspace_id, tuple(workspace.storage.volume_ids))
-                except OSError as error:
-                    # E.g. an image still mounted while its namespace goes: try again.
+                    await self.runtime.reachable.wait()
+                    report = StorageReleased(workspace_id, volume_ids=tuple(workspace.storage.volume_ids))
+                    await self._store.transact(controller.apply_storage, report)
+                    return
+                except (OSError, StoreError) as error:
+                    # E.g. an image still mounted while its namespace goes, or a full disk that
+                    # cannot record the release: try again (nothing else would, until a restart).
                     log.warning(
                         "node %s: releasing storage of %s failed (%s): retrying", self.node.id, workspace_id, error
                     )
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, 30.0)
-                    continue
-                await self.runtime.reachable.wait()
-                report = StorageReleased(workspace_id, volume_ids=tuple(workspace.storage.volume_ids))
-                await self._store.transact(controller.apply_storage, report)
-                return
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -289,8 +289,9 @@ def _launch_spec(reader: Reader, instance: Instance) -> LaunchSpec:
 class Liveness:
     """Tells whether each node reports. In memory: liveness is about this process's view."""
 
-    def __init__(self, store: Store, node_ids: list[str], timeout: float) -> None:
+    def __init__(self, store: Store, node_ids: list[str], timeout: float, clock: Clock = SYSTEM_CLOCK) -> None:
         self._store = store
+        self._clock = clock
         self.timeout = timeout
         self.interval = timeout / 4
         self._last: dict[str, float] = {}
@@ -301,10 +302,10 @@ class Liveness:
     def report_age(self, node_id: str) -> float | None:
         """Seconds since the node last reported (its lease's age); None before its first report."""
         last = self._last.get(node_id)
-        return None if last is None else time.monotonic() - last
+        return None if last is None else self._clock.monotonic() - last
 
     def beat(self, node_id: str) -> None:
-        self._last[node_id] = time.monotonic()
+        self._last[node_id] = self._clock.monotonic()
         if self._silent.get(node_id) is not False:
             self._mark(node_id, silent=False)
 
@@ -324,7 +325,7 @@ class Liveness:
     async def run(self) -> None:
         while True:
             await asyncio.sleep(self.interval)
-            now = time.monotonic()
+            now = self._clock.monotonic()
             for node_id, silent in list(self._silent.items()):
                 last = self._last.get(node_id)
                 if silent is False and last is not None and now - last > self.timeout:

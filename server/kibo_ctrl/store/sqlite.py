@@ -27,6 +27,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 import msgspec
 
 from ..domain.access import Role, TokenRecord
+from ..domain.clock import SYSTEM_CLOCK, Clock
 from ..domain.errors import StoreError, Unavailable
 from ..domain.model import Command, Event, Instance, Phase, Volume, Workspace, WorkspaceState
 from .base import Changes, CommitObserver, Reader, Tx, WorkspaceQuery, WorkspaceSlice
@@ -334,8 +335,9 @@ class SqliteStore:
 
     MAX_BATCH = 512
 
-    def __init__(self, path: Path, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, path: Path, loop: asyncio.AbstractEventLoop, clock: Clock = SYSTEM_CLOCK) -> None:
         self.path = path
+        self._clock = clock
         self._loop = loop
         self._queue: queue.SimpleQueue[_Job | object] = queue.SimpleQueue()
         self._listeners: list[Callable[[Changes], None]] = []
@@ -355,9 +357,9 @@ class SqliteStore:
         self._batches_published = 0
 
     @classmethod
-    async def open(cls, path: Path) -> SqliteStore:
+    async def open(cls, path: Path, clock: Clock = SYSTEM_CLOCK) -> SqliteStore:
         path.parent.mkdir(parents=True, exist_ok=True)
-        store = cls(path, asyncio.get_running_loop())
+        store = cls(path, asyncio.get_running_loop(), clock)
         try:
             await asyncio.to_thread(store._migrate)
         except sqlite3.Error as error:
@@ -476,7 +478,7 @@ class SqliteStore:
     def _commit_batch(self, conn: sqlite3.Connection, batch: list[_Job]) -> None:
         outcomes: list[tuple[_Job, Any, BaseException | None]] = []
         changes = Changes()
-        now = time.time()
+        now = self._clock.now()
         # Before anything can commit; _publish_and_settle counts the batch published.
         self._batches_begun += 1
         started = time.perf_counter()
@@ -488,6 +490,10 @@ class SqliteStore:
                 try:
                     result = job.fn(tx)
                 except BaseException as error:
+                    if isinstance(error, sqlite3.Error) and not conn.in_transaction:
+                        # SQLite rolled the whole transaction back (it may on SQLITE_FULL): the
+                        # savepoint is gone, and the batch fails with this job's own error.
+                        raise
                     conn.execute("ROLLBACK TO job")
                     conn.execute("RELEASE job")
                     outcomes.append((job, None, error))

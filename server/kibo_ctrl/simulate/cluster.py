@@ -1,0 +1,110 @@
+"""One incarnation of the control plane, wired as app.py wires it (without the servers):
+the store, the hub, the service, the scheduler, the expiry loop, node liveness, one node
+agent and one simulated runtime per node. A crash drops it whole; the next incarnation
+starts from what the store holds, as a restarted process does."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..domain.model import Backend, Node, Workspace
+from ..domain.reports import StorageReleased
+from ..engine import controller
+from ..engine.expiry import ExpiryLoop
+from ..engine.hub import Hub
+from ..engine.node_agent import Liveness, NodeAgent
+from ..engine.scheduler import Scheduler
+from ..engine.service import Service, Settings
+from ..runtime.sim.api import SimulatorApi
+from ..runtime.sim.simulator import SimBoard, SimNode
+from .loop import VirtualClock
+from .store import LoopStore
+
+STORAGE_POOL = "local"
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The simulated cluster."""
+
+    nodes: int = 3
+    node_vcpus: int = 8
+    node_memory_mib: int = 16 * 1024
+    step_s: float = 0.02
+    node_timeout_s: float = 3.0
+    backend: Backend = Backend.FIRECRACKER
+
+
+class ControlPlane:
+    def __init__(self, store: LoopStore, shape: Shape, board: SimBoard, clock: VirtualClock) -> None:
+        self.store = store
+        self.shape = shape
+        self.board = board
+        self.hub = Hub()
+        store.subscribe(self.hub.publish)
+        self.service = Service(Settings(storage_pool=STORAGE_POOL))
+        self.nodes = [
+            Node(f"node-{i + 1}", shape.node_vcpus, shape.node_memory_mib, storage_pool=STORAGE_POOL)
+            for i in range(shape.nodes)
+        ]
+        self.runtimes = {n.id: SimNode(n.id, shape.backend, shape.step_s, board) for n in self.nodes}
+        self.sim_api = SimulatorApi(self._find_workspace, board, self.runtimes, self._pool_lost)
+        self.liveness = Liveness(store, [n.id for n in self.nodes], shape.node_timeout_s, clock)
+        # As app.py: the pool's files are deleted by its first node.
+        self.agents = [
+            NodeAgent(n, self.runtimes[n.id], store, self.liveness)
+            if i == 0
+            else NodeAgent(
+                Node(n.id, n.vcpus, n.memory_mib, storage_pool=f"{STORAGE_POOL}-{n.id}"),
+                self.runtimes[n.id],
+                store,
+                self.liveness,
+            )
+            for i, n in enumerate(self.nodes)
+        ]
+        self.scheduler = Scheduler(store, self.nodes)
+        self.expiry = ExpiryLoop(store, self.service, clock)
+        for listener in (self.scheduler.on_changes, self.expiry.on_changes, *(a.on_changes for a in self.agents)):
+            self.hub.listen(listener)
+        self.tasks: list[asyncio.Task[None]] = []
+
+    @classmethod
+    async def boot(cls, path: Path, shape: Shape, board: SimBoard, clock: VirtualClock) -> ControlPlane:
+        store = await LoopStore.open_here(path, clock)
+        plane = cls(store, shape, board, clock)
+        loops = [plane.scheduler.run(), plane.expiry.run(), plane.liveness.run(), *(a.run() for a in plane.agents)]
+        names = ["scheduler", "expiry", "liveness", *(f"agent {a.node.id}" for a in plane.agents)]
+        plane.tasks = [asyncio.create_task(loop, name=name) for loop, name in zip(loops, names, strict=True)]
+        return plane
+
+    def dead_loops(self) -> list[str]:
+        """Engine loops that ended (each runs forever): with the exception that ended them."""
+        return [f"{t.get_name()}: {t.exception()!r}" for t in self.tasks if t.done() and not t.cancelled()]
+
+    async def crash(self) -> None:
+        """Stop at once: nothing more is published; the store's file stays as it is."""
+        self.store.crashed = True
+        # The loops first: a node agent's loop still running could start work after its stop.
+        for task in self.tasks:
+            task.cancel()
+        for task in self.tasks:
+            with contextlib.suppress(BaseException):
+                await task
+        for agent in self.agents:
+            await agent.stop()
+        for task in list(self.liveness._writes):
+            task.cancel()
+        await self.store.close()
+
+    async def _find_workspace(self, workspace_id: str) -> Workspace | None:
+        return await self.store.read(lambda r: r.get_workspace(workspace_id))
+
+    async def _pool_lost(self, pool: str) -> None:
+        # As app.py's: every workspace of the lost pool has its storage released.
+        pending = await self.store.read(lambda r: r.storage_pending())
+        for workspace in pending:
+            if workspace.storage_pool == pool:
+                await self.store.transact(controller.apply_storage, StorageReleased(workspace.id, pool_lost=True))
