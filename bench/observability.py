@@ -59,7 +59,7 @@ def log(message: str) -> None:
 class _Sink(BaseHTTPRequestHandler):
     """Accepts an OTLP/HTTP export and drops it (counting what arrived)."""
 
-    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+    def do_POST(self) -> None:
         length = int(self.headers.get("content-length", "0"))
         self.rfile.read(length)
         stats: SinkStats = self.server.stats  # type: ignore[attr-defined]
@@ -71,7 +71,7 @@ class _Sink(BaseHTTPRequestHandler):
         self.send_header("content-length", "0")
         self.end_headers()
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (the base class's name)
+    def log_message(self, format: str, *args: Any) -> None:
         pass
 
 
@@ -204,7 +204,7 @@ def measure(plan: Plan, work: Path) -> dict[str, Any]:
 
 def sanity(servers: dict[str, ArmServer], sink: OtlpSink) -> dict[str, Any]:
     """Proof each arm is what it says: /metrics counted the calls (or is absent), spans arrived."""
-    counted = {}
+    counted: dict[str, float | str] = {}
     for arm, server in servers.items():
         try:
             text = server.scrape()
