@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from kibo.ctrl.v1 import workspace_service_pb2 as ws
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from . import figures
 from .server import ROOT, Ceiling, Server, wait_serving
@@ -61,11 +62,12 @@ class _Sink(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         length = int(self.headers.get("content-length", "0"))
-        self.rfile.read(length)
+        body = self.rfile.read(length)
         stats: SinkStats = self.server.stats  # type: ignore[attr-defined]
         with stats.lock:
             stats.exports += 1
-            stats.bytes += length
+            stats.received_bytes += length
+            stats.bodies.append(body)  # parsed after the run, not while it is measured
         self.send_response(200)
         self.send_header("content-type", "application/x-protobuf")
         self.send_header("content-length", "0")
@@ -78,7 +80,8 @@ class _Sink(BaseHTTPRequestHandler):
 @dataclass
 class SinkStats:
     exports: int = 0
-    bytes: int = 0
+    received_bytes: int = 0
+    bodies: list[bytes] = field(default_factory=list, repr=False)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
 
@@ -219,7 +222,18 @@ def sanity(servers: dict[str, ArmServer], sink: OtlpSink) -> dict[str, Any]:
     # The last batch of spans leaves within OTEL_BSP_SCHEDULE_DELAY.
     time.sleep(0.5)
     with sink.stats.lock:
-        return {"get_workspace_counted": counted, "otlp_exports": sink.stats.exports, "otlp_bytes": sink.stats.bytes}
+        spans: dict[str, int] = {}
+        for body in sink.stats.bodies:
+            for resource in ExportTraceServiceRequest.FromString(body).resource_spans:
+                for scope in resource.scope_spans:
+                    for span in scope.spans:
+                        spans[span.name] = spans.get(span.name, 0) + 1
+        return {
+            "get_workspace_counted": counted,
+            "otlp_exports": sink.stats.exports,
+            "otlp_bytes": sink.stats.received_bytes,
+            "spans_received": dict(sorted(spans.items(), key=lambda kv: -kv[1])),
+        }
 
 
 def summarize(
@@ -264,6 +278,7 @@ def table(result: dict[str, Any]) -> str:
         f"checks: GetWorkspace counted by /metrics {checks['get_workspace_counted']}; "
         f"OTLP exports received {checks['otlp_exports']} ({checks['otlp_bytes']:,} bytes)"
     )
+    rows.append(f"spans received by name: {checks['spans_received']}")
     return "\n".join(rows)
 
 
