@@ -38,7 +38,13 @@ from kibo_ctrl.domain.model import (
 
 from tests.client import Client, S
 from tests.server import ServerProcess
-from tests.system.test_process_runtime import FLAGS, SMALL, _alive, _require_sandbox, instance_dir, reap, state
+from tests.system.test_process_runtime import (
+    SMALL,
+    _alive,
+    instance_dir,
+    sandbox_server,
+    state,
+)
 
 INSTANCE = obs.CLEANUP_COMPONENT_INSTANCE
 RESERVATION = obs.CLEANUP_COMPONENT_RESERVATION
@@ -59,11 +65,8 @@ FROM_NODE = obs.CLEANUP_SOURCE_NODE_REPORT
 
 @pytest.fixture(scope="module")
 def os_server(server_factory: Callable[..., ServerProcess]) -> Iterator[ServerProcess]:
-    _require_sandbox()
-    server = server_factory(*FLAGS, "--backend", "firecracker")
-    yield server
-    server.stop()
-    reap(server.data_dir)
+    with sandbox_server(server_factory, "--backend", "firecracker") as server:
+        yield server
 
 
 @pytest.fixture

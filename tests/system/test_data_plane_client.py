@@ -24,7 +24,7 @@ from kibo_cli.main import app
 from typer.testing import CliRunner, Result
 
 from tests.server import ServerProcess
-from tests.system.test_process_runtime import processes, reap
+from tests.system.test_process_runtime import processes, reap, sandbox_server
 
 FLAGS = ("--runtime", "process", "--sandbox", "bwrap", "--settle-ms", "3000", "--stop-grace-ms", "2000")
 SMALL = wp.WorkspaceSpec(resources=wp.Resources(vcpus=1, memory_mib=64))
@@ -75,11 +75,8 @@ def none_running(client: kibotos.Client, credential: str, pattern: str) -> bool:
 
 @pytest.fixture(scope="module")
 def server(server_factory: Callable[..., ServerProcess]) -> Iterator[ServerProcess]:
-    _require_sandbox()
-    started = server_factory(*FLAGS)
-    yield started
-    started.stop()
-    reap(started.data_dir)
+    with sandbox_server(server_factory) as started:
+        yield started
 
 
 @pytest.fixture

@@ -35,7 +35,7 @@ from kibo.ctrl.v1 import workspace_service_pb2 as ws
 
 from tests.server import ServerProcess
 from tests.system.test_data_plane_client import FLAGS, _require_sandbox, create, delete, none_running, poll
-from tests.system.test_process_runtime import _cmdline, processes, reap
+from tests.system.test_process_runtime import _cmdline, processes, reap, sandbox_server
 
 # What the server may grow by while a guest floods a client that does not read: the bound
 # is on the server's memory, a correctness property (the figures are in the report).
@@ -132,11 +132,8 @@ def flood_writer(server: ServerProcess) -> int:
 
 @pytest.fixture(scope="module")
 def server(server_factory: Callable[..., ServerProcess]) -> Iterator[ServerProcess]:
-    _require_sandbox()
-    started = server_factory(*FLAGS)
-    yield started
-    started.stop()
-    reap(started.data_dir)
+    with sandbox_server(server_factory) as started:
+        yield started
 
 
 @pytest.fixture

@@ -157,6 +157,19 @@ def reap(data_dir: Path) -> None:
             parent.rmdir()
 
 
+@contextlib.contextmanager
+def sandbox_server(server_factory: Callable[..., ServerProcess], *flags: str) -> Iterator[ServerProcess]:
+    """A process-runtime server (FLAGS + `flags`) for a module's tests: it needs the sandbox,
+    and after its stop no supervisor, guest or cgroup of its data dir is left (reap)."""
+    _require_sandbox()
+    server = server_factory(*FLAGS, *flags)
+    try:
+        yield server
+        server.stop()
+    finally:
+        reap(server.data_dir)
+
+
 def cgroups_left(data_dir: Path) -> list[str]:
     """The instance cgroups of this data directory that still exist."""
     found = []
@@ -248,20 +261,14 @@ async def refused(call: Any) -> grpc.StatusCode:
 
 @pytest.fixture(scope="module")
 def process_server(server_factory: Callable[..., ServerProcess]) -> Iterator[ServerProcess]:
-    _require_sandbox()
-    server = server_factory(*FLAGS, "--backend", "firecracker")
-    yield server
-    server.stop()
-    reap(server.data_dir)
+    with sandbox_server(server_factory, "--backend", "firecracker") as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
 def kibovm_process_server(server_factory: Callable[..., ServerProcess]) -> Iterator[ServerProcess]:
-    _require_sandbox()
-    server = server_factory(*FLAGS, "--backend", "kibovm")
-    yield server
-    server.stop()
-    reap(server.data_dir)
+    with sandbox_server(server_factory, "--backend", "kibovm") as server:
+        yield server
 
 
 @pytest.fixture

@@ -27,6 +27,7 @@ from tests.system.test_process_runtime import (
     guest_path,
     instance_dir,
     reap,
+    sandbox_server,
     state,
     text,
     tiny_image,
@@ -38,11 +39,8 @@ CAP_SETS = ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")
 
 @pytest.fixture(scope="module")
 def secure_server(server_factory: Callable[..., ServerProcess]) -> Iterator[ServerProcess]:
-    _require_sandbox()
-    server = server_factory(*FLAGS, "--backend", "firecracker")
-    yield server
-    server.stop()
-    reap(server.data_dir)
+    with sandbox_server(server_factory, "--backend", "firecracker") as server:
+        yield server
 
 
 @pytest.fixture
