@@ -117,8 +117,12 @@ class Supervised:
         self.instance_id = instance_id
         self.dir = runtime.instance_dir(instance_id)
         self.process = process
-        self.state = ""
-        self.why = ""
+        # A re-attached supervisor (process None: the control plane restarted) is known by
+        # what it last recorded until its socket says more; without this, a data-plane call
+        # right after a restart found the guest "not answering" (state "") though it ran.
+        recorded = (read_json(self.dir / "state.json") or {}) if process is None else {}
+        self.state = str(recorded.get("state") or "")
+        self.why = str(recorded.get("why") or "")
         self.exit_info: dict[str, Any] | None = None
         self.closed = False
         self.replies: list[dict[str, Any]] = []
