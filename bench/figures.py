@@ -6,10 +6,11 @@ import base64
 import contextlib
 import os
 import random
+import struct
 import time
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,8 @@ from kibo.ctrl.v1 import workspace_service_pb2 as ws
 from kibo.ctrl.v1 import workspace_service_pb2_grpc as ws_grpc
 
 from . import h2load, workers
-from .server import Ceiling, Server
+from .ceiling import BURST
+from .server import Ceiling, Server, rss_mib
 from .stats import median, percentile, ratio
 
 GET = "/kibo.ctrl.v1.WorkspaceService/GetWorkspace"
@@ -411,26 +413,8 @@ def watchers(
     each send a few stored changes to every stream. Per change: the delay until the last stream
     got it (from its update_time, the commit's clock). Server RSS with the streams open."""
     workspace_id, _ = make_workspace(server, f"bench-watch/{uuid.uuid4()}")
-    rss_before = server.rss_mib()
-    per = [streams // processes + (1 if i < streams % processes else 0) for i in range(processes)]
-    specs = [
-        {
-            "mode": "watch",
-            "target": server.address,
-            "workspace_ids": [workspace_id],
-            "streams": n,
-            "channels": channels_per_process,
-            "drain_timeout": 120,
-            "token": server.token,
-        }
-        for n in per
-    ]
-    began = time.monotonic()
-    pool = workers.Workers(specs)
-    try:
-        pool.ready()
-        opened_s = time.monotonic() - began
-        rss_open = server.rss_mib()
+
+    def drive() -> int:
         with connect(server) as channel:
             stub = stub_of(channel)
             for i in range(cycles):
@@ -448,9 +432,66 @@ def watchers(
                         _wait_state(stub, workspace_id, wp.WORKSPACE_STATE_AVAILABLE, timeout=120)
                     time.sleep(pause)
             final = stub.GetWorkspace(ws.GetWorkspaceRequest(workspace_id=workspace_id), timeout=10).workspace
-        rss_peak = server.rss_mib()
-        pool.send(f'{{"until": {{"{workspace_id}": {final.etag}}}}}')
+        return int(final.etag)
+
+    return _fanout(kibo_target(server), workspace_id, streams, processes, channels_per_process, drive)
+
+
+def watchers_ceiling(
+    ceiling: Ceiling, streams: int, processes: int, channels_per_process: int, bursts: int, per_burst: int, pause: float
+) -> dict[str, Any]:
+    """Figure 5's floor: the same streams and load generators on the bare grpc.aio server,
+    which sends `bursts` bursts of `per_burst` changes (each serialized once for all streams),
+    as kibo's commands do."""
+
+    def drive() -> int:
+        with grpc.insecure_channel(ceiling.address) as channel:
+            call: grpc.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(BURST)
+            etag = 0
+            for _ in range(bursts):
+                (etag,) = struct.unpack(">Q", call(struct.pack(">I", per_burst), timeout=60))
+                time.sleep(pause)
+        return etag
+
+    return _fanout(ceiling_target(ceiling), "ws-ceiling", streams, processes, channels_per_process, drive)
+
+
+def _fanout(
+    target: Target,
+    workspace_id: str,
+    streams: int,
+    processes: int,
+    channels_per_process: int,
+    drive: Callable[[], int],
+) -> dict[str, Any]:
+    """Open the streams, `drive()` the changes (it returns the last etag), wait until every
+    stream has seen it; per change, the delay until the last stream got it."""
+    rss_before = rss_mib(target.pid)
+    per = [streams // processes + (1 if i < streams % processes else 0) for i in range(processes)]
+    specs = [
+        {
+            "mode": "watch",
+            "target": target.address,
+            "workspace_ids": [workspace_id],
+            "streams": n,
+            "channels": channels_per_process,
+            "drain_timeout": 120,
+            "token": target.token,
+        }
+        for n in per
+    ]
+    began = time.monotonic()
+    pool = workers.Workers(specs)
+    try:
+        pool.ready()
+        opened_s = time.monotonic() - began
+        rss_open = rss_mib(target.pid)
+        cpu0 = cpu_seconds(target.pid)
+        final_etag = drive()
+        rss_peak = rss_mib(target.pid)
+        pool.send(f'{{"until": {{"{workspace_id}": {final_etag}}}}}')
         results = pool.results()
+        cpu1 = cpu_seconds(target.pid)
     finally:
         pool.kill()
     snapshots: dict[str, list[float]] = {}
@@ -476,6 +517,8 @@ def watchers(
         "fanout_p99_ms": percentile(all_ms, 99),
         "delivery_p50_ms": percentile(delays, 50),
         "delivery_p99_ms": percentile(delays, 99),
+        # Server CPU per message delivered, from the first change to the last delivery.
+        "server_cpu_us_per_message": (cpu1 - cpu0) / len(delays) * 1e6 if delays else None,
         "server_rss_mib_idle": rss_before,
         "server_rss_mib_streams_open": rss_open,
         "server_rss_mib_after_changes": rss_peak,

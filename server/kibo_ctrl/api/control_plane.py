@@ -89,6 +89,7 @@ class Api:
         self._capabilities = sorted(set(capabilities))
         self._settle = settle_seconds
         self._rendered: dict[str, tuple[int, wp_pb2.Workspace]] = {}
+        self._watch_rendered: dict[str, tuple[int, render.Encoded[ws_pb2.WatchWorkspaceResponse]]] = {}
         self._latest: dict[str, Workspace] = {}
         hub.listen(self._on_changes)
 
@@ -104,6 +105,18 @@ class Api:
             del self._rendered[next(iter(self._rendered))]  # the oldest entry
         self._rendered[workspace.id] = (workspace.version, message)
         return message
+
+    def _watch_response(self, workspace: Workspace) -> render.Encoded[ws_pb2.WatchWorkspaceResponse]:
+        """The WatchWorkspace message of one stored version, encoded once: every stream of the
+        workspace sends the same bytes (as _render, remembered by ID and version)."""
+        cached = self._watch_rendered.get(workspace.id)
+        if cached is not None and cached[0] == workspace.version:
+            return cached[1]
+        encoded = render.Encoded.of(ws_pb2.WatchWorkspaceResponse(workspace=self._render(workspace)))
+        if cached is None and len(self._watch_rendered) >= RENDERED_WORKSPACES:
+            del self._watch_rendered[next(iter(self._watch_rendered))]  # the oldest entry
+        self._watch_rendered[workspace.id] = (workspace.version, encoded)
+        return encoded
 
     # -- commands (declared in api/commands.py) ---------------------------------------
 
@@ -269,11 +282,11 @@ class Api:
 
     async def watch_workspace(
         self, request: ws_pb2.WatchWorkspaceRequest, caller: Caller
-    ) -> AsyncGenerator[ws_pb2.WatchWorkspaceResponse, None]:
+    ) -> AsyncGenerator[render.Encoded[ws_pb2.WatchWorkspaceResponse], None]:
         workspace_id = parse.workspace_id(request.workspace_id)
         with self._hub.watch(workspace_id) as changes:
             workspace = await self._workspace(caller, workspace_id)
-            yield ws_pb2.WatchWorkspaceResponse(workspace=self._render(workspace))
+            yield self._watch_response(workspace)
             version = workspace.version
             while not workspace.deleted:
                 snapshot = await changes.get()
@@ -284,7 +297,7 @@ class Api:
                 if snapshot.version <= version:
                     continue
                 workspace, version = snapshot, snapshot.version
-                yield ws_pb2.WatchWorkspaceResponse(workspace=self._render(workspace))
+                yield self._watch_response(workspace)
 
     async def get_capabilities(
         self, request: ws_pb2.GetCapabilitiesRequest, caller: Caller

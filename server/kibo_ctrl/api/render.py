@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
 from google.rpc import status_pb2
 from kibo.ctrl.v1 import command_pb2, volume_service_pb2, workspace_pb2
@@ -9,6 +13,22 @@ from kibo.ctrl.v1 import observation_service_pb2 as obs_pb2
 
 from ..domain.cleanup import Cleanup
 from ..domain.model import Command, Event, Instance, Volume, Workspace
+
+M = TypeVar("M", bound=Message)
+
+
+@dataclass(frozen=True, slots=True)
+class Encoded(Generic[M]):
+    """A response and its binary encoding, made once for many callers: a watched change goes
+    to every stream of that workspace, and the gRPC transport sends `data` as it is (the
+    Connect transport encodes `message` with the codec the caller asked for)."""
+
+    message: M
+    data: bytes
+
+    @classmethod
+    def of(cls, message: M) -> Encoded[M]:
+        return cls(message, message.SerializeToString())
 
 
 def timestamp(seconds: float | None) -> Timestamp | None:

@@ -21,6 +21,7 @@ from google.protobuf.message import Message
 from protobuf.wkt import Any as ConnectAny
 
 from ..api.auth import OPEN, Authenticator
+from ..api.render import Encoded
 from ..domain.errors import InvalidArgument, KiboError
 from .errors import status_of
 from .rpc import NO_OBSERVER, Rpc, RpcObserver, ServerStream, Service, Unary
@@ -107,7 +108,7 @@ def _stream(
             # Closed at once when the client goes away (connectrpc closes this stream).
             async with contextlib.aclosing(rpc.handler(request, caller)) as responses:
                 async for response in responses:
-                    yield response
+                    yield response.message if isinstance(response, Encoded) else response
             outcome = "OK"
         except Exception as error:  # as in _unary
             outcome = _code_name(error)

@@ -12,13 +12,14 @@ import grpc
 from google.protobuf.message import DecodeError, Message
 
 from ..api.auth import OPEN, Authenticator
+from ..api.render import Encoded
 from ..domain.access import Caller
 from ..domain.errors import InvalidArgument
 from .errors import status_of
 from .rpc import NO_OBSERVER, RpcObserver, ServerStream, Service
 
 UnaryFn = Callable[[Any, Caller], Awaitable[Message]]
-StreamFn = Callable[[Any, Caller], AsyncGenerator[Message, None]]
+StreamFn = Callable[[Any, Caller], AsyncGenerator[Message | Encoded[Any], None]]
 
 
 async def _abort(context: grpc.aio.ServicerContext[Any, Any], code: grpc.StatusCode, status: Any) -> None:
@@ -79,7 +80,7 @@ def _stream(
             # the garbage collector.
             async with contextlib.aclosing(fn(_decode(request_class, raw), caller)) as responses:
                 async for response in responses:
-                    yield response.SerializeToString()
+                    yield response.data if isinstance(response, Encoded) else response.SerializeToString()
             outcome = "OK"
         except Exception as error:  # as in _unary
             code, status = status_of(error)

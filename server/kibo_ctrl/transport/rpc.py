@@ -15,6 +15,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from google.protobuf.descriptor import ServiceDescriptor
 from google.protobuf.message import Message
 
+from ..api.render import Encoded
 from ..domain.access import Caller
 
 Req = TypeVar("Req", bound=Message)
@@ -41,7 +42,8 @@ class ServerStream(Generic[Req, Resp]):
     name: str
     request: type[Req]
     response: type[Resp]
-    handler: Callable[[Req, Caller], AsyncGenerator[Resp, None]]
+    # A response may come encoded already (render.Encoded: one encoding shared by many streams).
+    handler: Callable[[Req, Caller], AsyncGenerator[Resp | Encoded[Resp], None]]
     credential: bool = False
 
 
