@@ -23,9 +23,6 @@ from kibo.ctrl.v1 import (
     volume_service_pb2 as vol_pb2,
 )
 from kibo.ctrl.v1 import (
-    workspace_pb2 as wp_pb2,
-)
-from kibo.ctrl.v1 import (
     workspace_service_pb2 as ws_pb2,
 )
 
@@ -44,9 +41,14 @@ from .fairness import TenantSlots
 Req = TypeVar("Req", bound=Message)
 Resp = TypeVar("Resp", bound=Message)
 
-# How many rendered workspaces GetWorkspace, ListWorkspaces and WatchWorkspace remember,
-# and how many workspace records GetWorkspace and WatchWorkspace can answer from memory.
-RENDERED_WORKSPACES = 4096
+# The encoded workspaces GetWorkspace, ListWorkspaces and WatchWorkspace remember (bytes of
+# protobuf, about 400 each; the budget counts each entry's overhead too): a list at any depth
+# of a store this size costs what a list of a small one does. Past it, a miss renders (~30 µs).
+ENCODED_BUDGET_BYTES = 32 * 1024 * 1024
+ENCODED_ENTRY_OVERHEAD = 160  # a dict slot, a tuple, a bytes header, the key
+# The WatchWorkspace messages (one per watched workspace), and how many workspace records
+# GetWorkspace and WatchWorkspace can answer from memory.
+WATCHED_WORKSPACES = 4096
 LATEST_WORKSPACES = 4096
 
 
@@ -88,34 +90,40 @@ class Api:
         self._service = service
         self._capabilities = sorted(set(capabilities))
         self._settle = settle_seconds
-        self._rendered: dict[str, tuple[int, wp_pb2.Workspace]] = {}
-        self._watch_rendered: dict[str, tuple[int, render.Encoded[ws_pb2.WatchWorkspaceResponse]]] = {}
+        self._encoded: dict[str, tuple[int, bytes]] = {}
+        self._encoded_bytes = 0
+        self._watch_encoded: dict[str, tuple[int, render.Encoded[ws_pb2.WatchWorkspaceResponse]]] = {}
         self._latest: dict[str, Workspace] = {}
         hub.listen(self._on_changes)
 
-    def _render(self, workspace: Workspace) -> wp_pb2.Workspace:
-        """render.workspace, remembered by (ID, version): a version is one stored state of the
-        workspace, so its rendering never changes. Gets, lists and every watcher of a change
-        share one rendering. Callers must not modify the message they get."""
-        cached = self._rendered.get(workspace.id)
+    def _encode(self, workspace: Workspace) -> bytes:
+        """render.workspace's encoding, remembered by (ID, version): a version is one stored
+        state of the workspace, so its encoding never changes. Gets, lists and every watcher
+        of a change share it. The tenant check is the caller's, on the record, before this."""
+        cached = self._encoded.get(workspace.id)
         if cached is not None and cached[0] == workspace.version:
             return cached[1]
-        message = render.workspace(workspace)
-        if cached is None and len(self._rendered) >= RENDERED_WORKSPACES:
-            del self._rendered[next(iter(self._rendered))]  # the oldest entry
-        self._rendered[workspace.id] = (workspace.version, message)
-        return message
+        data = render.workspace(workspace).SerializeToString()
+        if cached is not None:
+            self._encoded_bytes -= len(cached[1]) + ENCODED_ENTRY_OVERHEAD
+            del self._encoded[workspace.id]  # re-inserted below: the newest entry
+        self._encoded[workspace.id] = (workspace.version, data)
+        self._encoded_bytes += len(data) + ENCODED_ENTRY_OVERHEAD
+        while self._encoded_bytes > ENCODED_BUDGET_BYTES and len(self._encoded) > 1:
+            _, oldest = self._encoded.pop(next(iter(self._encoded)))  # the oldest entry
+            self._encoded_bytes -= len(oldest) + ENCODED_ENTRY_OVERHEAD
+        return data
 
     def _watch_response(self, workspace: Workspace) -> render.Encoded[ws_pb2.WatchWorkspaceResponse]:
-        """The WatchWorkspace message of one stored version, encoded once: every stream of the
-        workspace sends the same bytes (as _render, remembered by ID and version)."""
-        cached = self._watch_rendered.get(workspace.id)
+        """The WatchWorkspace message of one stored version, made once: every stream of the
+        workspace sends the same bytes (remembered by ID and version, as _encode)."""
+        cached = self._watch_encoded.get(workspace.id)
         if cached is not None and cached[0] == workspace.version:
             return cached[1]
-        encoded = render.Encoded.of(ws_pb2.WatchWorkspaceResponse(workspace=self._render(workspace)))
-        if cached is None and len(self._watch_rendered) >= RENDERED_WORKSPACES:
-            del self._watch_rendered[next(iter(self._watch_rendered))]  # the oldest entry
-        self._watch_rendered[workspace.id] = (workspace.version, encoded)
+        encoded = render.Encoded(render.field_bytes(1, self._encode(workspace)), ws_pb2.WatchWorkspaceResponse)
+        if cached is None and len(self._watch_encoded) >= WATCHED_WORKSPACES:
+            del self._watch_encoded[next(iter(self._watch_encoded))]  # the oldest entry
+        self._watch_encoded[workspace.id] = (workspace.version, encoded)
         return encoded
 
     # -- commands (declared in api/commands.py) ---------------------------------------
@@ -206,13 +214,15 @@ class Api:
             raise NotFound(f"workspace {workspace_id} not found", field="workspace_id")
         return workspace
 
-    async def get_workspace(self, request: ws_pb2.GetWorkspaceRequest, caller: Caller) -> ws_pb2.GetWorkspaceResponse:
+    async def get_workspace(
+        self, request: ws_pb2.GetWorkspaceRequest, caller: Caller
+    ) -> render.Encoded[ws_pb2.GetWorkspaceResponse]:
         workspace = await self._workspace(caller, parse.workspace_id(request.workspace_id))
-        return ws_pb2.GetWorkspaceResponse(workspace=self._render(workspace))
+        return render.Encoded(render.field_bytes(1, self._encode(workspace)), ws_pb2.GetWorkspaceResponse)
 
     async def list_workspaces(
         self, request: ws_pb2.ListWorkspacesRequest, caller: Caller
-    ) -> ws_pb2.ListWorkspacesResponse:
+    ) -> render.Encoded[ws_pb2.ListWorkspacesResponse]:
         size = validation.page_size(request.page_size, 50)
         where = validation.workspace_filter(request.filter)
         scope = _digest(f"{request.include_deleted}|{request.filter}")
@@ -226,20 +236,21 @@ class Api:
         # A tenant's lists run a few at a time, each as bounded scans (fairness.py, LIST_COST).
         async with self._list_slots.slot(caller.tenant):
             found, resume = await self._scan_page(query, size)
-        workspaces: list[wp_pb2.Workspace] = []
+        # The response is assembled from the remembered encodings: field 1 (workspaces) once
+        # per workspace, then field 2 (next_page_token).
+        fields: list[bytes] = []
         budget = self._page_bytes
         for workspace in found:
-            message = self._render(workspace)
-            # Its bytes in the response: the message, its tag and its length (a varint).
-            cost = message.ByteSize() + 6
-            if workspaces and cost > budget:
+            field = render.field_bytes(1, self._encode(workspace))
+            if fields and len(field) > budget:
                 # The page is as large as a message may be: the rest comes on the next page.
-                resume = found[len(workspaces) - 1].seq
+                resume = found[len(fields) - 1].seq
                 break
-            budget -= cost
-            workspaces.append(message)
-        token = _encode_token(resume, scope) if resume else ""
-        return ws_pb2.ListWorkspacesResponse(workspaces=workspaces, next_page_token=token)
+            budget -= len(field)
+            fields.append(field)
+        if resume:
+            fields.append(render.field_bytes(2, _encode_token(resume, scope).encode()))
+        return render.Encoded(b"".join(fields), ws_pb2.ListWorkspacesResponse)
 
     async def _scan_page(self, query: WorkspaceQuery, size: int) -> tuple[list[Workspace], int]:
         """Up to `size` matching workspaces, and the seq to resume after (0: nothing is left).

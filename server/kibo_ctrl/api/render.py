@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from google.protobuf.message import Message
@@ -17,18 +16,40 @@ from ..domain.model import Command, Event, Instance, Volume, Workspace
 M = TypeVar("M", bound=Message)
 
 
-@dataclass(frozen=True, slots=True)
 class Encoded(Generic[M]):
-    """A response and its binary encoding, made once for many callers: a watched change goes
-    to every stream of that workspace, and the gRPC transport sends `data` as it is (the
-    Connect transport encodes `message` with the codec the caller asked for)."""
+    """A response as its binary encoding, made once for many callers (a watched change goes
+    to every stream of the workspace; a page is assembled from remembered encodings). The
+    gRPC transport sends `data` as it is; the Connect transport asks for `message` (parsed
+    from `data` when it was not given), which it encodes with the codec the caller chose."""
 
-    message: M
-    data: bytes
+    __slots__ = ("_message", "_type", "data")
+
+    def __init__(self, data: bytes, message_type: type[M], message: M | None = None) -> None:
+        self.data = data
+        self._type = message_type
+        self._message = message
 
     @classmethod
     def of(cls, message: M) -> Encoded[M]:
-        return cls(message, message.SerializeToString())
+        return cls(message.SerializeToString(), type(message), message)
+
+    @property
+    def message(self) -> M:
+        if self._message is None:
+            self._message = self._type.FromString(self.data)
+        return self._message
+
+
+def field_bytes(number: int, payload: bytes) -> bytes:
+    """One length-delimited field (a sub-message or a string) in the protobuf wire format:
+    its key, its length as a varint, its bytes. A message is the concatenation of its fields."""
+    head = bytearray((number << 3 | 2,))
+    size = len(payload)
+    while size > 0x7F:
+        head.append(size & 0x7F | 0x80)
+        size >>= 7
+    head.append(size)
+    return bytes(head) + payload
 
 
 def timestamp(seconds: float | None) -> Timestamp | None:

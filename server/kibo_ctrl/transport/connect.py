@@ -84,7 +84,8 @@ def _unary(
         outcome = "CANCELLED"  # unless the handler returns or raises: the client went away
         try:
             caller = await auth.authenticate(ctx.request_headers.get("authorization"))
-            response: Message = await rpc.handler(request, caller)
+            answer = await rpc.handler(request, caller)
+            response: Message = answer.message if isinstance(answer, Encoded) else answer
             outcome = "OK"
         except Exception as error:  # every exception: status_of tells a domain error from a bug
             outcome = _code_name(error)

@@ -18,7 +18,7 @@ from ..domain.errors import InvalidArgument
 from .errors import status_of
 from .rpc import NO_OBSERVER, RpcObserver, ServerStream, Service
 
-UnaryFn = Callable[[Any, Caller], Awaitable[Message]]
+UnaryFn = Callable[[Any, Caller], Awaitable[Message | Encoded[Any]]]
 StreamFn = Callable[[Any, Caller], AsyncGenerator[Message | Encoded[Any], None]]
 
 
@@ -61,7 +61,7 @@ def _unary(
             await _abort(context, code, status)
         finally:
             observer.finished(*names, False, outcome, time.perf_counter() - start)
-        return response.SerializeToString()
+        return response.data if isinstance(response, Encoded) else response.SerializeToString()
 
     return grpc.unary_unary_rpc_method_handler(handle)
 

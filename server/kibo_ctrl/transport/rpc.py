@@ -29,7 +29,8 @@ class Unary(Generic[Req, Resp]):
     name: str  # the proto method name
     request: type[Req]
     response: type[Resp]
-    handler: Callable[[Req, Caller], Awaitable[Resp]]
+    # A response may come encoded already (render.Encoded: assembled from remembered bytes).
+    handler: Callable[[Req, Caller], Awaitable[Resp | Encoded[Resp]]]
     # Authorized by a credential inside the request (the data plane), not by a bearer token.
     credential: bool = False
 
