@@ -1,0 +1,86 @@
+"""The API's remembered encodings (api/control_plane.py, Api._encode) never answer with a
+stored state other than the one read, nor with another tenant's workspace."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from kibo.ctrl.v1 import workspace_service_pb2 as ws
+from kibo_ctrl.api import control_plane
+from kibo_ctrl.api.control_plane import Api
+from kibo_ctrl.domain.access import Caller, Role
+from kibo_ctrl.domain.errors import NotFound
+from kibo_ctrl.engine.hub import Hub
+from kibo_ctrl.store.sqlite import SqliteStore
+
+from .engine_harness import Engine
+
+ALICE = Caller("alice", Role.ADMIN)
+BOB = Caller("bob", Role.ADMIN)
+
+
+@pytest.fixture
+async def api_engine(tmp_path: Path) -> AsyncIterator[tuple[Api, Engine]]:
+    store = await SqliteStore.open(tmp_path / "kibo.db")
+    hub = Hub()
+    store.subscribe(hub.publish)
+    engine = Engine(store)
+    try:
+        yield Api(store, hub, engine.service, [], settle_seconds=0), engine
+    finally:
+        await store.close()
+
+
+async def _create(engine: Engine, tenant: str, command_id: str) -> str:
+    message = ws.CreateWorkspaceRequest()
+    message.metadata.command_id = command_id
+    workspace, _ = await engine.command("CreateWorkspace", message, tenant=tenant)
+    return workspace.id
+
+
+async def _relabel(engine: Engine, tenant: str, workspace_id: str, value: str) -> None:
+    message = ws.SetWorkspaceLabelsRequest(workspace_id=workspace_id, labels={"v": value})
+    message.metadata.command_id = f"label-{value}"
+    await engine.command("SetWorkspaceLabels", message, tenant=tenant)
+
+
+async def test_a_changed_workspace_is_answered_at_its_new_version(api_engine: tuple[Api, Engine]) -> None:
+    api, engine = api_engine
+    workspace_id = await _create(engine, "alice", "create-a")
+    for value in ("one", "two", "three"):
+        await _relabel(engine, "alice", workspace_id, value)
+        got = (await api.get_workspace(ws.GetWorkspaceRequest(workspace_id=workspace_id), ALICE)).message
+        listed = (await api.list_workspaces(ws.ListWorkspacesRequest(), ALICE)).message
+        stored = await engine.workspace(workspace_id)
+        assert got.workspace.labels["v"] == value and got.workspace.etag == str(stored.version)
+        assert [(w.workspace_id, w.etag, w.labels["v"]) for w in listed.workspaces] == [
+            (workspace_id, str(stored.version), value)
+        ]
+
+
+async def test_another_tenant_gets_nothing_remembered(api_engine: tuple[Api, Engine]) -> None:
+    api, engine = api_engine
+    workspace_id = await _create(engine, "alice", "create-a")
+    # Alice's reads fill the remembered encodings; Bob asks for the same ID.
+    await api.get_workspace(ws.GetWorkspaceRequest(workspace_id=workspace_id), ALICE)
+    await api.list_workspaces(ws.ListWorkspacesRequest(), ALICE)
+    with pytest.raises(NotFound):
+        await api.get_workspace(ws.GetWorkspaceRequest(workspace_id=workspace_id), BOB)
+    assert not (await api.list_workspaces(ws.ListWorkspacesRequest(), BOB)).message.workspaces
+
+
+async def test_the_budget_bounds_what_is_remembered(
+    api_engine: tuple[Api, Engine], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    api, engine = api_engine
+    ids = [await _create(engine, "alice", f"create-{n}") for n in range(6)]
+    one = len((await api.get_workspace(ws.GetWorkspaceRequest(workspace_id=ids[0]), ALICE)).data)
+    monkeypatch.setattr(control_plane, "ENCODED_BUDGET_BYTES", 3 * (one + control_plane.ENCODED_ENTRY_OVERHEAD))
+    listed = (await api.list_workspaces(ws.ListWorkspacesRequest(page_size=10), ALICE)).message
+    assert sorted(w.workspace_id for w in listed.workspaces) == sorted(ids)
+    assert len(api._encoded) <= 3 and api._encoded_bytes <= control_plane.ENCODED_BUDGET_BYTES
+    # What was let go is encoded again, the same.
+    again = (await api.list_workspaces(ws.ListWorkspacesRequest(page_size=10), ALICE)).message
+    assert again == listed
