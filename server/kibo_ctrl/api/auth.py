@@ -36,7 +36,7 @@ class Authenticator:
     def __init__(self, lookup: Lookup | None, rate_per_second: float = 0.0, burst: float = 0.0) -> None:
         # lookup None: authentication is off and every caller is the local admin.
         self._lookup = lookup
-        self._cache: dict[str, tuple[float, TokenRecord | None]] = {}
+        self._cache: dict[str, tuple[float, Caller | None]] = {}
         self._limiter = RateLimiter(rate_per_second, burst or 2 * rate_per_second)
 
     @property
@@ -55,22 +55,29 @@ class Authenticator:
             return LOCAL_OPERATOR
         if not authorization:
             raise Unauthenticated("this server needs a token: send 'Authorization: Bearer TOKEN'")
+        # Remembered by the header itself: a client sends the same one on every call, and the
+        # answer (or the refusal) holds for CACHE_SECONDS either way.
+        now = time.monotonic()
+        cached = self._cache.get(authorization)
+        if cached is not None and now - cached[0] < CACHE_SECONDS:
+            caller = cached[1]
+        else:
+            caller = await self._caller_of(authorization)
+            if len(self._cache) > 10_000:
+                self._cache.clear()
+            self._cache[authorization] = (now, caller)
+        if caller is None:
+            raise Unauthenticated("the token is not valid (unknown or revoked)")
+        return caller
+
+    async def _caller_of(self, authorization: str) -> Caller | None:
+        """The caller a header names; None for a token unknown or revoked."""
+        assert self._lookup is not None
         scheme, _, token = authorization.strip().partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
             raise Unauthenticated("the Authorization header must be 'Bearer TOKEN'")
-        digest = token_hash(token.strip())
-        now = time.monotonic()
-        cached = self._cache.get(digest)
-        if cached is not None and now - cached[0] < CACHE_SECONDS:
-            record = cached[1]
-        else:
-            record = await self._lookup(digest)
-            if len(self._cache) > 10_000:
-                self._cache.clear()
-            self._cache[digest] = (now, record)
-        if record is None or record.revoked:
-            raise Unauthenticated("the token is not valid (unknown or revoked)")
-        return Caller(record.tenant, record.role)
+        record = await self._lookup(token_hash(token.strip()))
+        return None if record is None or record.revoked else Caller(record.tenant, record.role)
 
 
 class RateLimiter:

@@ -43,8 +43,13 @@ class Encoded(Generic[M]):
 def field_bytes(number: int, payload: bytes) -> bytes:
     """One length-delimited field (a sub-message or a string) in the protobuf wire format:
     its key, its length as a varint, its bytes. A message is the concatenation of its fields."""
-    head = bytearray((number << 3 | 2,))
+    key = number << 3 | 2
     size = len(payload)
+    if size < 0x80:  # a one-byte length: every token, most workspaces
+        return bytes((key, size)) + payload
+    if size < 0x4000:
+        return bytes((key, size & 0x7F | 0x80, size >> 7)) + payload
+    head = bytearray((key,))
     while size > 0x7F:
         head.append(size & 0x7F | 0x80)
         size >>= 7

@@ -224,6 +224,10 @@ class RpcMetrics:
     def __init__(self, metrics: Metrics, transport: str) -> None:
         self._metrics = metrics
         self._transport = transport
+        # The labelled children, by (service, method[, code]): a bounded set (the RPC tables'
+        # names, the status codes), and .labels() costs more than the increment it serves.
+        self._handled: dict[tuple[str, str, str], Counter] = {}
+        self._duration: dict[tuple[str, str], Histogram] = {}
 
     def started(self, service: str, method: str, stream: bool) -> None:
         if stream:
@@ -233,8 +237,16 @@ class RpcMetrics:
 
     def finished(self, service: str, method: str, stream: bool, code: str, seconds: float) -> None:
         metrics = self._metrics
-        metrics.rpc_handled.labels(self._transport, service, method, code).inc()
-        metrics.rpc_duration.labels(self._transport, service, method).observe(seconds)
+        handled = self._handled.get((service, method, code))
+        if handled is None:
+            handled = self._handled[service, method, code] = metrics.rpc_handled.labels(
+                self._transport, service, method, code
+            )
+        handled.inc()
+        duration = self._duration.get((service, method))
+        if duration is None:
+            duration = self._duration[service, method] = metrics.rpc_duration.labels(self._transport, service, method)
+        duration.observe(seconds)
         if stream:
             metrics.rpc_streams_open.labels(self._transport, service, method).dec()
             if (service, method) == self.WATCH:
