@@ -123,7 +123,7 @@ class Bench:
             for n, size in enumerate(self.plan.sizes):
                 self.size_phase(size, baseline=n == 0, ceiling=ceiling)
             self.scale_phase()
-            self.watch_phase()
+            self.watch_phase(ceiling)
         finally:
             ceiling.stop()
 
@@ -230,23 +230,38 @@ class Bench:
                 server.stop()
         self.scale = out
 
-    def watch_phase(self) -> None:
+    def watch_phase(self, ceiling: Ceiling) -> None:
         plan = self.plan
         server = self.server(self.work / "watch")
         server.start()
+        # grpc-core lets 100 streams share a connection; keep under that.
+        channels = math.ceil(plan.watchers / plan.watch_processes / 90)
         try:
             log(f"watchers: {plan.watchers} WatchWorkspace streams on one workspace")
             self.watch = figures.watchers(
                 server,
                 plan.watchers,
                 processes=plan.watch_processes,
-                # grpc-core lets 100 streams share a connection; keep under that.
-                channels_per_process=math.ceil(plan.watchers / plan.watch_processes / 90),
+                channels_per_process=channels,
                 cycles=plan.watch_cycles,
                 pause=0.2,
             )
         finally:
             server.stop()
+        # The floor: the same streams and load generators on the bare grpc.aio server, which
+        # sends as many changes, in bursts as kibo's commands make them (one encoding each).
+        bursts = 2 * plan.watch_cycles
+        per_burst = max(1, round(self.watch["changes"] / bursts))
+        log(f"watchers: the same on the ceiling, {bursts} bursts of {per_burst} changes")
+        self.watch["ceiling"] = figures.watchers_ceiling(
+            ceiling,
+            plan.watchers,
+            processes=plan.watch_processes,
+            channels_per_process=channels,
+            bursts=bursts,
+            per_burst=per_burst,
+            pause=0.2,
+        )
 
 
 LIST = "/kibo.ctrl.v1.WorkspaceService/ListWorkspaces"
@@ -285,6 +300,7 @@ def figures_json(bench: Bench, elapsed: float, command: str) -> dict[str, Any]:
         "stop_to_stopped_p99_ms": base["lifecycle"]["stop_to_stopped_p99_ms"],
         "durable_creates_per_s": durable["per_s"],
         "durable_creates_to_available_per_s": durable["to_available_per_s"],
+        "durable_creates_ceiling_ratio": ratio(durable["per_s"], base["get"]["ceiling"]["qps"]),
         "settled_creates_per_s": base["creates_settled"]["per_s"],
         "scale_size": large,
         "scale_get_ratio_100k_vs_1k": scale["get"]["p50_ms_ratio"],
@@ -305,6 +321,10 @@ def figures_json(bench: Bench, elapsed: float, command: str) -> dict[str, Any]:
         "watch_delivery_p99_ms": bench.watch["delivery_p99_ms"],
         "watch_streams": bench.watch["streams"],
         "watch_server_rss_mib": bench.watch["server_rss_mib_after_changes"],
+        "watch_fanout_ceiling_p99_ms": bench.watch["ceiling"]["fanout_p99_ms"],
+        "watch_fanout_ceiling_ratio": ratio(bench.watch["fanout_p99_ms"], bench.watch["ceiling"]["fanout_p99_ms"]),
+        "watch_server_cpu_us_per_message": bench.watch["server_cpu_us_per_message"],
+        "watch_ceiling_cpu_us_per_message": bench.watch["ceiling"]["server_cpu_us_per_message"],
         "connect_vs_grpc_ratio": bench.connect.get("ratio"),
         "connect_qps": bench.connect.get("connect_qps"),
         "notes": {
@@ -327,6 +347,11 @@ def figures_json(bench: Bench, elapsed: float, command: str) -> dict[str, Any]:
             ),
             "durable_creates_per_s": "answered at commit (--settle-ms 0): durably recorded, PENDING",
             "watch_fanout_p99_ms": "per stored change: its update_time to the last of all streams receiving it",
+            "watch_fanout_ceiling_ratio": (
+                "kibo's fan-out p99 / the bare grpc.aio server's, same streams and load generators, as many "
+                "changes in bursts of the same size (bench/ceiling.py Burst)"
+            ),
+            "durable_creates_ceiling_ratio": "durable creates/s at 64 clients / the ceiling's Get QPS, same run",
         },
         "goals": report.goals(),
         "quick": plan.quick,
