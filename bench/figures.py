@@ -157,7 +157,8 @@ def h2load_ratio(
     pairs = []
     for _ in range(reps):
         k = h2load.run(kibo.address, GET, body, seconds, headers=headers)
-        c = h2load.run(ceiling.address, GET, body, seconds)
+        # The same request, headers included: the ceiling ignores the token.
+        c = h2load.run(ceiling.address, GET, body, seconds, headers=headers)
         pairs.append((k, c))
     return {
         "kibo_qps": median([k.qps for k, _ in pairs]),
@@ -525,8 +526,10 @@ def _fanout(
     }
 
 
-def ceiling_target(ceiling: Ceiling) -> Target:
-    return Target("ceiling", ceiling.address, ceiling.pid)
+def ceiling_target(ceiling: Ceiling, token: str | None = None) -> Target:
+    """The ceiling as a target; with kibo's token, the load generators send both servers the
+    same requests, headers included (the ceiling ignores it, as it ignores the body)."""
+    return Target("ceiling", ceiling.address, ceiling.pid, token)
 
 
 def kibo_target(server: Server) -> Target:
