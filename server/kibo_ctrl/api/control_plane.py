@@ -11,6 +11,7 @@ import contextlib
 import hashlib
 import json
 import time
+from collections import OrderedDict
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import TypeVar
@@ -90,7 +91,8 @@ class Api:
         self._service = service
         self._capabilities = sorted(set(capabilities))
         self._settle = settle_seconds
-        self._encoded: dict[str, tuple[int, bytes]] = {}
+        # Least recently used first: a list's pages and a Get's workspaces stay while they are read.
+        self._encoded: OrderedDict[str, tuple[int, bytes]] = OrderedDict()
         self._encoded_bytes = 0
         self._watch_encoded: dict[str, tuple[int, render.Encoded[ws_pb2.WatchWorkspaceResponse]]] = {}
         self._latest: dict[str, Workspace] = {}
@@ -102,6 +104,7 @@ class Api:
         of a change share it. The tenant check is the caller's, on the record, before this."""
         cached = self._encoded.get(workspace.id)
         if cached is not None and cached[0] == workspace.version:
+            self._encoded.move_to_end(workspace.id)
             return cached[1]
         data = render.workspace(workspace).SerializeToString()
         if cached is not None:
@@ -110,7 +113,7 @@ class Api:
         self._encoded[workspace.id] = (workspace.version, data)
         self._encoded_bytes += len(data) + ENCODED_ENTRY_OVERHEAD
         while self._encoded_bytes > ENCODED_BUDGET_BYTES and len(self._encoded) > 1:
-            _, oldest = self._encoded.pop(next(iter(self._encoded)))  # the oldest entry
+            _, (_, oldest) = self._encoded.popitem(last=False)  # the least recently used
             self._encoded_bytes -= len(oldest) + ENCODED_ENTRY_OVERHEAD
         return data
 
