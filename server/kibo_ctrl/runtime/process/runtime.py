@@ -82,6 +82,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -120,6 +121,10 @@ class ProcessOptions:
     # New images may promise this many times the free disk (1: no overcommit; see storage.py).
     storage_overcommit: float = 1.0
     guest_ids: IdRange = field(default_factory=IdRange)  # the host ids guests' ids map to
+    # Record when each step of a launch ended, in the instance directory (launch-timings.json
+    # from here, timings.json from the supervisor): the benchmark's breakdown
+    # (bench/process_runtime.py --breakdown sets KIBO_PROCESS_TIMINGS=1). Off: no cost.
+    timings: bool = field(default_factory=lambda: os.environ.get("KIBO_PROCESS_TIMINGS") == "1")
 
 
 @dataclass
@@ -274,13 +279,16 @@ class ProcessRuntime:
         self, spec: LaunchSpec, progress: Callable[[Phase, tuple[str, ...]], Awaitable[None]]
     ) -> tuple[str, ...]:
         instance = spec.instance
+        mark = self._marker(instance.id)
         if self.unavailable:
             raise LaunchError(f"this node cannot run workspaces: {self.unavailable}")
         try:
             layout, created = await asyncio.to_thread(self._provision, spec)
         except (OSError, ValueError) as error:
             raise LaunchError(f"provisioning the layer and volumes failed: {error}") from None
+        mark("provisioned")
         await progress(Phase.LAUNCHING, created)
+        mark("progress-reported")
         current = self._attach(instance.id)
         if current is not None:
             # A launch re-driven after a control-plane restart: the supervisor runs already.
@@ -301,8 +309,28 @@ class ProcessRuntime:
         except (OSError, ValueError) as error:
             await asyncio.to_thread(self._release_sync, self.instance_dir(instance.id))
             raise LaunchError(f"preparing the instance failed: {error}", volumes_created=created) from None
-        await self._await_ready(self._spawn(instance.id), created)
+        mark("spec-written")
+        supervised = self._spawn(instance.id)
+        mark("supervisor-spawned")
+        await self._await_ready(supervised, created)
+        mark("ready")
         return created
+
+    def _marker(self, instance_id: str) -> Callable[[str], None]:
+        """A function that records the end of a launch step (only with `options.timings`):
+        the last one, "ready", writes them all to launch-timings.json."""
+        if not self.options.timings:
+            return lambda step: None
+        marks = [("launch", time.time())]
+        path = self.instance_dir(instance_id) / "launch-timings.json"
+
+        def mark(step: str) -> None:
+            marks.append((step, time.time()))
+            if step == "ready":
+                with contextlib.suppress(OSError):
+                    path.write_text(json.dumps({"marks": marks}))
+
+        return mark
 
     def _provision(self, spec: LaunchSpec) -> tuple[_Layout, tuple[str, ...]]:
         workspace_id = spec.instance.workspace_id
@@ -422,6 +450,7 @@ class ProcessRuntime:
             "ready_timeout_s": self.options.ready_timeout_s,
             "reboot_code": sandbox.EXIT_REBOOT,
             "poweroff_code": sandbox.EXIT_POWEROFF,
+            "timings": self.options.timings,
         }
         tmp = directory / "spec.json.tmp"
         tmp.write_text(json.dumps(spec, indent=1))

@@ -211,15 +211,15 @@ def format_image(e: dict[str, Any], owner: int) -> None:
         shutil.rmtree(seed, ignore_errors=True)
 
 
-def prepare(entries: list[dict[str, Any]], owner: int) -> None:
+def prepare(entries: list[dict[str, Any]], owner: int, marks: list[tuple[str, float]] | None = None) -> None:
     """Format what is new and mount every image at its mount point, the images side by side
     (mkfs and mount are mostly waiting). Call only in a private mount namespace: the mounts
-    then go when the namespace goes."""
+    then go when the namespace goes. `marks`: gets (step, wall-clock end) of each mkfs and mount."""
     errors: list[BaseException] = []
 
     def one(e: dict[str, Any]) -> None:
         try:
-            _prepare_one(e, owner)
+            _prepare_one(e, owner, marks)
         except BaseException as error:  # re-raised below, in the caller's thread
             errors.append(error)
 
@@ -232,12 +232,17 @@ def prepare(entries: list[dict[str, Any]], owner: int) -> None:
         raise errors[0]
 
 
-def _prepare_one(e: dict[str, Any], owner: int) -> None:
+def _prepare_one(e: dict[str, Any], owner: int, marks: list[tuple[str, float]] | None = None) -> None:
+    name = os.path.basename(e["image"])
+    started = time.time()
     fresh = not os.path.exists(e["image"])
     if fresh:
         if not os.path.exists(e["new"]):
             raise OSError(f"the image {e['image']} is gone")
         format_image(e, owner)
+    if marks is not None:
+        marks.append((f"{name}:start", started))
+        marks.append((f"{name}:mkfs", time.time()))
     _grow_to_file(e)
     os.makedirs(e["mount"], exist_ok=True)
     done = subprocess.run(
@@ -249,6 +254,8 @@ def _prepare_one(e: dict[str, Any], owner: int) -> None:
     )
     if done.returncode != 0:
         raise OSError(f"mounting {e['image']} failed: {done.stderr.strip() or done.returncode}")
+    if marks is not None:
+        marks.append((f"{name}:mount", time.time()))
     if fresh and not e["seed"]:
         # A volume shows the guest an empty /data (e2fsck makes lost+found again if needed).
         with contextlib.suppress(OSError):

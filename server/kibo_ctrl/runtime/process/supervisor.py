@@ -133,8 +133,11 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
 
 
 class Supervisor:
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, started: float = 0.0) -> None:
         self.dir = directory
+        # (step, wall-clock time it ended): written to timings.json once the guest is ready
+        # when the spec asks (`"timings": true`: the benchmark's breakdown of a launch).
+        self.marks: list[tuple[str, float]] = [("main", started or time.time())]
         self.spec: dict[str, Any] = json.loads((directory / "spec.json").read_text())
         self.state = "starting"
         self.why = ""
@@ -157,6 +160,9 @@ class Supervisor:
         self.output_logged = 0
 
     # -- setup ------------------------------------------------------------------------
+
+    def mark(self, step: str) -> None:
+        self.marks.append((step, time.time()))
 
     def log(self, message: str) -> None:
         print(f"{time.strftime('%H:%M:%S')} supervisor {os.getpid()}: {message}", flush=True)
@@ -210,13 +216,14 @@ class Supervisor:
         _check(_libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
         _check(_libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "mount --make-rprivate /")
         storage = _load_storage()
+        self.mark("storage-module")
         # The guest's uid 0 on the host (its user namespace's base; 0 without one); rootless,
         # we mount in that namespace, where tmpfs's uid= is the namespace's own (0).
         owner = 0 if rootless else int(self.spec.get("host_id_base", 0))
         if entries:
             # A previous supervisor's namespace may still be going (a guest reset): same image.
             storage.wait_detached(storage.image_files(entries), 5.0)
-            storage.prepare(entries, owner)
+            storage.prepare(entries, owner, self.marks)
         storage.mount_run_dir(self.spec["run_dir"], owner)
 
     def listen(self) -> socket.socket:
@@ -276,6 +283,7 @@ class Supervisor:
             ids = idmap.IdRange(self.namespace.base, self.namespace.count)
             for tree in self.spec["sync_paths"]:
                 idmap.shift_tree(Path(tree), ids)
+            self.mark("idmap-shift")
         _check(_libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
         _check(_libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "mount --make-rprivate /")
         # A fresh tmpfs over the stage directory: nothing in it the guest could have planted.
@@ -548,8 +556,11 @@ class Supervisor:
             self.guest_pid = self._entry_pid()
             with contextlib.suppress(OSError, ValueError):
                 self.guest_start = start_time(self.guest_pid)
+            self.mark("ready-seen")
             self.set_state("ready")
             self.log(f"the guest is ready (entry PID {self.guest_pid})")
+            if self.spec.get("timings"):
+                write_json(self.dir / "timings.json", {"marks": self.marks})
 
     def _entry_pid(self) -> int:
         assert self.guest is not None
@@ -562,13 +573,19 @@ class Supervisor:
         return pid
 
     def run(self) -> None:
+        self.mark("spec-read")
         self.create_namespace()
+        self.mark("userns")
         self.prepare_storage()
+        self.mark("storage")
         self.mount_overlay()
         self.listen()
+        self.mark("listen")
         try:
             self.prepare_guest()
+            self.mark("stage")
             self.spawn()
+            self.mark("bwrap-spawned")
         except OSError as error:
             self.exit("spawn-failed", error=f"cannot start the guest: {error}")
         ready_deadline = time.monotonic() + float(self.spec["ready_timeout_s"])
@@ -610,6 +627,7 @@ def _load_storage() -> Any:
 
 
 def main() -> None:
+    started = time.time()
     directory = Path(sys.argv[1])
     lock = os.open(directory / "lock", os.O_RDWR | os.O_CREAT, 0o600)
     import fcntl
@@ -624,7 +642,7 @@ def main() -> None:
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     with contextlib.suppress(FileNotFoundError):
         (directory / "exit.json").unlink()
-    supervisor = Supervisor(directory)
+    supervisor = Supervisor(directory, started)
     try:
         supervisor.run()
     except SystemExit:
