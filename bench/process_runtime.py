@@ -83,9 +83,7 @@ class Server:
         command += ["--data-dir", str(self.data_dir), *self.flags]
         # Its own session: a Ctrl-C at the terminal reaches the bench, which then cleans up.
         env = {**os.environ, "KIBO_PROCESS_TIMINGS": "1" if self.timings else "0"}
-        self.process = subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env
-        )
+        self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
         deadline = time.monotonic() + 30
         with grpc.insecure_channel(self.address) as channel:
             stub = health_pb2_grpc.HealthStub(channel)

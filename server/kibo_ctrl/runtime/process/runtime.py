@@ -93,9 +93,19 @@ from ...domain.reports import ExitReason, Report, VmmExited
 from ..base import DestroyError, Exit, GuestRefused, LaunchError, LaunchSpec, Output, RestartError, SyncError
 from . import safepath, sandbox, seccomp, storage
 from .cgroups import Cgroups
+from .forkserver import ForkServer
 from .guest_jobs import run_guest_exec
 from .idmap import IdRange
-from .supervisor_handle import Supervised, exit_report, kill_supervisor, lock_held, parent_pid, read_json, running
+from .supervisor_handle import (
+    Process,
+    Supervised,
+    exit_report,
+    kill_supervisor,
+    lock_held,
+    parent_pid,
+    read_json,
+    running,
+)
 
 log = logging.getLogger(__name__)
 
@@ -192,6 +202,11 @@ class ProcessRuntime:
         for sub in ("instances", "layers", "volumes"):
             (self.data_dir / sub).mkdir(exist_ok=True)
         self._supervised: dict[str, Supervised] = {}
+        # Supervisors and guest jobs are forked from one warm interpreter (forkserver.py);
+        # where it cannot be had, each is exec'd as before.
+        self.forks = ForkServer()
+        if self.isolation != "unavailable":
+            self.forks.start()  # warming up meanwhile: the first launch does not wait for its imports
         self.images = storage.usable(self.isolation)
         if not self.images:
             log.warning("writable layers and volumes are plain directories: their sizes are NOT enforced")
@@ -458,15 +473,21 @@ class ProcessRuntime:
 
     def _spawn(self, instance_id: str) -> Supervised:
         directory = self.instance_dir(instance_id)
-        with open(directory / "supervisor.log", "ab") as output:
-            process = subprocess.Popen(
-                [sys.executable, "-I", "-S", str(SUPERVISOR), str(directory)],
-                stdin=subprocess.DEVNULL,
-                stdout=output,
-                stderr=subprocess.STDOUT,
-                cwd="/",
-                start_new_session=True,
-            )
+        process: Process
+        with open(directory / "supervisor.log", "ab") as output, open(os.devnull, "rb") as null:
+            try:
+                fds = [null.fileno(), output.fileno(), output.fileno()]
+                process = self.forks.spawn("supervisor", [str(directory)], fds)
+            except OSError as error:
+                log.warning("the fork server failed (%s): starting the supervisor of %s anew", error, instance_id)
+                process = subprocess.Popen(
+                    [sys.executable, "-I", "-S", str(SUPERVISOR), str(directory)],
+                    stdin=subprocess.DEVNULL,
+                    stdout=output,
+                    stderr=subprocess.STDOUT,
+                    cwd="/",
+                    start_new_session=True,
+                )
         supervised = Supervised(self, instance_id, process)
         self._supervised[instance_id] = supervised
         return supervised
@@ -705,7 +726,7 @@ class ProcessRuntime:
         if not self.guest_ready(instance_id):
             raise GuestRefused("unavailable", "the guest is not running or is restarting: retry")
         async with contextlib.aclosing(
-            run_guest_exec(self.instance_dir(instance_id), job, stdin, seconds, stop)
+            run_guest_exec(self.instance_dir(instance_id), job, stdin, seconds, stop, self.forks)
         ) as items:
             async for item in items:
                 yield item
@@ -718,4 +739,5 @@ class ProcessRuntime:
         for supervised in self._supervised.values():
             with contextlib.suppress(BaseException):
                 await supervised.task
+        await asyncio.to_thread(self.forks.close)
         self.cgroups.close()

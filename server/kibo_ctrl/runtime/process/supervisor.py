@@ -654,5 +654,8 @@ def main() -> None:
         raise
 
 
+# The entry of a child of the fork server (forkserver.py): the same as the script's.
+entry = main
+
 if __name__ == "__main__":
     main()
