@@ -124,6 +124,7 @@ def _child(module: Any, program: str, argv: list[str], fds: list[int]) -> None:
 
 def serve(channel: int) -> None:
     modules = {name: _load(name) for name in SCRIPTS}
+    modules["supervisor"]._load_storage()  # what every supervisor loads: once, here
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps the children
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
@@ -144,12 +145,16 @@ def serve(channel: int) -> None:
             program, argv = str(request["program"]), [str(a) for a in request["argv"]]
             if program not in SCRIPTS:
                 raise ValueError(f"unknown program {program!r}")
-            pid = os.fork()
+            # A guest job is the control plane's own child, as when it was exec'd from there
+            # (reaped there: its PID stays its own until then); a supervisor is ours.
+            sibling = program == "guest_exec" and SIBLINGS[0]
+            pid, pidfd = fork_sibling() if sibling else (os.fork(), -1)
             if pid == 0:
                 _child(modules[program], program, argv, fds)
-            pidfd = os.pidfd_open(pid)
+            if pidfd < 0:
+                pidfd = os.pidfd_open(pid)
             try:
-                sock.sendmsg([json.dumps({"pid": pid}).encode()], [_rights([pidfd])])
+                sock.sendmsg([json.dumps({"pid": pid, "sibling": sibling}).encode()], [_rights([pidfd])])
             finally:
                 os.close(pidfd)
         except (OSError, ValueError, KeyError, TypeError) as error:
@@ -158,6 +163,57 @@ def serve(channel: int) -> None:
         finally:
             for fd in fds:
                 os.close(fd)
+
+
+class _CloneArgs(ctypes.Structure):
+    """struct clone_args of clone3(2)."""
+
+    _fields_ = [
+        (name, ctypes.c_uint64)
+        for name in (
+            "flags",
+            "pidfd",
+            "child_tid",
+            "parent_tid",
+            "exit_signal",
+            "stack",
+            "stack_size",
+            "tls",
+            "set_tid",
+            "set_tid_size",
+            "cgroup",
+        )
+    ]
+
+
+SYS_CLONE3 = 435  # the same number on every architecture
+CLONE_PIDFD = 0x1000
+CLONE_PARENT = 0x8000
+# Whether clone3(CLONE_PARENT) works here (it is switched off at its first failure).
+SIBLINGS = [True]
+# The GIL stays held across the call, as in os.fork (a PyDLL function does not release it).
+_pylibc = ctypes.PyDLL(None, use_errno=True)
+_pylibc.syscall.restype = ctypes.c_long
+
+
+def fork_sibling() -> tuple[int, int]:
+    """os.fork, except that the child's parent is ours (the control plane), which reaps it:
+    clone3(CLONE_PARENT | CLONE_PIDFD) between Python's own before- and after-fork steps
+    (the at-fork hooks included), like os.fork. Returns (pid, pidfd) in the parent and
+    (0, -1) in the child; falls back to os.fork where clone3 is refused (pidfd -1)."""
+    pidfd = ctypes.c_int(-1)
+    # CLONE_PARENT takes the exit signal of this process (SIGCHLD) and wants 0 here.
+    args = _CloneArgs(flags=CLONE_PARENT | CLONE_PIDFD, pidfd=ctypes.addressof(pidfd))
+    ctypes.pythonapi.PyOS_BeforeFork()
+    pid = int(_pylibc.syscall(ctypes.c_long(SYS_CLONE3), ctypes.byref(args), ctypes.c_size_t(ctypes.sizeof(args))))
+    if pid == 0:
+        ctypes.pythonapi.PyOS_AfterFork_Child()
+        return 0, -1
+    ctypes.pythonapi.PyOS_AfterFork_Parent()
+    if pid < 0:
+        SIBLINGS[0] = False
+        return os.fork(), -1
+    return pid, pidfd.value
 
 
 def _rights(fds: list[int]) -> tuple[int, int, bytes]:
@@ -188,16 +244,20 @@ class Child:
     """A process the fork server started: followed through its pidfd (not our child: its
     exit status is the kernel's, so `returncode` is -1 once it has exited)."""
 
-    def __init__(self, pid: int, pidfd: int) -> None:
+    def __init__(self, pid: int, pidfd: int, ours: bool) -> None:
         self.pid = pid
         self.pidfd = pidfd
+        self.ours = ours  # our child (a guest job: fork_sibling): reaped here
         self.returncode: int | None = None
         self.started = _start_time(pid)
 
     def group_is_its(self) -> bool:
         """Whether process group `pid` can only be this child's (it leads a new session):
-        the PID runs this child still, or no process has it (then only the group's other
-        members hold the ID, which the kernel does not hand out again while they live)."""
+        ours and not reaped yet, or the PID runs this child still, or no process has it (then
+        only the group's other members hold the ID, which the kernel does not hand out again
+        while they live)."""
+        if self.ours and self.returncode is None:
+            return True
         now = _start_time(self.pid)
         return now is None or now == self.started
 
@@ -210,6 +270,10 @@ class Child:
 
     def _exited(self) -> None:
         self.returncode = -1
+        if self.ours:
+            with contextlib.suppress(ChildProcessError):
+                _, status = os.waitpid(self.pid, 0)  # it has exited: at once
+                self.returncode = os.waitstatus_to_exitcode(status)
         os.close(self.pidfd)
         self.pidfd = -1
 
@@ -299,7 +363,7 @@ class ForkServer:
                     for fd in received:
                         os.close(fd)
                     raise OSError(f"the fork server refused: {reply.get('error', reply)}")
-                return Child(int(reply["pid"]), received[0])
+                return Child(int(reply["pid"]), received[0], bool(reply.get("sibling")))
         raise OSError("unreachable")
 
     def _alive(self) -> bool:

@@ -67,6 +67,12 @@ MS_NOSUID = 2
 MS_NODEV = 4
 MS_BIND = 4096
 TICK = 0.25
+# How often readiness is looked for without inotify (with it: at once, and every TICK).
+READY_POLL = 0.01
+IN_NONBLOCK = os.O_NONBLOCK
+IN_CLOEXEC = os.O_CLOEXEC
+# The ready file written in place, created, or renamed into the run directory.
+IN_READY_EVENTS = 0x00000008 | 0x00000080 | 0x00000100  # IN_CLOSE_WRITE | IN_MOVED_TO | IN_CREATE
 EXIT_BUSY = 75
 # What of the guest's own stdout/stderr goes into supervisor.log (per supervisor): the rest is
 # dropped, or a guest could fill the host's disk by writing to its init's stdout (/proc/1/fd/1).
@@ -158,6 +164,7 @@ class Supervisor:
         self.namespace: userns.GuestNamespace | None = None
         self.output_fd = -1
         self.output_logged = 0
+        self.ready_watch = -1  # inotify on the run directory until the guest is ready
 
     # -- setup ------------------------------------------------------------------------
 
@@ -252,11 +259,40 @@ class Supervisor:
         for stale in ("ready", "agent.pid", "ready.tmp"):
             with contextlib.suppress(FileNotFoundError):
                 (Path(self.spec["run_dir"]) / stale).unlink()
+        self.watch_ready()
         self.oom_base = oom_kills(self.spec["oom_file"])
         self.guest = self._start_guest()
         self.pidfd = os.pidfd_open(self.guest.pid)
         self.selector.register(self.pidfd, selectors.EVENT_READ, "guest")
         self.save_state()
+
+    def watch_ready(self) -> None:
+        """Be woken when a file appears in the run directory (inotify), so readiness is seen
+        when the guest writes its ready file rather than at the next poll. Without inotify
+        the loop polls (READY_POLL). Closed once ready: later files there wake no one."""
+        fd = _libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
+        if fd < 0:
+            self.log(f"no inotify ({os.strerror(ctypes.get_errno())}): polling for readiness")
+            return
+        if _libc.inotify_add_watch(fd, self.spec["run_dir"].encode(), IN_READY_EVENTS) < 0:
+            self.log(f"no inotify watch ({os.strerror(ctypes.get_errno())}): polling for readiness")
+            os.close(fd)
+            return
+        self.ready_watch = fd
+        self.selector.register(fd, selectors.EVENT_READ, "ready-watch")
+
+    def on_run_dir_event(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            while os.read(self.ready_watch, 65536):
+                pass  # only that something happened counts: check_ready looks
+        if self.state == "starting" and self.guest_alive():
+            self.check_ready()
+
+    def stop_watching_ready(self) -> None:
+        if self.ready_watch >= 0:
+            self.selector.unregister(self.ready_watch)
+            os.close(self.ready_watch)
+            self.ready_watch = -1
 
     # -- the guest's isolation (bubblewrap) ---------------------------------------------
 
@@ -503,6 +539,7 @@ class Supervisor:
         assert self.guest is not None
         status = self.guest.wait()
         self.exit_status = status
+        self.stop_watching_ready()
         self.selector.unregister(self.pidfd)
         os.close(self.pidfd)
         self.pidfd = -1
@@ -557,6 +594,7 @@ class Supervisor:
             with contextlib.suppress(OSError, ValueError):
                 self.guest_start = start_time(self.guest_pid)
             self.mark("ready-seen")
+            self.stop_watching_ready()
             self.set_state("ready")
             self.log(f"the guest is ready (entry PID {self.guest_pid})")
             if self.spec.get("timings"):
@@ -590,7 +628,8 @@ class Supervisor:
             self.exit("spawn-failed", error=f"cannot start the guest: {error}")
         ready_deadline = time.monotonic() + float(self.spec["ready_timeout_s"])
         while True:
-            timeout = 0.01 if self.state == "starting" else TICK
+            polling = self.state == "starting" and self.ready_watch < 0
+            timeout = READY_POLL if polling else TICK
             for key, _ in self.selector.select(timeout):
                 if key.data == "listen":
                     self.accept(key.fileobj)  # type: ignore[arg-type]
@@ -598,6 +637,8 @@ class Supervisor:
                     self.read(key.fileobj)  # type: ignore[arg-type]
                 elif key.data == "guest":
                     self.on_guest_exit()
+                elif key.data == "ready-watch":
+                    self.on_run_dir_event()
                 elif key.data == "output":
                     self.drain_output()
             now = time.monotonic()
@@ -615,14 +656,21 @@ class Supervisor:
                 self.kill_guest()
 
 
+_STORAGE: list[Any] = []
+
+
 def _load_storage() -> Any:
-    """storage.py, beside this file (run with -I: the package is not on sys.path)."""
+    """storage.py, beside this file (run with -I: the package is not on sys.path); loaded
+    once (the fork server loads it before it forks supervisors: forkserver.py)."""
+    if _STORAGE:
+        return _STORAGE[0]
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("kibo_runtime_storage", Path(__file__).with_name("storage.py"))
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    _STORAGE.append(module)
     return module
 
 
