@@ -52,6 +52,8 @@ IMAGE_PARTS = (
     ("  layer image: mount", "layer.img:mkfs", "layer.img:mount"),
     ("  volume image: mkfs", "volume.img:start", "volume.img:mkfs"),
     ("  volume image: mount", "volume.img:mkfs", "volume.img:mount"),
+    ("  bwrap: before the fork", "supervisor:stage", "supervisor:bwrap-fork"),
+    ("  bwrap: fork, cgroup, userns, exec", "supervisor:bwrap-fork", "supervisor:bwrap-exec"),
 )
 
 

@@ -165,6 +165,7 @@ class Supervisor:
         self.output_fd = -1
         self.output_logged = 0
         self.ready_watch = -1  # inotify on the run directory until the guest is ready
+        self.ready_watch_id = -1
 
     # -- setup ------------------------------------------------------------------------
 
@@ -261,7 +262,9 @@ class Supervisor:
                 (Path(self.spec["run_dir"]) / stale).unlink()
         self.watch_ready()
         self.oom_base = oom_kills(self.spec["oom_file"])
+        self.mark("bwrap-fork")
         self.guest = self._start_guest()
+        self.mark("bwrap-exec")
         self.pidfd = os.pidfd_open(self.guest.pid)
         self.selector.register(self.pidfd, selectors.EVENT_READ, "guest")
         self.save_state()
@@ -274,11 +277,12 @@ class Supervisor:
         if fd < 0:
             self.log(f"no inotify ({os.strerror(ctypes.get_errno())}): polling for readiness")
             return
-        if _libc.inotify_add_watch(fd, self.spec["run_dir"].encode(), IN_READY_EVENTS) < 0:
+        watch = _libc.inotify_add_watch(fd, self.spec["run_dir"].encode(), IN_READY_EVENTS)
+        if watch < 0:
             self.log(f"no inotify watch ({os.strerror(ctypes.get_errno())}): polling for readiness")
             os.close(fd)
             return
-        self.ready_watch = fd
+        self.ready_watch, self.ready_watch_id = fd, watch
         self.selector.register(fd, selectors.EVENT_READ, "ready-watch")
 
     def on_run_dir_event(self) -> None:
@@ -289,10 +293,13 @@ class Supervisor:
             self.check_ready()
 
     def stop_watching_ready(self) -> None:
-        if self.ready_watch >= 0:
+        """Remove the watch (no more events: the kernel frees it in the background) but keep
+        the descriptor until we exit: closing an inotify instance waits for an SRCU grace
+        period (~20 ms measured here), which would delay the ready message."""
+        if self.ready_watch >= 0 and self.ready_watch_id >= 0:
             self.selector.unregister(self.ready_watch)
-            os.close(self.ready_watch)
-            self.ready_watch = -1
+            _libc.inotify_rm_watch(self.ready_watch, self.ready_watch_id)
+            self.ready_watch_id = -1
 
     # -- the guest's isolation (bubblewrap) ---------------------------------------------
 
@@ -596,6 +603,7 @@ class Supervisor:
             self.mark("ready-seen")
             self.stop_watching_ready()
             self.set_state("ready")
+            self.mark("ready-sent")
             self.log(f"the guest is ready (entry PID {self.guest_pid})")
             if self.spec.get("timings"):
                 write_json(self.dir / "timings.json", {"marks": self.marks})
@@ -628,7 +636,7 @@ class Supervisor:
             self.exit("spawn-failed", error=f"cannot start the guest: {error}")
         ready_deadline = time.monotonic() + float(self.spec["ready_timeout_s"])
         while True:
-            polling = self.state == "starting" and self.ready_watch < 0
+            polling = self.state == "starting" and self.ready_watch_id < 0
             timeout = READY_POLL if polling else TICK
             for key, _ in self.selector.select(timeout):
                 if key.data == "listen":
