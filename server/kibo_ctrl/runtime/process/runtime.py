@@ -91,11 +91,12 @@ from typing import Any
 from ...domain.model import Backend, Component, Instance, Phase, StopDurability, VolumeState
 from ...domain.reports import ExitReason, Report, VmmExited
 from ..base import DestroyError, Exit, GuestRefused, LaunchError, LaunchSpec, Output, RestartError, SyncError
-from . import safepath, sandbox, seccomp, storage
+from . import image_pool, safepath, sandbox, seccomp, storage
 from .cgroups import Cgroups
 from .forkserver import ForkServer
 from .guest_jobs import run_guest_exec
 from .idmap import IdRange
+from .image_pool import ImagePool
 from .supervisor_handle import (
     Process,
     Supervised,
@@ -134,6 +135,8 @@ class ProcessOptions:
     # Record when each step of a launch ended, in the instance directory (launch-timings.json
     # from here, timings.json from the supervisor): the benchmark's breakdown
     # (bench/process_runtime.py --breakdown sets KIBO_PROCESS_TIMINGS=1). Off: no cost.
+    # Formatted images kept ready per recently used size of new layers and volumes (0: none).
+    image_pool_depth: int = image_pool.DEPTH
     timings: bool = field(default_factory=lambda: os.environ.get("KIBO_PROCESS_TIMINGS") == "1")
 
 
@@ -210,6 +213,20 @@ class ProcessRuntime:
         self.images = storage.usable(self.isolation)
         if not self.images:
             log.warning("writable layers and volumes are plain directories: their sizes are NOT enforced")
+        # New layers and volumes taken formatted from a pool (image_pool.py), made between launches.
+        self.pool: ImagePool | None = None
+        if self.images and options.image_pool_depth > 0:
+            self.pool = ImagePool(
+                self.data_dir / "runtime" / "pool",
+                self.data_dir,
+                owner=sandbox.guest_id_map(self.host_ids)[0],
+                variant="usr" if options.base_image is None else "base",
+                make_seed=lambda upper: sandbox.seed_layer(
+                    upper, host_usr=options.base_image is None, owner=self._guest_root()
+                ),
+                overcommit=options.storage_overcommit,
+                depth=options.image_pool_depth,
+            )
         log.info(
             "process runtime: isolation %s (guest ids: host %d+%d), limits %s, base image %s, personality %s",
             self.isolation_name,
@@ -329,6 +346,8 @@ class ProcessRuntime:
         mark("supervisor-spawned")
         await self._await_ready(supervised, created)
         mark("ready")
+        if self.pool is not None:
+            self.pool.refill_soon()  # after the launch: its mkfs runs do not slow this one
         return created
 
     def _marker(self, instance_id: str) -> Callable[[str], None]:
@@ -364,7 +383,8 @@ class ProcessRuntime:
                     path.mkdir(exist_ok=True)
                 layout.volumes.append((path, mounts[volume.id]))
         # The sparse files of new images, if the disk can hold them all (else NoSpace).
-        storage.admit(self.data_dir, layout.images, self.options.storage_overcommit)
+        take = self.pool.take if self.pool is not None else None
+        storage.admit(self.data_dir, layout.images, self.options.storage_overcommit, take)
         return layout, tuple(created)
 
     def _guest_root(self) -> tuple[int, int] | None:
@@ -740,4 +760,6 @@ class ProcessRuntime:
             with contextlib.suppress(BaseException):
                 await supervised.task
         await asyncio.to_thread(self.forks.close)
+        if self.pool is not None:
+            await asyncio.to_thread(self.pool.close)
         self.cgroups.close()

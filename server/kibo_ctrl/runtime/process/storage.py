@@ -46,6 +46,7 @@ import stat
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -139,10 +140,16 @@ def reserve_bytes(data_dir: Path) -> int:
     return max(RESERVE_MIN_BYTES, int(fs.f_blocks * fs.f_frsize * RESERVE_FRACTION))
 
 
-def admit(data_dir: Path, wanted: list[dict[str, Any]], overcommit: float = 1.0) -> None:
+def admit(
+    data_dir: Path,
+    wanted: list[dict[str, Any]],
+    overcommit: float = 1.0,
+    take: Callable[[dict[str, Any]], bool] | None = None,
+) -> None:
     """Make the sparse files of the `wanted` images that do not exist yet, if the data dir's
     filesystem can hold all of them on top of what the existing images may grow by (times
-    `overcommit`: above 1 the operator accepts that guests together may fill the disk)."""
+    `overcommit`: above 1 the operator accepts that guests together may fill the disk).
+    `take` (image_pool.py) may put an already formatted image in place of a sparse file."""
     with _admission:
         new = [e for e in wanted if not os.path.exists(e["image"]) and not os.path.exists(e["new"])]
         # A layer resized up while stopped: its file grows here, its filesystem at the next mount.
@@ -161,6 +168,8 @@ def admit(data_dir: Path, wanted: list[dict[str, Any]], overcommit: float = 1.0)
                 f"and volumes, {reserve / GIB:.1f} GiB kept in reserve (--storage-overcommit {overcommit:g})"
             )
         for e in new:
+            if take is not None and take(e):
+                continue
             tmp = e["new"] + ".tmp"
             with open(tmp, "wb") as f:
                 f.truncate(int(e["capacity"]))
@@ -244,6 +253,8 @@ def _prepare_one(e: dict[str, Any], owner: int, marks: list[tuple[str, float]] |
         marks.append((f"{name}:start", started))
         marks.append((f"{name}:mkfs", time.time()))
     _grow_to_file(e)
+    # Formatted here or ahead (image_pool.py): never mounted yet (mkfs leaves the count 0).
+    first_mount = mount_count(e["image"]) == 0
     os.makedirs(e["mount"], exist_ok=True)
     done = subprocess.run(
         ["mount", "-t", "ext4", "-o", MOUNT_OPTIONS, e["image"], e["mount"]],
@@ -256,10 +267,17 @@ def _prepare_one(e: dict[str, Any], owner: int, marks: list[tuple[str, float]] |
         raise OSError(f"mounting {e['image']} failed: {done.stderr.strip() or done.returncode}")
     if marks is not None:
         marks.append((f"{name}:mount", time.time()))
-    if fresh and not e["seed"]:
+    if first_mount and os.path.basename(e["image"]) == VOLUME_IMAGE:
         # A volume shows the guest an empty /data (e2fsck makes lost+found again if needed).
         with contextlib.suppress(OSError):
             os.rmdir(os.path.join(e["mount"], "lost+found"))
+
+
+def mount_count(image: str) -> int:
+    """How often the ext4 filesystem in an image was mounted (s_mnt_count; 0: never)."""
+    with open(image, "rb") as f:
+        f.seek(1024 + 0x34)
+        return int.from_bytes(f.read(2), "little")
 
 
 def filesystem_bytes(image: str) -> int:
@@ -401,6 +419,10 @@ def _make_writable_and_retry(function: Any, path: str, _info: Any) -> None:
         raise OSError(f"{path}: cannot be removed")
     os.chmod(path, 0o700)
     shutil.rmtree(path, onerror=_make_writable_and_retry)
+
+
+def fsync_dir(path: Path) -> None:
+    _fsync_dir(path)
 
 
 def _fsync_dir(path: Path) -> None:
