@@ -150,6 +150,11 @@ def supervisors(data_dir: Path) -> list[int]:
     return [pid for pid in _parents() if needle in _cmdline(pid)]
 
 
+def fork_servers(server_pid: int) -> list[int]:
+    """The control plane's fork server (runtime/process/forkserver.py), its child."""
+    return [pid for pid, parent in _parents().items() if parent == server_pid and "forkserver.py" in _cmdline(pid)]
+
+
 def descendants(roots: Iterable[int]) -> set[int]:
     parents = _parents()
     children: dict[int, list[int]] = {}
@@ -283,6 +288,7 @@ class Density:
     mem_available_after_mib: float = 0.0
     processes: int = 0
     pss_supervisors_mib: float = 0.0
+    pss_fork_server_mib: float = 0.0  # the one interpreter supervisors are forked from: shared by all
     pss_guests_mib: float = 0.0
     control_plane_pss_before_mib: float = 0.0
     control_plane_pss_after_mib: float = 0.0
@@ -327,6 +333,7 @@ def density(client: kibotos.Client, server: Server, args: argparse.Namespace, cr
     result.processes = len(everything)
     result.pss_supervisors_mib = pss_mib(roots)
     result.pss_guests_mib = pss_mib(everything - set(roots))
+    result.pss_fork_server_mib = pss_mib(fork_servers(server.process.pid))
     result.control_plane_pss_after_mib = pss_mib([server.process.pid])
     # Each must answer a command: idle, not dead.
     for workspace_id in mine:
@@ -422,6 +429,7 @@ def print_table(result: dict[str, Any]) -> None:
         print(f"  answering a command:        {den['answered']}/{count}")
         print(
             f"  PSS per workspace:          {per:.2f} MiB (supervisor {den['pss_supervisors_mib'] / count:.2f}"
+            f" + fork server {den['pss_fork_server_mib'] / count:.2f}"
             f" + guest {den['pss_guests_mib'] / count:.2f}; {den['processes'] / count:.1f} processes each)"
         )
         print(f"  MemAvailable drop per ws:   {den['mem_available_drop_per_workspace_mib']:.2f} MiB")
@@ -519,7 +527,7 @@ def main(argv: list[str] | None = None) -> int:
     data["create_first_tenth_s"] = summary(found.create_s[:tenth])
     data["create_last_tenth_s"] = summary(found.create_s[-tenth:])
     data["command_s"] = summary(found.command_s)
-    total = found.pss_supervisors_mib + found.pss_guests_mib
+    total = found.pss_supervisors_mib + found.pss_guests_mib + found.pss_fork_server_mib
     data["pss_per_workspace_mib"] = total / count if count else 0.0
     drop = found.mem_available_before_mib - found.mem_available_after_mib
     data["mem_available_drop_per_workspace_mib"] = drop / count if count else 0.0

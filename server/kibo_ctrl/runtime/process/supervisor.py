@@ -53,9 +53,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from kibo_ctrl.runtime.process import idmap, userns
+    from kibo_ctrl.runtime.process import guest_start, idmap, userns
 else:
     sys.path.insert(0, str(Path(__file__).parent))  # run as a script: its sibling modules
+    import guest_start
     import idmap
     import userns
 
@@ -147,7 +148,9 @@ class Supervisor:
         self.spec: dict[str, Any] = json.loads((directory / "spec.json").read_text())
         self.state = "starting"
         self.why = ""
-        self.guest: subprocess.Popen[bytes] | None = None
+        self.guest: subprocess.Popen[bytes] | guest_start.Started | None = None
+        # The guest's first process, forked early to join its cgroup meanwhile (guest_start.py).
+        self.early: guest_start.EarlyGuest | None = None
         self.guest_pid = 0  # the guest's entry process (host PID)
         self.guest_start = 0  # its start time, to tell it from a later process with the same PID
         self.pidfd = -1
@@ -354,8 +357,23 @@ class Supervisor:
                 argv[i + 1] = staged[argv[i + 1]]
         self.spec["argv"] = argv
 
-    def _start_guest(self) -> subprocess.Popen[bytes]:
+    def _start_guest(self) -> subprocess.Popen[bytes] | guest_start.Started:
         argv, fds = list(self.spec["argv"]), []
+        if self.early is not None:
+            split = argv.index("--")
+            early, self.early = self.early, None
+            try:
+                return early.start(
+                    argv[0],
+                    argv[1:split],
+                    argv[split:],
+                    self.spec["env"],
+                    self.spec["cwd"],
+                    self.spec["seccomp_filter"],
+                )
+            except BaseException:
+                early.cancel()
+                raise
         if self.namespace is not None:
             # bwrap OPTIONS -- ENTRY: the options (host paths) go through a memfd.
             split = argv.index("--")
@@ -518,6 +536,9 @@ class Supervisor:
         self.kill_guest()
 
     def kill_guest(self) -> None:
+        if self.early is not None:
+            self.early.cancel()
+            self.early = None
         if self.guest is not None and self.exit_status is None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.guest.pid, signal.SIGKILL)
@@ -618,9 +639,18 @@ class Supervisor:
             pid = found[0]
         return pid
 
+    def fork_early_guest(self) -> None:
+        """With bubblewrap as root and cgroups: the guest's first process now (see guest_start.py)."""
+        if self.namespace is None or self.spec.get("rootless") or not self.spec["cgroup_procs"]:
+            return
+        self.early = guest_start.EarlyGuest(
+            list(self.spec["cgroup_procs"]), list(self.spec.get("rlimits", [])), self.namespace, self.guest_output()
+        )
+
     def run(self) -> None:
         self.mark("spec-read")
         self.create_namespace()
+        self.fork_early_guest()
         self.mark("userns")
         self.prepare_storage()
         self.mark("storage")
