@@ -226,12 +226,16 @@ def create(client: kibotos.Client, memory_mib: int, created: list[str]) -> wp.Wo
     return client.wait_workspace(response.workspace, response.command.command_id, timeout=120)
 
 
-def first_command(client: kibotos.Client, workspace_id: str) -> float:
+def first_command(client: kibotos.Client, workspace_id: str, parts: list[float] | None = None) -> float:
+    """Seconds for a credential and `true` with it; `parts` gets the exec's own share."""
     started = time.perf_counter()
     credential = client.issue_data_plane_credential(workspace_id).credential
+    issued = time.perf_counter()
     result = client.exec_workspace_command(credential, ["true"])
     if result.exit_code != 0:
         raise RuntimeError(f"`true` exited {result.exit_code} in {workspace_id}: {result.stderr!r}")
+    if parts is not None:
+        parts.append(time.perf_counter() - issued)
     return time.perf_counter() - started
 
 
@@ -240,6 +244,7 @@ def latency(
 ) -> dict[str, Any]:
     """`data_dir` (the server runs with KIBO_PROCESS_TIMINGS=1): also each create's breakdown."""
     ready, command, stop, delete = [], [], [], []
+    exec_only: list[float] = []  # the exec RPC alone, without the credential
     steps: list[dict[str, float]] = []
     for index in range(count):
         started = time.perf_counter()
@@ -253,7 +258,7 @@ def latency(
         if data_dir is not None:
             directory = data_dir / "instances" / f"{workspace_id}-g{workspace.execution_generation}"
             steps.append(breakdown.segments(directory, sent, answered))
-        command.append(first_command(client, workspace_id))
+        command.append(first_command(client, workspace_id, exec_only))
         started = time.perf_counter()
         stopped = client.stop_workspace(workspace_id)
         client.wait_workspace(workspace_id, stopped.command.command_id, timeout=120)
@@ -271,6 +276,7 @@ def latency(
     result: dict[str, Any] = {
         "ready_s": summary(ready),
         "first_command_s": summary(command),
+        "first_exec_only_s": summary(exec_only),
         "stop_s": summary(stop),
         "delete_s": summary(delete),
     }
@@ -415,6 +421,7 @@ def print_table(result: dict[str, Any]) -> None:
     rows = (
         ("create -> AVAILABLE (ready)", "ready_s"),
         ("first command (cred + true)", "first_command_s"),
+        ("  of which the exec of true", "first_exec_only_s"),
         ("stop -> STOPPED (graceful)", "stop_s"),
         ("delete -> DELETED", "delete_s"),
     )
