@@ -7,6 +7,10 @@ an unprivileged host uid range (`idmap.py`) without capabilities and under a sec
 filter (`seccomp.py`), in a cgroup with the
 workspace's CPU and memory limits (`cgroups.py`). The supervisor is started in its own
 session, so a kill -9 of the control plane leaves it running, and `adopt` re-attaches.
+Supervisors and data-plane jobs are forked from one warm interpreter (`forkserver.py`)
+rather than exec'd, new layers and volumes come formatted from a pool (`image_pool.py`),
+and the guest's first process joins its cgroup while the images are mounted
+(`guest_start.py`): where a launch's time went, `bench/process_runtime.py --breakdown`.
 
 Files, under the data directory:
     layers/<workspace>/layer.img  the retained writable layer (kept across stop, deleted with
@@ -25,7 +29,8 @@ an older kibo: layers/<workspace>/upper/, volumes/<volume>/ with files) they are
 directories, and their sizes are not enforced.
 
 Readiness: `launch` returns once the guest answers: the guest agent (the default entry)
-writes /run/kibo/ready when it runs; a custom `--guest-command` must do the same.
+writes /run/kibo/ready when it runs; a custom `--guest-command` must do the same. The
+supervisor is woken by that file's creation (inotify on the run directory), not a poll.
 
 Stop: graceful = SIGTERM to the guest's entry process, wait the grace period (then
 SIGKILL), syncfs the layer and every volume; CONFIRMED only if every sync succeeded, else

@@ -1,13 +1,15 @@
 """The per-instance supervisor: the process runtime's "VMM".
 
 Run as `python -I -S supervisor.py INSTANCE_DIR` (standard library only, so it starts fast
-and does not depend on the control plane's environment). The control plane starts it in
-a new session, so a kill -9 of the control plane leaves it running; it is re-adopted.
+and does not depend on the control plane's environment), or forked as that from the
+control plane's fork server (forkserver.py: the same process, without the interpreter's
+start-up). It runs in a new session, so a kill -9 of the control plane leaves it running;
+it is re-adopted.
 
 It holds an exclusive flock on INSTANCE_DIR/lock for its whole life (a second supervisor
 for the same instance exits at once: no double start), reads INSTANCE_DIR/spec.json,
 starts the guest (the sandbox command) in the instance's cgroup with PR_SET_PDEATHSIG,
-waits for the guest's ready file, and then serves a line-JSON protocol on an abstract
+waits for the guest's ready file (woken by inotify), and then serves a line-JSON protocol on an abstract
 unix socket (only for clients of its own uid):
 
     supervisor -> client: {"state": "starting"|"ready"|"stopping"|"idle", "why": ..., ...}
@@ -602,6 +604,9 @@ class Supervisor:
         self.exit("exit", code=code, signal=killed)
 
     def exit(self, reason: str, *, code: int | None = None, signal: int | None = None, **extra: Any) -> None:
+        if self.early is not None:  # a launch that failed before its guest started
+            self.early.cancel()
+            self.early = None
         info = {"reason": reason, "code": code, "signal": signal, "synced": False, "error": "", **extra}
         write_json(self.dir / "exit.json", info)
         self.state, self.why = "exited", reason
