@@ -98,7 +98,8 @@ def test_a_new_layer_is_taken_formatted_from_the_pool_once_it_was_asked_for(data
         assert _is_fresh_ext4(image, GIB), "in place, formatted, never mounted"
         assert not Path(second["new"]).exists()
         assert second["seed"] == "" and not (data_dir / "layers" / "ws-2" / "seed").exists()
-        assert len(pool._ready("layer", GIB)) == pool.depth - 1
+        # One of the ready images moved (the worker may be making the next one meanwhile).
+        assert len(set(ready) - set(pool._ready("layer", GIB))) == 1
         # The skeleton of a layer, owned by the guests' root, as the supervisor formats it.
         listing = _listing(image, "/upper")
         assert {"bin", "etc", "proc", "tmp", "usr"} <= set(listing)

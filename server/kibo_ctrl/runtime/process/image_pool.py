@@ -60,6 +60,9 @@ class ImagePool:
         self._wake = threading.Condition()
         self._pending = False
         self._closed = False
+        # Launches in progress: the worker formats only while there are none, since an
+        # image's writes would join the journal commit a launch's fsyncs wait for (ext4).
+        self._launching = 0
         self.dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.dir, 0o700)
         self._forget_others()
@@ -121,6 +124,19 @@ class ImagePool:
             self._pending = True
             self._wake.notify()
 
+    def launching(self, started: bool) -> None:
+        """A launch began (True) or ended (False): the worker waits while any runs."""
+        with self._wake:
+            self._launching += 1 if started else -1
+            self._wake.notify()
+
+    def _idle(self) -> bool:
+        """Wait until no launch runs (False: closed)."""
+        with self._wake:
+            while self._launching > 0 and not self._closed:
+                self._wake.wait()
+            return not self._closed
+
     def close(self) -> None:
         with self._wake:
             self._closed = True
@@ -139,7 +155,7 @@ class ImagePool:
                 self._pending = False
                 todo = [(kind, size) for kind, sizes in self.wanted.items() for size in sizes]
             for kind, capacity in todo:
-                while not self._closed and len(self._ready(kind, capacity)) < self.depth and self._room(capacity):
+                while self._idle() and len(self._ready(kind, capacity)) < self.depth and self._room(capacity):
                     try:
                         self._make(kind, capacity)
                     except OSError as error:

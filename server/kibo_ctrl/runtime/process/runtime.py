@@ -141,7 +141,10 @@ class ProcessOptions:
     # from here, timings.json from the supervisor): the benchmark's breakdown
     # (bench/process_runtime.py --breakdown sets KIBO_PROCESS_TIMINGS=1). Off: no cost.
     # Formatted images kept ready per recently used size of new layers and volumes (0: none).
-    image_pool_depth: int = image_pool.DEPTH
+    # (KIBO_IMAGE_POOL_DEPTH: the benchmark's way to compare with and without the pool.)
+    image_pool_depth: int = field(
+        default_factory=lambda: int(os.environ.get("KIBO_IMAGE_POOL_DEPTH") or image_pool.DEPTH)
+    )
     timings: bool = field(default_factory=lambda: os.environ.get("KIBO_PROCESS_TIMINGS") == "1")
 
 
@@ -315,6 +318,18 @@ class ProcessRuntime:
     async def launch(
         self, spec: LaunchSpec, progress: Callable[[Phase, tuple[str, ...]], Awaitable[None]]
     ) -> tuple[str, ...]:
+        if self.pool is None:
+            return await self._launch(spec, progress)
+        self.pool.launching(True)
+        try:
+            return await self._launch(spec, progress)
+        finally:
+            self.pool.launching(False)
+            self.pool.refill_soon()  # after the launch: its mkfs runs do not slow this one
+
+    async def _launch(
+        self, spec: LaunchSpec, progress: Callable[[Phase, tuple[str, ...]], Awaitable[None]]
+    ) -> tuple[str, ...]:
         instance = spec.instance
         mark = self._marker(instance.id)
         if self.unavailable:
@@ -351,8 +366,6 @@ class ProcessRuntime:
         mark("supervisor-spawned")
         await self._await_ready(supervised, created)
         mark("ready")
-        if self.pool is not None:
-            self.pool.refill_soon()  # after the launch: its mkfs runs do not slow this one
         return created
 
     def _marker(self, instance_id: str) -> Callable[[str], None]:
