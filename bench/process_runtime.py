@@ -65,6 +65,8 @@ class Server:
     port: int = field(default_factory=_free_port)
     process: subprocess.Popen[bytes] | None = None
     timings: bool = False  # KIBO_PROCESS_TIMINGS=1: each launch leaves its timings (the breakdown)
+    python: str = sys.executable  # another checkout's interpreter (bench/process_ab.py)
+    env: dict[str, str] = field(default_factory=dict)  # more of the server's environment
 
     @property
     def address(self) -> str:
@@ -79,10 +81,10 @@ class Server:
 
     def start(self) -> Server:
         log = open(self.data_dir.parent / "server.log", "ab")  # noqa: SIM115 - handed to the child
-        command = [sys.executable, "-m", "kibo_ctrl", "serve", "--listen", self.address]
+        command = [self.python, "-m", "kibo_ctrl", "serve", "--listen", self.address]
         command += ["--data-dir", str(self.data_dir), *self.flags]
         # Its own session: a Ctrl-C at the terminal reaches the bench, which then cleans up.
-        env = {**os.environ, "KIBO_PROCESS_TIMINGS": "1" if self.timings else "0"}
+        env = {**os.environ, "KIBO_PROCESS_TIMINGS": "1" if self.timings else "0", **self.env}
         self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
         deadline = time.monotonic() + 30
         with grpc.insecure_channel(self.address) as channel:
