@@ -7,9 +7,9 @@ asked size and kind ready under <data dir>/runtime/pool/, formatted by a backgro
 thread of the control plane after a launch (not during one), exactly as the supervisor
 would have: the same mkfs options, owned by the guests' root, the layer seeded with the
 same fresh skeleton (`make_seed`). No guest has ever seen a pooled image; it is fsynced
-before it is offered; taking one is a rename into the layer's or volume's directory plus a
-directory fsync (`take`, called by storage.admit once the disk check passed, so a pooled
-image is promised to a guest only as a new sparse file would be).
+before it is offered; taking one is a rename into the layer's or volume's directory (`take`,
+called by storage.admit once the disk check passed, so a pooled image is promised to a
+guest only as a new sparse file would be; admit fsyncs both directories).
 
 Pool files are named kind-<GiB>g-<owner>-<variant>-<n>.img: a pool made for other guest
 ids or another base image is deleted at start-up (as are half-made ones). The pool's own
@@ -91,12 +91,13 @@ class ImagePool:
 
     # -- the control plane's side (storage.admit) ----------------------------------------
 
-    def take(self, entry: dict[str, Any]) -> bool:
-        """Put a ready image of the entry's kind and capacity at its place (True), or leave
-        the entry to be formatted by the supervisor (False). Remembers the size either way."""
+    def take(self, entry: dict[str, Any]) -> Path | None:
+        """Put a ready image of the entry's kind and capacity at its place (returns the pool's
+        directory, which the caller fsyncs with the image's), or leave the entry to be
+        formatted by the supervisor (None). Remembers the size either way."""
         kind = KINDS.get(os.path.basename(entry["image"]))
         if kind is None:
-            return False
+            return None
         capacity = int(entry["capacity"])
         with self._wake:
             sizes = self.wanted.setdefault(kind, [])
@@ -109,14 +110,12 @@ class ImagePool:
                 os.replace(ready, entry["image"])
             except FileNotFoundError:
                 continue  # taken meanwhile by another launch
-            storage.fsync_dir(Path(entry["image"]).parent)
-            storage.fsync_dir(self.dir)
             if entry.get("seed"):
                 # The pooled layer has the skeleton already: the fresh seed is not needed.
                 shutil.rmtree(entry["seed"], ignore_errors=True)
                 entry["seed"] = ""
-            return True
-        return False
+            return self.dir
+        return None
 
     def refill_soon(self) -> None:
         """Make what is missing, in the background (called after a launch, not during one)."""
