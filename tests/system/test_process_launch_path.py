@@ -7,7 +7,8 @@ from a warm interpreter (forkserver.py). What must stay as it was:
   loop devices, the seccomp filter, the bwrap options) reaches any process of the guest;
 - a workspace created from pooled images has the skeleton and an empty /data, like one
   whose images the supervisor formatted;
-- the fork server is the control plane's child and goes with it; supervisors stay.
+- the fork server is the control plane's child and goes with it; supervisors stay;
+- every guest has a user namespace of its own (made ahead by the fork server).
 
 Needs root and bubblewrap, like tests/system/test_process_runtime.py (whose helpers it uses)."""
 
@@ -31,6 +32,7 @@ from tests.system.test_process_runtime import (
     processes,
     sandbox_server,
     supervisors,
+    text,
     wait_until,
 )
 
@@ -104,6 +106,20 @@ async def test_workspaces_from_pooled_images_look_like_freshly_formatted_ones(
         # The guest's root owns its root and its volume, as when the supervisor formats them.
         assert os.stat(root).st_uid == os.stat(data).st_uid == os.stat(root / "etc").st_uid != 0
     for workspace in [*made, taken]:
+        await delete(lc, workspace, launch_server)
+
+
+async def test_every_guest_has_a_user_namespace_of_its_own(lc: Client, launch_server: ServerProcess) -> None:
+    """The fork server makes the next supervisor's user namespace ahead of its launch: each
+    must still be new, never one another guest (or the host) is in, and map the guests' ids."""
+    made = [await create(lc) for _ in range(3)]
+    namespaces = [os.stat(f"/proc/{agent_pid(launch_server, w)}/ns/user").st_ino for w in made]
+    assert len(set(namespaces)) == len(made), "no two guests share a user namespace"
+    assert os.stat("/proc/self/ns/user").st_ino not in namespaces
+    for workspace in made:
+        uid_map = text(f"/proc/{agent_pid(launch_server, workspace)}/uid_map").split()
+        assert uid_map[0] == "0" and uid_map[1] != "0", uid_map  # the guests' range, not host root
+    for workspace in made:
         await delete(lc, workspace, launch_server)
 
 

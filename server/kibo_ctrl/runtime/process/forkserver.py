@@ -122,8 +122,27 @@ def _child(module: Any, program: str, argv: list[str], fds: list[int]) -> None:
         os._exit(code)
 
 
+def _make_namespace(userns: Any, key: tuple[int, int, int]) -> int:
+    """A new user namespace with the guests' mapping (userns.GuestNamespace), for the next
+    supervisor: never entered by anyone until that supervisor's guest. Its helper process
+    is waited for here, so SIGCHLD is not ignored meanwhile (then zombies are reaped)."""
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    try:
+        namespace = userns.GuestNamespace(*key)
+        return int(namespace.create())
+    finally:
+        signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+        with contextlib.suppress(ChildProcessError):
+            while os.waitpid(-1, os.WNOHANG)[0] > 0:
+                pass
+
+
 def serve(channel: int) -> None:
     modules = {name: _load(name) for name in SCRIPTS}
+    userns = modules["supervisor"].userns
+    # Pre-made user namespaces per mapping (base, count, gid base): one ready for the next
+    # supervisor, so its launch does not wait for one to be made (see supervisor.py).
+    namespaces: dict[tuple[int, int, int], int] = {}
     modules["supervisor"]._load_storage()  # what every supervisor loads: once, here
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps the children
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -145,6 +164,12 @@ def serve(channel: int) -> None:
             program, argv = str(request["program"]), [str(a) for a in request["argv"]]
             if program not in SCRIPTS:
                 raise ValueError(f"unknown program {program!r}")
+            wanted = request.get("userns")
+            key = (int(wanted[0]), int(wanted[1]), int(wanted[2])) if program == "supervisor" and wanted else None
+            given = namespaces.pop(key, -1) if key is not None else -1
+            if given >= 0:
+                fds.append(given)  # at 3 in the child (the request brought stdin, stdout, stderr)
+                argv.append(f"--userns-fd={len(fds) - 1}")
             # A guest job is the control plane's own child, as when it was exec'd from there
             # (reaped there: its PID stays its own until then); a supervisor is ours.
             sibling = program == "guest_exec" and SIBLINGS[0]
@@ -157,6 +182,10 @@ def serve(channel: int) -> None:
                 sock.sendmsg([json.dumps({"pid": pid, "sibling": sibling}).encode()], [_rights([pidfd])])
             finally:
                 os.close(pidfd)
+            if key is not None and key not in namespaces:
+                # After the reply: the next supervisor's namespace, off this launch's path.
+                with contextlib.suppress(OSError):
+                    namespaces[key] = _make_namespace(userns, key)
         except (OSError, ValueError, KeyError, TypeError) as error:
             with contextlib.suppress(OSError):
                 sock.sendmsg([json.dumps({"error": str(error)}).encode()])
@@ -336,9 +365,10 @@ class ForkServer:
         self._sock = ours
         return ours
 
-    def spawn(self, program: str, argv: list[str], fds: list[int]) -> Child:
-        """Fork `program` (supervisor or guest_exec) with `argv` and fds (0, 1, 2, 3, ...)."""
-        request = json.dumps({"program": program, "argv": argv}).encode()
+    def spawn(self, program: str, argv: list[str], fds: list[int], userns: tuple[int, int, int] | None = None) -> Child:
+        """Fork `program` (supervisor or guest_exec) with `argv` and fds (0, 1, 2, 3, ...);
+        a supervisor may be handed a pre-made user namespace of mapping `userns`."""
+        request = json.dumps({"program": program, "argv": argv, "userns": userns}).encode()
         with self._lock:
             for attempt in (1, 2):
                 sock = self._sock if self._sock is not None and self._alive() else self._restart()

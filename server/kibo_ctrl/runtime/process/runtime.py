@@ -515,7 +515,8 @@ class ProcessRuntime:
         with open(directory / "supervisor.log", "ab") as output, open(os.devnull, "rb") as null:
             try:
                 fds = [null.fileno(), output.fileno(), output.fileno()]
-                process = self.forks.spawn("supervisor", [str(directory)], fds)
+                userns = sandbox.guest_id_map(self.host_ids) if self.isolation == "bwrap" else None
+                process = self.forks.spawn("supervisor", [str(directory)], fds, userns)
             except OSError as error:
                 log.warning("the fork server failed (%s): starting the supervisor of %s anew", error, instance_id)
                 process = subprocess.Popen(

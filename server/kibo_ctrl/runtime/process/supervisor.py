@@ -142,8 +142,10 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
 
 
 class Supervisor:
-    def __init__(self, directory: Path, started: float = 0.0) -> None:
+    def __init__(self, directory: Path, started: float = 0.0, userns_fd: int = -1) -> None:
         self.dir = directory
+        # The guest's user namespace, made ahead by the fork server (-1: make it here).
+        self.userns_fd = userns_fd
         # (step, wall-clock time it ended): written to timings.json once the guest is ready
         # when the spec asks (`"timings": true`: the benchmark's breakdown of a launch).
         self.marks: list[tuple[str, float]] = [("main", started or time.time())]
@@ -314,7 +316,12 @@ class Supervisor:
             return
         base, count = int(self.spec["host_id_base"]), int(self.spec["host_id_count"])
         self.namespace = userns.GuestNamespace(base, count, self.spec.get("host_gid_base"))
-        self.namespace.create()
+        if self.userns_fd >= 0 and userns.is_user_namespace(self.userns_fd):
+            # Made ahead by the fork server with this mapping, entered by no one so far.
+            os.set_inheritable(self.userns_fd, False)
+            self.namespace.fd = self.userns_fd
+        else:
+            self.namespace.create()
         if self.spec.get("rootless"):
             # Unprivileged: mounts (the stage, an overlay) only in a namespace of our own.
             self.namespace.join()
@@ -733,7 +740,8 @@ def main() -> None:
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     with contextlib.suppress(FileNotFoundError):
         (directory / "exit.json").unlink()
-    supervisor = Supervisor(directory, started)
+    given = [a.removeprefix("--userns-fd=") for a in sys.argv[2:] if a.startswith("--userns-fd=")]
+    supervisor = Supervisor(directory, started, int(given[0]) if given else -1)
     try:
         supervisor.run()
     except SystemExit:
