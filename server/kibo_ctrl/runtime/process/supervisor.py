@@ -3,8 +3,9 @@
 Run as `python -I -S supervisor.py INSTANCE_DIR` (standard library only, so it starts fast
 and does not depend on the control plane's environment), or forked as that from the
 control plane's fork server (forkserver.py: the same process, without the interpreter's
-start-up). It runs in a new session, so a kill -9 of the control plane leaves it running;
-it is re-adopted.
+start-up; it may add `--userns-fd=N`, a user namespace it made ahead with the guests'
+mapping, used instead of making one here). It runs in a new session, so a kill -9 of the
+control plane leaves it running; it is re-adopted.
 
 It holds an exclusive flock on INSTANCE_DIR/lock for its whole life (a second supervisor
 for the same instance exits at once: no double start), reads INSTANCE_DIR/spec.json,
