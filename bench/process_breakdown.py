@@ -52,6 +52,9 @@ IMAGE_PARTS = (
     ("  layer image: mount", "layer.img:mkfs", "layer.img:mount"),
     ("  volume image: mkfs", "volume.img:start", "volume.img:mkfs"),
     ("  volume image: mount", "volume.img:mkfs", "volume.img:mount"),
+    ("  images: wait for old loop devices to go", "supervisor:storage-module", "supervisor:images-detached"),
+    ("  images: mkfs/mount threads (all)", "supervisor:images-detached", "supervisor:images-mounted"),
+    ("  images: the run directory's tmpfs", "supervisor:images-mounted", "supervisor:storage"),
     ("  bwrap: before the fork", "supervisor:stage", "supervisor:bwrap-fork"),
     ("  bwrap: fork, cgroup, userns, exec", "supervisor:bwrap-fork", "supervisor:bwrap-exec"),
 )

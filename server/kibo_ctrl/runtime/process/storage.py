@@ -435,7 +435,9 @@ def attached(paths: list[str]) -> list[str]:
     """Which of these image files a loop device still uses (its filesystem is mounted in
     some namespace, or being torn down)."""
     wanted = {os.path.abspath(p) for p in paths}
-    found = []
+    found: list[str] = []
+    if not wanted:
+        return found
     for backing in Path("/sys/block").glob("loop*/loop/backing_file"):
         with contextlib.suppress(OSError):
             name = backing.read_text().strip().removesuffix(" (deleted)")

@@ -238,8 +238,12 @@ class Supervisor:
         owner = 0 if rootless else int(self.spec.get("host_id_base", 0))
         if entries:
             # A previous supervisor's namespace may still be going (a guest reset): same image.
-            storage.wait_detached(storage.image_files(entries), 5.0)
+            # (Only an image mounted before can be: new ones, pooled or not, are skipped.)
+            used = [e for e in entries if os.path.exists(e["image"]) and storage.mount_count(e["image"]) > 0]
+            storage.wait_detached(storage.image_files(used), 5.0)
+            self.mark("images-detached")
             storage.prepare(entries, owner, self.marks)
+            self.mark("images-mounted")
         storage.mount_run_dir(self.spec["run_dir"], owner)
 
     def listen(self) -> socket.socket:
@@ -636,11 +640,11 @@ class Supervisor:
                 self.guest_start = start_time(self.guest_pid)
             self.mark("ready-seen")
             self.stop_watching_ready()
-            self.set_state("ready")
-            self.mark("ready-sent")
-            self.log(f"the guest is ready (entry PID {self.guest_pid})")
             if self.spec.get("timings"):
+                # Before the ready message: whoever reads it after the launch finds it.
                 write_json(self.dir / "timings.json", {"marks": self.marks})
+            self.set_state("ready")
+            self.log(f"the guest is ready (entry PID {self.guest_pid})")
 
     def _entry_pid(self) -> int:
         assert self.guest is not None
