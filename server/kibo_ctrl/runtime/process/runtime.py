@@ -87,21 +87,20 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ...domain.model import Backend, Component, Instance, Phase, StopDurability, VolumeState
 from ...domain.reports import ExitReason, Report, VmmExited
 from ..base import DestroyError, Exit, GuestRefused, LaunchError, LaunchSpec, Output, RestartError, SyncError
-from . import image_pool, safepath, sandbox, seccomp, storage
+from . import safepath, sandbox, seccomp, storage
 from .cgroups import Cgroups
 from .forkserver import ForkServer
 from .guest_jobs import run_guest_exec
-from .idmap import IdRange
 from .image_pool import ImagePool
+from .options import Layout, launch_marker
+from .options import ProcessOptions as ProcessOptions  # app.py imports it from here
 from .supervisor_handle import (
     Process,
     Supervised,
@@ -121,41 +120,6 @@ _SAFE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 FORCE_TIMEOUT_S = 5.0
 # How long a graceful stop waits for the sync after the grace period before its outcome is unknown.
 SYNC_TIMEOUT_S = 60.0
-
-
-@dataclass(frozen=True)
-class ProcessOptions:
-    data_dir: Path
-    backend: Backend = Backend.FIRECRACKER
-    sandbox: str = "auto"  # auto (bwrap; launches fail naming the fix where it cannot work), bwrap, none
-    limits: str = "auto"  # auto, cgroup-v2, cgroup-v1, rlimit, none
-    base_image: Path | None = None  # a directory tree; None: the host's /usr read-only
-    guest_command: tuple[str, ...] = ()  # empty: the guest agent
-    grace_s: float = 10.0
-    force_sync_s: float = 1.0
-    ready_timeout_s: float = 30.0
-    # New images may promise this many times the free disk (1: no overcommit; see storage.py).
-    storage_overcommit: float = 1.0
-    guest_ids: IdRange = field(default_factory=IdRange)  # the host ids guests' ids map to
-    # Record when each step of a launch ended, in the instance directory (launch-timings.json
-    # from here, timings.json from the supervisor): the benchmark's breakdown
-    # (bench/process_runtime.py --breakdown sets KIBO_PROCESS_TIMINGS=1). Off: no cost.
-    # Formatted images kept ready per recently used size of new layers and volumes (0: none).
-    # (KIBO_IMAGE_POOL_DEPTH: the benchmark's way to compare with and without the pool.)
-    image_pool_depth: int = field(
-        default_factory=lambda: int(os.environ.get("KIBO_IMAGE_POOL_DEPTH") or image_pool.DEPTH)
-    )
-    timings: bool = field(default_factory=lambda: os.environ.get("KIBO_PROCESS_TIMINGS") == "1")
-
-
-@dataclass
-class _Layout:
-    layer: Path
-    upper: Path
-    work: Path
-    volumes: list[tuple[Path, str]] = field(default_factory=list)
-    # The size-capped images the supervisor formats and mounts (storage.py); empty: plain dirs.
-    images: list[dict[str, Any]] = field(default_factory=list)
 
 
 class ProcessRuntime:
@@ -369,22 +333,9 @@ class ProcessRuntime:
         return created
 
     def _marker(self, instance_id: str) -> Callable[[str], None]:
-        """A function that records the end of a launch step (only with `options.timings`):
-        the last one, "ready", writes them all to launch-timings.json."""
-        if not self.options.timings:
-            return lambda step: None
-        marks = [("launch", time.time())]
-        path = self.instance_dir(instance_id) / "launch-timings.json"
+        return launch_marker(self.options.timings, self.instance_dir(instance_id) / "launch-timings.json")
 
-        def mark(step: str) -> None:
-            marks.append((step, time.time()))
-            if step == "ready":
-                with contextlib.suppress(OSError):
-                    path.write_text(json.dumps({"marks": marks}))
-
-        return mark
-
-    def _provision(self, spec: LaunchSpec) -> tuple[_Layout, tuple[str, ...]]:
+    def _provision(self, spec: LaunchSpec) -> tuple[Layout, tuple[str, ...]]:
         workspace_id = spec.instance.workspace_id
         layout = self._layer_layout(workspace_id, spec.resources.writable_layer_gib)
         created = []
@@ -410,19 +361,19 @@ class ProcessRuntime:
         (the supervisor shifts older trees into the range: see idmap.py)."""
         return self.host_ids.root if self.isolation == "bwrap" and not self.rootless else None
 
-    def _layer_layout(self, workspace_id: str, capacity_gib: int) -> _Layout:
+    def _layer_layout(self, workspace_id: str, capacity_gib: int) -> Layout:
         """The writable layer: an image (new layers), or a directory (layers from before images)."""
         layer = self.layer_dir(workspace_id)
         host_usr = self.options.base_image is None
         if not self.images or storage.legacy_layer(layer):
-            layout = _Layout(layer=layer, upper=layer / "upper", work=layer / "work")
+            layout = Layout(layer=layer, upper=layer / "upper", work=layer / "work")
             layout.upper.mkdir(parents=True, exist_ok=True)
             if not host_usr:
                 layout.work.mkdir(exist_ok=True)
             sandbox.seed_layer(layout.upper, host_usr=host_usr, owner=self._guest_root())
             return layout
         mnt = layer / "mnt"
-        layout = _Layout(layer=layer, upper=mnt / "upper", work=mnt / "work")
+        layout = Layout(layer=layer, upper=mnt / "upper", work=mnt / "work")
         mnt.mkdir(parents=True, exist_ok=True)
         seed = None
         if not (layer / storage.LAYER_IMAGE).exists():
@@ -436,7 +387,7 @@ class ProcessRuntime:
         layout.images.append(storage.entry(layer, storage.LAYER_IMAGE, capacity_gib, seed))
         return layout
 
-    def _write_spec(self, instance: Instance, layout: _Layout, plan: sandbox.GuestPlan) -> None:
+    def _write_spec(self, instance: Instance, layout: Layout, plan: sandbox.GuestPlan) -> None:
         directory = self.instance_dir(instance.id)
         if lock_held(directory):
             raise ValueError(f"a supervisor already runs {instance.id}")

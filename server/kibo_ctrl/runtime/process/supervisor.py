@@ -57,11 +57,15 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from kibo_ctrl.runtime.process import guest_start, idmap, userns
+    from kibo_ctrl.runtime.process.supervisor_os import check as _check
+    from kibo_ctrl.runtime.process.supervisor_os import children, oom_kills, start_time, sync_all, write_json
 else:
     sys.path.insert(0, str(Path(__file__).parent))  # run as a script: its sibling modules
     import guest_start
     import idmap
     import userns
+    from supervisor_os import check as _check
+    from supervisor_os import children, oom_kills, start_time, sync_all, write_json
 
 PR_SET_PDEATHSIG = 1
 CLONE_NEWNS = 0x00020000
@@ -83,63 +87,6 @@ EXIT_BUSY = 75
 GUEST_OUTPUT_LIMIT = 1 << 20
 
 _libc = ctypes.CDLL(None, use_errno=True)
-
-
-def _check(result: int, what: str) -> None:
-    if result != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"{what}: {os.strerror(err)}")
-
-
-def syncfs(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        _check(_libc.syncfs(fd), f"syncfs {path}")
-    finally:
-        os.close(fd)
-
-
-def sync_all(paths: list[str]) -> str:
-    """syncfs every path; returns "" or what failed."""
-    errors = []
-    for path in paths:
-        try:
-            syncfs(path)
-        except OSError as error:
-            errors.append(f"{path}: {error.strerror or error}")
-    return "; ".join(errors)
-
-
-def oom_kills(path: str) -> int:
-    if not path:
-        return 0
-    try:
-        for line in Path(path).read_text().splitlines():
-            key, _, value = line.partition(" ")
-            if key == "oom_kill":
-                return int(value)
-    except (OSError, ValueError):
-        pass
-    return 0
-
-
-def start_time(pid: int) -> int:
-    """The kernel's start time of a process (field 22 of /proc/PID/stat), to tell PIDs apart."""
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    return int(stat[stat.rindex(")") + 2 :].split()[19])
-
-
-def children(pid: int) -> list[int]:
-    try:
-        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except (OSError, ValueError):
-        return []
-
-
-def write_json(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, path)
 
 
 class Supervisor:
