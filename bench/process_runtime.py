@@ -44,6 +44,8 @@ import kibotos
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from kibo.ctrl.v1 import workspace_pb2 as wp
 
+from bench import process_breakdown as breakdown
+
 AVAILABLE = wp.WORKSPACE_STATE_AVAILABLE
 STOPPED = wp.WORKSPACE_STATE_STOPPED
 
@@ -62,6 +64,9 @@ class Server:
     data_dir: Path
     port: int = field(default_factory=_free_port)
     process: subprocess.Popen[bytes] | None = None
+    timings: bool = False  # KIBO_PROCESS_TIMINGS=1: each launch leaves its timings (the breakdown)
+    python: str = sys.executable  # another checkout's interpreter (bench/process_ab.py)
+    env: dict[str, str] = field(default_factory=dict)  # more of the server's environment
 
     @property
     def address(self) -> str:
@@ -76,10 +81,11 @@ class Server:
 
     def start(self) -> Server:
         log = open(self.data_dir.parent / "server.log", "ab")  # noqa: SIM115 - handed to the child
-        command = [sys.executable, "-m", "kibo_ctrl", "serve", "--listen", self.address]
+        command = [self.python, "-m", "kibo_ctrl", "serve", "--listen", self.address]
         command += ["--data-dir", str(self.data_dir), *self.flags]
         # Its own session: a Ctrl-C at the terminal reaches the bench, which then cleans up.
-        self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        env = {**os.environ, "KIBO_PROCESS_TIMINGS": "1" if self.timings else "0", **self.env}
+        self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
         deadline = time.monotonic() + 30
         with grpc.insecure_channel(self.address) as channel:
             stub = health_pb2_grpc.HealthStub(channel)
@@ -144,6 +150,11 @@ def _parents() -> dict[int, int]:
 def supervisors(data_dir: Path) -> list[int]:
     needle = f"supervisor.py {data_dir}/instances/"
     return [pid for pid in _parents() if needle in _cmdline(pid)]
+
+
+def fork_servers(server_pid: int) -> list[int]:
+    """The control plane's fork server (runtime/process/forkserver.py), its child."""
+    return [pid for pid, parent in _parents().items() if parent == server_pid and "forkserver.py" in _cmdline(pid)]
 
 
 def descendants(roots: Iterable[int]) -> set[int]:
@@ -217,25 +228,39 @@ def create(client: kibotos.Client, memory_mib: int, created: list[str]) -> wp.Wo
     return client.wait_workspace(response.workspace, response.command.command_id, timeout=120)
 
 
-def first_command(client: kibotos.Client, workspace_id: str) -> float:
+def first_command(client: kibotos.Client, workspace_id: str, parts: list[float] | None = None) -> float:
+    """Seconds for a credential and `true` with it; `parts` gets the exec's own share."""
     started = time.perf_counter()
     credential = client.issue_data_plane_credential(workspace_id).credential
+    issued = time.perf_counter()
     result = client.exec_workspace_command(credential, ["true"])
     if result.exit_code != 0:
         raise RuntimeError(f"`true` exited {result.exit_code} in {workspace_id}: {result.stderr!r}")
+    if parts is not None:
+        parts.append(time.perf_counter() - issued)
     return time.perf_counter() - started
 
 
-def latency(client: kibotos.Client, count: int, memory_mib: int, created: list[str]) -> dict[str, Any]:
+def latency(
+    client: kibotos.Client, count: int, memory_mib: int, created: list[str], data_dir: Path | None = None
+) -> dict[str, Any]:
+    """`data_dir` (the server runs with KIBO_PROCESS_TIMINGS=1): also each create's breakdown."""
     ready, command, stop, delete = [], [], [], []
+    exec_only: list[float] = []  # the exec RPC alone, without the credential
+    steps: list[dict[str, float]] = []
     for index in range(count):
         started = time.perf_counter()
+        sent = time.time()
         workspace = create(client, memory_mib, created)
+        answered = time.time()
         ready.append(time.perf_counter() - started)
         if workspace.state != AVAILABLE:
             raise RuntimeError(f"workspace {index} ended {kibotos.state_name(workspace.state)}: {workspace.failure}")
         workspace_id = workspace.workspace_id
-        command.append(first_command(client, workspace_id))
+        if data_dir is not None:
+            directory = data_dir / "instances" / f"{workspace_id}-g{workspace.execution_generation}"
+            steps.append(breakdown.segments(directory, sent, answered))
+        command.append(first_command(client, workspace_id, exec_only))
         started = time.perf_counter()
         stopped = client.stop_workspace(workspace_id)
         client.wait_workspace(workspace_id, stopped.command.command_id, timeout=120)
@@ -250,12 +275,16 @@ def latency(client: kibotos.Client, count: int, memory_mib: int, created: list[s
         print(
             f"  latency {index + 1}/{count}: ready {ready[-1] * 1000:.0f} ms, stop {stop[-1] * 1000:.0f} ms", flush=True
         )
-    return {
+    result: dict[str, Any] = {
         "ready_s": summary(ready),
         "first_command_s": summary(command),
+        "first_exec_only_s": summary(exec_only),
         "stop_s": summary(stop),
         "delete_s": summary(delete),
     }
+    if steps:
+        result["breakdown_ms"] = breakdown.medians(steps)
+    return result
 
 
 @dataclass
@@ -267,6 +296,7 @@ class Density:
     mem_available_after_mib: float = 0.0
     processes: int = 0
     pss_supervisors_mib: float = 0.0
+    pss_fork_server_mib: float = 0.0  # the one interpreter supervisors are forked from: shared by all
     pss_guests_mib: float = 0.0
     control_plane_pss_before_mib: float = 0.0
     control_plane_pss_after_mib: float = 0.0
@@ -311,6 +341,7 @@ def density(client: kibotos.Client, server: Server, args: argparse.Namespace, cr
     result.processes = len(everything)
     result.pss_supervisors_mib = pss_mib(roots)
     result.pss_guests_mib = pss_mib(everything - set(roots))
+    result.pss_fork_server_mib = pss_mib(fork_servers(server.process.pid))
     result.control_plane_pss_after_mib = pss_mib([server.process.pid])
     # Each must answer a command: idle, not dead.
     for workspace_id in mine:
@@ -392,6 +423,7 @@ def print_table(result: dict[str, Any]) -> None:
     rows = (
         ("create -> AVAILABLE (ready)", "ready_s"),
         ("first command (cred + true)", "first_command_s"),
+        ("  of which the exec of true", "first_exec_only_s"),
         ("stop -> STOPPED (graceful)", "stop_s"),
         ("delete -> DELETED", "delete_s"),
     )
@@ -406,6 +438,7 @@ def print_table(result: dict[str, Any]) -> None:
         print(f"  answering a command:        {den['answered']}/{count}")
         print(
             f"  PSS per workspace:          {per:.2f} MiB (supervisor {den['pss_supervisors_mib'] / count:.2f}"
+            f" + fork server {den['pss_fork_server_mib'] / count:.2f}"
             f" + guest {den['pss_guests_mib'] / count:.2f}; {den['processes'] / count:.1f} processes each)"
         )
         print(f"  MemAvailable drop per ws:   {den['mem_available_drop_per_workspace_mib']:.2f} MiB")
@@ -419,6 +452,20 @@ def print_table(result: dict[str, Any]) -> None:
             f"{first['p50'] * 1000:.0f} ms, last tenth p50 {last['p50'] * 1000:.0f} ms"
         )
         print(f"  projected at 2 GiB left:    ~{den['projected_count']} workspaces by PSS")
+    floor = result["floors"]
+    sandbox = floor["sandbox_true_s"]
+    print(
+        f"\nFloors (same run): bwrap ... /bin/true p50 {sandbox['p50'] * 1000:.1f} ms, p99 "
+        f"{sandbox['p99'] * 1000:.1f} ms; idle sleep in bwrap {floor['idle_sleep_pss_mib']:.2f} MiB PSS"
+    )
+    print(
+        f"  create p99 {result['process_create_p99_ms']:.1f} ms, first exec p50 "
+        f"{result['process_first_exec_p50_ms']:.1f} ms, idle {result['process_idle_mib']:.2f} MiB; "
+        f"create p50 / floor p50 = {result['process_create_floor_ratio']:.1f}, "
+        f"idle / floor = {result['process_idle_floor_ratio']:.1f}"
+    )
+    if "breakdown_ms" in lat:
+        breakdown.print_breakdown(lat["breakdown_ms"])
     clean = result["cleanup"]
     print(
         f"\nCleanup: {clean['deleted']} deleted in {clean['delete_all_s']:.1f} s, "
@@ -434,13 +481,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--memory-mib", type=int, default=16, help="memory of each idle workspace (default 16)")
     parser.add_argument("--min-available-gib", type=float, default=2.0, help="stop under this MemAvailable (2)")
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument(
+        "--breakdown", action="store_true", help="also time each step of every create (the median per step)"
+    )
+    parser.add_argument("--floor-runs", type=int, default=30, help="runs of the bwrap floor (default 30)")
     args = parser.parse_args(argv)
     if os.geteuid() != 0 or not shutil.which("bwrap"):
         print("needs root and bubblewrap (apt-get install -y bubblewrap)", file=sys.stderr)
         return 2
 
     root = Path(tempfile.mkdtemp(prefix="kibo-procbench-"))
-    server = Server(root / "data")
+    server = Server(root / "data", timings=args.breakdown)
     created: list[str] = []
     result: dict[str, Any] = {
         "command": " ".join(["python -m bench.process_runtime", *(argv if argv is not None else sys.argv[1:])]),
@@ -454,11 +505,14 @@ def main(argv: list[str] | None = None) -> int:
         "server_flags": server.flags,
     }
     try:
+        print(f"floors: bwrap ... /bin/true x {args.floor_runs}, 10 idle sleeps in bwrap", flush=True)
+        result["floors"] = breakdown.floors(args.floor_runs, 10)
         server.start()
         with kibotos.Client(server.address, timeout=60) as client:
             result["runtime"] = [c for c in client.get_capabilities() if c.startswith("runtime.")]
             print(f"latency: {args.count} workspaces, one at a time", flush=True)
-            result["latency"] = latency(client, args.count, args.memory_mib, created)
+            timed = server.data_dir.resolve() if args.breakdown else None
+            result["latency"] = latency(client, args.count, args.memory_mib, created, timed)
             print(f"density: idle {args.memory_mib} MiB workspaces, up to {args.max_idle}", flush=True)
             found = density(client, server, args, created)
     finally:
@@ -482,7 +536,7 @@ def main(argv: list[str] | None = None) -> int:
     data["create_first_tenth_s"] = summary(found.create_s[:tenth])
     data["create_last_tenth_s"] = summary(found.create_s[-tenth:])
     data["command_s"] = summary(found.command_s)
-    total = found.pss_supervisors_mib + found.pss_guests_mib
+    total = found.pss_supervisors_mib + found.pss_guests_mib + found.pss_fork_server_mib
     data["pss_per_workspace_mib"] = total / count if count else 0.0
     drop = found.mem_available_before_mib - found.mem_available_after_mib
     data["mem_available_drop_per_workspace_mib"] = drop / count if count else 0.0
@@ -490,6 +544,15 @@ def main(argv: list[str] | None = None) -> int:
     spare = found.mem_available_before_mib - args.min_available_gib * 1024
     data["projected_count"] = int(spare / per) if per else 0
     result["density"] = data
+    lat, floor = result["latency"], result["floors"]
+    # The issue's figures, and the create's ratio to the same run's floor (medians).
+    result["process_create_p99_ms"] = lat["ready_s"]["p99"] * 1000
+    result["process_first_exec_p50_ms"] = lat["first_command_s"]["p50"] * 1000
+    result["process_idle_mib"] = data["pss_per_workspace_mib"]
+    result["process_create_floor_ratio"] = lat["ready_s"]["p50"] / floor["sandbox_true_s"]["p50"]
+    result["process_idle_floor_ratio"] = (
+        data["pss_per_workspace_mib"] / floor["idle_sleep_pss_mib"] if floor["idle_sleep_pss_mib"] else 0.0
+    )
     print_table(result)
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")

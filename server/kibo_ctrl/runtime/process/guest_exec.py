@@ -206,7 +206,8 @@ def main() -> None:
     report("ok", code if code >= 0 else 128 - code)
 
 
-if __name__ == "__main__":
+def entry() -> None:
+    """The script's entry (also of a child of the fork server: forkserver.py)."""
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     try:
         main()
@@ -216,3 +217,7 @@ if __name__ == "__main__":
     except (OSError, ValueError, KeyError) as error:
         report("error", error=f"cannot enter the guest: {error}")
         sys.exit(1)
+
+
+if __name__ == "__main__":
+    entry()

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import signal
 import sys
@@ -33,6 +34,9 @@ from pathlib import Path
 from typing import Any
 
 from ..base import Exit, GuestRefused, JobStopped, Output
+from .forkserver import Child, ForkServer
+
+log = logging.getLogger(__name__)
 
 GUEST_EXEC = Path(__file__).with_name("guest_exec.py")
 # One read from a pipe, and one message to the client (well under the 4 MiB message limit).
@@ -87,18 +91,54 @@ def _protocol_of(reader: asyncio.StreamReader) -> Callable[[], asyncio.StreamRea
     return lambda: asyncio.StreamReaderProtocol(reader)
 
 
-def _killpg(pgid: int) -> None:
+def _killpg(process: asyncio.subprocess.Process | Child) -> None:
+    """SIGKILL the job's process group (its ID is guest_exec's PID: a new session). A fork
+    server's child is not ours to reap, so its PID is checked not to be another's by now."""
+    if isinstance(process, Child) and not process.group_is_its():
+        return
     with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)
+        os.killpg(process.pid, signal.SIGKILL)
 
 
-async def _kill_when(stop: asyncio.Event, pgid: int) -> None:
+async def _kill_when(stop: asyncio.Event, process: asyncio.subprocess.Process | Child) -> None:
     await stop.wait()
-    _killpg(pgid)
+    _killpg(process)
+
+
+async def _start(
+    instance_dir: Path, job: dict[str, Any], fds: tuple[int, int, int, int], forks: ForkServer | None
+) -> asyncio.subprocess.Process | Child:
+    """guest_exec.py in a new session with (stdin, stdout, stderr, status) at 0, 1, 2, 3:
+    forked from the fork server, or else exec'd."""
+    if forks is not None:
+        argv = [str(instance_dir), json.dumps({**job, "status_fd": 3})]
+        try:
+            return await asyncio.to_thread(forks.spawn, "guest_exec", argv, list(fds))
+        except OSError as error:
+            log.warning("the fork server failed (%s): starting the guest job anew", error)
+    stdin, stdout, stderr, status = fds
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-I",
+        "-S",
+        str(GUEST_EXEC),
+        str(instance_dir),
+        json.dumps({**job, "status_fd": status}),
+        stdin=stdin,
+        stdout=stdout,
+        stderr=stderr,
+        pass_fds=(status,),
+        start_new_session=True,
+    )
 
 
 async def run_guest_exec(
-    instance_dir: Path, job: dict[str, Any], stdin: bytes = b"", seconds: float = 0.0, stop: asyncio.Event | None = None
+    instance_dir: Path,
+    job: dict[str, Any],
+    stdin: bytes = b"",
+    seconds: float = 0.0,
+    stop: asyncio.Event | None = None,
+    forks: ForkServer | None = None,
 ) -> AsyncGenerator[Output | Exit, None]:
     """Run `job` in the guest of `instance_dir` (see guest_exec.py): its output, then how it
     ended. Raises GuestRefused if the job could not run, JobStopped if `stop` was set."""
@@ -109,19 +149,7 @@ async def run_guest_exec(
     err_read, err_write = os.pipe()
     parent_ends = [status_read, stdin_write, out_read, err_read]
     try:
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-I",
-            "-S",
-            str(GUEST_EXEC),
-            str(instance_dir),
-            json.dumps({**job, "status_fd": status_write}),
-            stdin=stdin_read,
-            stdout=out_write,
-            stderr=err_write,
-            pass_fds=(status_write,),
-            start_new_session=True,
-        )
+        process = await _start(instance_dir, job, (stdin_read, out_write, err_write, status_write), forks)
     except BaseException:
         for fd in parent_ends:
             os.close(fd)
@@ -136,7 +164,7 @@ async def run_guest_exec(
     queue: asyncio.Queue[Output | None] = asyncio.Queue(QUEUE_CHUNKS)
     transports: list[asyncio.BaseTransport] = []
     tasks: list[asyncio.Task[None]] = []
-    watcher = loop.create_task(_kill_when(stop, process.pid)) if stop is not None else loop.create_future()
+    watcher = loop.create_task(_kill_when(stop, process)) if stop is not None else loop.create_future()
     timed_out = stopped = exited = False
     open_streams = 2
     try:
@@ -184,7 +212,7 @@ async def run_guest_exec(
         watcher.cancel()
         if not exited:
             # The whole job: guest_exec, the command and what it started.
-            _killpg(process.pid)
+            _killpg(process)
         for task in tasks:
             task.cancel()
         for pipe in transports:

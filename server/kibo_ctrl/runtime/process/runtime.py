@@ -7,6 +7,10 @@ an unprivileged host uid range (`idmap.py`) without capabilities and under a sec
 filter (`seccomp.py`), in a cgroup with the
 workspace's CPU and memory limits (`cgroups.py`). The supervisor is started in its own
 session, so a kill -9 of the control plane leaves it running, and `adopt` re-attaches.
+Supervisors and data-plane jobs are forked from one warm interpreter (`forkserver.py`)
+rather than exec'd, new layers and volumes come formatted from a pool (`image_pool.py`),
+and the guest's first process joins its cgroup while the images are mounted
+(`guest_start.py`): where a launch's time went, `bench/process_runtime.py --breakdown`.
 
 Files, under the data directory:
     layers/<workspace>/layer.img  the retained writable layer (kept across stop, deleted with
@@ -25,7 +29,8 @@ an older kibo: layers/<workspace>/upper/, volumes/<volume>/ with files) they are
 directories, and their sizes are not enforced.
 
 Readiness: `launch` returns once the guest answers: the guest agent (the default entry)
-writes /run/kibo/ready when it runs; a custom `--guest-command` must do the same.
+writes /run/kibo/ready when it runs; a custom `--guest-command` must do the same. The
+supervisor is woken by that file's creation (inotify on the run directory), not a poll.
 
 Stop: graceful = SIGTERM to the guest's entry process, wait the grace period (then
 SIGKILL), syncfs the layer and every volume; CONFIRMED only if every sync succeeded, else
@@ -83,7 +88,6 @@ import shutil
 import subprocess
 import sys
 from collections.abc import AsyncGenerator, Awaitable, Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -92,9 +96,21 @@ from ...domain.reports import ExitReason, Report, VmmExited
 from ..base import DestroyError, Exit, GuestRefused, LaunchError, LaunchSpec, Output, RestartError, SyncError
 from . import safepath, sandbox, seccomp, storage
 from .cgroups import Cgroups
+from .forkserver import ForkServer
 from .guest_jobs import run_guest_exec
-from .idmap import IdRange
-from .supervisor_handle import Supervised, exit_report, kill_supervisor, lock_held, parent_pid, read_json, running
+from .image_pool import ImagePool
+from .options import Layout, launch_marker
+from .options import ProcessOptions as ProcessOptions  # app.py imports it from here
+from .supervisor_handle import (
+    Process,
+    Supervised,
+    exit_report,
+    kill_supervisor,
+    lock_held,
+    parent_pid,
+    read_json,
+    running,
+)
 
 log = logging.getLogger(__name__)
 
@@ -104,32 +120,6 @@ _SAFE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 FORCE_TIMEOUT_S = 5.0
 # How long a graceful stop waits for the sync after the grace period before its outcome is unknown.
 SYNC_TIMEOUT_S = 60.0
-
-
-@dataclass(frozen=True)
-class ProcessOptions:
-    data_dir: Path
-    backend: Backend = Backend.FIRECRACKER
-    sandbox: str = "auto"  # auto (bwrap; launches fail naming the fix where it cannot work), bwrap, none
-    limits: str = "auto"  # auto, cgroup-v2, cgroup-v1, rlimit, none
-    base_image: Path | None = None  # a directory tree; None: the host's /usr read-only
-    guest_command: tuple[str, ...] = ()  # empty: the guest agent
-    grace_s: float = 10.0
-    force_sync_s: float = 1.0
-    ready_timeout_s: float = 30.0
-    # New images may promise this many times the free disk (1: no overcommit; see storage.py).
-    storage_overcommit: float = 1.0
-    guest_ids: IdRange = field(default_factory=IdRange)  # the host ids guests' ids map to
-
-
-@dataclass
-class _Layout:
-    layer: Path
-    upper: Path
-    work: Path
-    volumes: list[tuple[Path, str]] = field(default_factory=list)
-    # The size-capped images the supervisor formats and mounts (storage.py); empty: plain dirs.
-    images: list[dict[str, Any]] = field(default_factory=list)
 
 
 class ProcessRuntime:
@@ -187,9 +177,28 @@ class ProcessRuntime:
         for sub in ("instances", "layers", "volumes"):
             (self.data_dir / sub).mkdir(exist_ok=True)
         self._supervised: dict[str, Supervised] = {}
+        # Supervisors and guest jobs are forked from one warm interpreter (forkserver.py);
+        # where it cannot be had, each is exec'd as before.
+        self.forks = ForkServer()
+        if self.isolation != "unavailable":
+            self.forks.start()  # warming up meanwhile: the first launch does not wait for its imports
         self.images = storage.usable(self.isolation)
         if not self.images:
             log.warning("writable layers and volumes are plain directories: their sizes are NOT enforced")
+        # New layers and volumes taken formatted from a pool (image_pool.py), made between launches.
+        self.pool: ImagePool | None = None
+        if self.images and options.image_pool_depth > 0:
+            self.pool = ImagePool(
+                self.data_dir / "runtime" / "pool",
+                self.data_dir,
+                owner=sandbox.guest_id_map(self.host_ids)[0],
+                variant="usr" if options.base_image is None else "base",
+                make_seed=lambda upper: sandbox.seed_layer(
+                    upper, host_usr=options.base_image is None, owner=self._guest_root()
+                ),
+                overcommit=options.storage_overcommit,
+                depth=options.image_pool_depth,
+            )
         log.info(
             "process runtime: isolation %s (guest ids: host %d+%d), limits %s, base image %s, personality %s",
             self.isolation_name,
@@ -273,14 +282,29 @@ class ProcessRuntime:
     async def launch(
         self, spec: LaunchSpec, progress: Callable[[Phase, tuple[str, ...]], Awaitable[None]]
     ) -> tuple[str, ...]:
+        if self.pool is None:
+            return await self._launch(spec, progress)
+        self.pool.launching(True)
+        try:
+            return await self._launch(spec, progress)
+        finally:
+            self.pool.launching(False)
+            self.pool.refill_soon()  # after the launch: its mkfs runs do not slow this one
+
+    async def _launch(
+        self, spec: LaunchSpec, progress: Callable[[Phase, tuple[str, ...]], Awaitable[None]]
+    ) -> tuple[str, ...]:
         instance = spec.instance
+        mark = self._marker(instance.id)
         if self.unavailable:
             raise LaunchError(f"this node cannot run workspaces: {self.unavailable}")
         try:
             layout, created = await asyncio.to_thread(self._provision, spec)
         except (OSError, ValueError) as error:
             raise LaunchError(f"provisioning the layer and volumes failed: {error}") from None
+        mark("provisioned")
         await progress(Phase.LAUNCHING, created)
+        mark("progress-reported")
         current = self._attach(instance.id)
         if current is not None:
             # A launch re-driven after a control-plane restart: the supervisor runs already.
@@ -301,10 +325,17 @@ class ProcessRuntime:
         except (OSError, ValueError) as error:
             await asyncio.to_thread(self._release_sync, self.instance_dir(instance.id))
             raise LaunchError(f"preparing the instance failed: {error}", volumes_created=created) from None
-        await self._await_ready(self._spawn(instance.id), created)
+        mark("spec-written")
+        supervised = self._spawn(instance.id)
+        mark("supervisor-spawned")
+        await self._await_ready(supervised, created)
+        mark("ready")
         return created
 
-    def _provision(self, spec: LaunchSpec) -> tuple[_Layout, tuple[str, ...]]:
+    def _marker(self, instance_id: str) -> Callable[[str], None]:
+        return launch_marker(self.options.timings, self.instance_dir(instance_id) / "launch-timings.json")
+
+    def _provision(self, spec: LaunchSpec) -> tuple[Layout, tuple[str, ...]]:
         workspace_id = spec.instance.workspace_id
         layout = self._layer_layout(workspace_id, spec.resources.writable_layer_gib)
         created = []
@@ -321,7 +352,8 @@ class ProcessRuntime:
                     path.mkdir(exist_ok=True)
                 layout.volumes.append((path, mounts[volume.id]))
         # The sparse files of new images, if the disk can hold them all (else NoSpace).
-        storage.admit(self.data_dir, layout.images, self.options.storage_overcommit)
+        take = self.pool.take if self.pool is not None else None
+        storage.admit(self.data_dir, layout.images, self.options.storage_overcommit, take)
         return layout, tuple(created)
 
     def _guest_root(self) -> tuple[int, int] | None:
@@ -329,19 +361,19 @@ class ProcessRuntime:
         (the supervisor shifts older trees into the range: see idmap.py)."""
         return self.host_ids.root if self.isolation == "bwrap" and not self.rootless else None
 
-    def _layer_layout(self, workspace_id: str, capacity_gib: int) -> _Layout:
+    def _layer_layout(self, workspace_id: str, capacity_gib: int) -> Layout:
         """The writable layer: an image (new layers), or a directory (layers from before images)."""
         layer = self.layer_dir(workspace_id)
         host_usr = self.options.base_image is None
         if not self.images or storage.legacy_layer(layer):
-            layout = _Layout(layer=layer, upper=layer / "upper", work=layer / "work")
+            layout = Layout(layer=layer, upper=layer / "upper", work=layer / "work")
             layout.upper.mkdir(parents=True, exist_ok=True)
             if not host_usr:
                 layout.work.mkdir(exist_ok=True)
             sandbox.seed_layer(layout.upper, host_usr=host_usr, owner=self._guest_root())
             return layout
         mnt = layer / "mnt"
-        layout = _Layout(layer=layer, upper=mnt / "upper", work=mnt / "work")
+        layout = Layout(layer=layer, upper=mnt / "upper", work=mnt / "work")
         mnt.mkdir(parents=True, exist_ok=True)
         seed = None
         if not (layer / storage.LAYER_IMAGE).exists():
@@ -355,7 +387,7 @@ class ProcessRuntime:
         layout.images.append(storage.entry(layer, storage.LAYER_IMAGE, capacity_gib, seed))
         return layout
 
-    def _write_spec(self, instance: Instance, layout: _Layout, plan: sandbox.GuestPlan) -> None:
+    def _write_spec(self, instance: Instance, layout: Layout, plan: sandbox.GuestPlan) -> None:
         directory = self.instance_dir(instance.id)
         if lock_held(directory):
             raise ValueError(f"a supervisor already runs {instance.id}")
@@ -422,6 +454,7 @@ class ProcessRuntime:
             "ready_timeout_s": self.options.ready_timeout_s,
             "reboot_code": sandbox.EXIT_REBOOT,
             "poweroff_code": sandbox.EXIT_POWEROFF,
+            "timings": self.options.timings,
         }
         tmp = directory / "spec.json.tmp"
         tmp.write_text(json.dumps(spec, indent=1))
@@ -429,15 +462,22 @@ class ProcessRuntime:
 
     def _spawn(self, instance_id: str) -> Supervised:
         directory = self.instance_dir(instance_id)
-        with open(directory / "supervisor.log", "ab") as output:
-            process = subprocess.Popen(
-                [sys.executable, "-I", "-S", str(SUPERVISOR), str(directory)],
-                stdin=subprocess.DEVNULL,
-                stdout=output,
-                stderr=subprocess.STDOUT,
-                cwd="/",
-                start_new_session=True,
-            )
+        process: Process
+        with open(directory / "supervisor.log", "ab") as output, open(os.devnull, "rb") as null:
+            try:
+                fds = [null.fileno(), output.fileno(), output.fileno()]
+                userns = sandbox.guest_id_map(self.host_ids) if self.isolation == "bwrap" else None
+                process = self.forks.spawn("supervisor", [str(directory)], fds, userns)
+            except OSError as error:
+                log.warning("the fork server failed (%s): starting the supervisor of %s anew", error, instance_id)
+                process = subprocess.Popen(
+                    [sys.executable, "-I", "-S", str(SUPERVISOR), str(directory)],
+                    stdin=subprocess.DEVNULL,
+                    stdout=output,
+                    stderr=subprocess.STDOUT,
+                    cwd="/",
+                    start_new_session=True,
+                )
         supervised = Supervised(self, instance_id, process)
         self._supervised[instance_id] = supervised
         return supervised
@@ -676,7 +716,7 @@ class ProcessRuntime:
         if not self.guest_ready(instance_id):
             raise GuestRefused("unavailable", "the guest is not running or is restarting: retry")
         async with contextlib.aclosing(
-            run_guest_exec(self.instance_dir(instance_id), job, stdin, seconds, stop)
+            run_guest_exec(self.instance_dir(instance_id), job, stdin, seconds, stop, self.forks)
         ) as items:
             async for item in items:
                 yield item
@@ -689,4 +729,7 @@ class ProcessRuntime:
         for supervised in self._supervised.values():
             with contextlib.suppress(BaseException):
                 await supervised.task
+        await asyncio.to_thread(self.forks.close)
+        if self.pool is not None:
+            await asyncio.to_thread(self.pool.close)
         self.cgroups.close()

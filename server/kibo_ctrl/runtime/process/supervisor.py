@@ -1,13 +1,16 @@
 """The per-instance supervisor: the process runtime's "VMM".
 
 Run as `python -I -S supervisor.py INSTANCE_DIR` (standard library only, so it starts fast
-and does not depend on the control plane's environment). The control plane starts it in
-a new session, so a kill -9 of the control plane leaves it running; it is re-adopted.
+and does not depend on the control plane's environment), or forked as that from the
+control plane's fork server (forkserver.py: the same process, without the interpreter's
+start-up; it may add `--userns-fd=N`, a user namespace it made ahead with the guests'
+mapping, used instead of making one here). It runs in a new session, so a kill -9 of the
+control plane leaves it running; it is re-adopted.
 
 It holds an exclusive flock on INSTANCE_DIR/lock for its whole life (a second supervisor
 for the same instance exits at once: no double start), reads INSTANCE_DIR/spec.json,
 starts the guest (the sandbox command) in the instance's cgroup with PR_SET_PDEATHSIG,
-waits for the guest's ready file, and then serves a line-JSON protocol on an abstract
+waits for the guest's ready file (woken by inotify), and then serves a line-JSON protocol on an abstract
 unix socket (only for clients of its own uid):
 
     supervisor -> client: {"state": "starting"|"ready"|"stopping"|"idle", "why": ..., ...}
@@ -53,11 +56,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from kibo_ctrl.runtime.process import idmap, userns
+    from kibo_ctrl.runtime.process import guest_start, idmap, userns
+    from kibo_ctrl.runtime.process.supervisor_os import check as _check
+    from kibo_ctrl.runtime.process.supervisor_os import children, oom_kills, start_time, sync_all, write_json
 else:
     sys.path.insert(0, str(Path(__file__).parent))  # run as a script: its sibling modules
+    import guest_start
     import idmap
     import userns
+    from supervisor_os import check as _check
+    from supervisor_os import children, oom_kills, start_time, sync_all, write_json
 
 PR_SET_PDEATHSIG = 1
 CLONE_NEWNS = 0x00020000
@@ -67,6 +75,12 @@ MS_NOSUID = 2
 MS_NODEV = 4
 MS_BIND = 4096
 TICK = 0.25
+# How often readiness is looked for without inotify (with it: at once, and every TICK).
+READY_POLL = 0.01
+IN_NONBLOCK = os.O_NONBLOCK
+IN_CLOEXEC = os.O_CLOEXEC
+# The ready file written in place, created, or renamed into the run directory.
+IN_READY_EVENTS = 0x00000008 | 0x00000080 | 0x00000100  # IN_CLOSE_WRITE | IN_MOVED_TO | IN_CREATE
 EXIT_BUSY = 75
 # What of the guest's own stdout/stderr goes into supervisor.log (per supervisor): the rest is
 # dropped, or a guest could fill the host's disk by writing to its init's stdout (/proc/1/fd/1).
@@ -75,70 +89,20 @@ GUEST_OUTPUT_LIMIT = 1 << 20
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
-def _check(result: int, what: str) -> None:
-    if result != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"{what}: {os.strerror(err)}")
-
-
-def syncfs(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        _check(_libc.syncfs(fd), f"syncfs {path}")
-    finally:
-        os.close(fd)
-
-
-def sync_all(paths: list[str]) -> str:
-    """syncfs every path; returns "" or what failed."""
-    errors = []
-    for path in paths:
-        try:
-            syncfs(path)
-        except OSError as error:
-            errors.append(f"{path}: {error.strerror or error}")
-    return "; ".join(errors)
-
-
-def oom_kills(path: str) -> int:
-    if not path:
-        return 0
-    try:
-        for line in Path(path).read_text().splitlines():
-            key, _, value = line.partition(" ")
-            if key == "oom_kill":
-                return int(value)
-    except (OSError, ValueError):
-        pass
-    return 0
-
-
-def start_time(pid: int) -> int:
-    """The kernel's start time of a process (field 22 of /proc/PID/stat), to tell PIDs apart."""
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    return int(stat[stat.rindex(")") + 2 :].split()[19])
-
-
-def children(pid: int) -> list[int]:
-    try:
-        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except (OSError, ValueError):
-        return []
-
-
-def write_json(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, path)
-
-
 class Supervisor:
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, started: float = 0.0, userns_fd: int = -1) -> None:
         self.dir = directory
+        # The guest's user namespace, made ahead by the fork server (-1: make it here).
+        self.userns_fd = userns_fd
+        # (step, wall-clock time it ended): written to timings.json once the guest is ready
+        # when the spec asks (`"timings": true`: the benchmark's breakdown of a launch).
+        self.marks: list[tuple[str, float]] = [("main", started or time.time())]
         self.spec: dict[str, Any] = json.loads((directory / "spec.json").read_text())
         self.state = "starting"
         self.why = ""
-        self.guest: subprocess.Popen[bytes] | None = None
+        self.guest: subprocess.Popen[bytes] | guest_start.Started | None = None
+        # The guest's first process, forked early to join its cgroup meanwhile (guest_start.py).
+        self.early: guest_start.EarlyGuest | None = None
         self.guest_pid = 0  # the guest's entry process (host PID)
         self.guest_start = 0  # its start time, to tell it from a later process with the same PID
         self.pidfd = -1
@@ -155,8 +119,13 @@ class Supervisor:
         self.namespace: userns.GuestNamespace | None = None
         self.output_fd = -1
         self.output_logged = 0
+        self.ready_watch = -1  # inotify on the run directory until the guest is ready
+        self.ready_watch_id = -1
 
     # -- setup ------------------------------------------------------------------------
+
+    def mark(self, step: str) -> None:
+        self.marks.append((step, time.time()))
 
     def log(self, message: str) -> None:
         print(f"{time.strftime('%H:%M:%S')} supervisor {os.getpid()}: {message}", flush=True)
@@ -210,13 +179,18 @@ class Supervisor:
         _check(_libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
         _check(_libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "mount --make-rprivate /")
         storage = _load_storage()
+        self.mark("storage-module")
         # The guest's uid 0 on the host (its user namespace's base; 0 without one); rootless,
         # we mount in that namespace, where tmpfs's uid= is the namespace's own (0).
         owner = 0 if rootless else int(self.spec.get("host_id_base", 0))
         if entries:
             # A previous supervisor's namespace may still be going (a guest reset): same image.
-            storage.wait_detached(storage.image_files(entries), 5.0)
-            storage.prepare(entries, owner)
+            # (Only an image mounted before can be: new ones, pooled or not, are skipped.)
+            used = [e for e in entries if os.path.exists(e["image"]) and storage.mount_count(e["image"]) > 0]
+            storage.wait_detached(storage.image_files(used), 5.0)
+            self.mark("images-detached")
+            storage.prepare(entries, owner, self.marks)
+            self.mark("images-mounted")
         storage.mount_run_dir(self.spec["run_dir"], owner)
 
     def listen(self) -> socket.socket:
@@ -245,11 +219,46 @@ class Supervisor:
         for stale in ("ready", "agent.pid", "ready.tmp"):
             with contextlib.suppress(FileNotFoundError):
                 (Path(self.spec["run_dir"]) / stale).unlink()
+        self.watch_ready()
         self.oom_base = oom_kills(self.spec["oom_file"])
+        self.mark("bwrap-fork")
         self.guest = self._start_guest()
+        self.mark("bwrap-exec")
         self.pidfd = os.pidfd_open(self.guest.pid)
         self.selector.register(self.pidfd, selectors.EVENT_READ, "guest")
         self.save_state()
+
+    def watch_ready(self) -> None:
+        """Be woken when a file appears in the run directory (inotify), so readiness is seen
+        when the guest writes its ready file rather than at the next poll. Without inotify
+        the loop polls (READY_POLL). Closed once ready: later files there wake no one."""
+        fd = _libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
+        if fd < 0:
+            self.log(f"no inotify ({os.strerror(ctypes.get_errno())}): polling for readiness")
+            return
+        watch = _libc.inotify_add_watch(fd, self.spec["run_dir"].encode(), IN_READY_EVENTS)
+        if watch < 0:
+            self.log(f"no inotify watch ({os.strerror(ctypes.get_errno())}): polling for readiness")
+            os.close(fd)
+            return
+        self.ready_watch, self.ready_watch_id = fd, watch
+        self.selector.register(fd, selectors.EVENT_READ, "ready-watch")
+
+    def on_run_dir_event(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            while os.read(self.ready_watch, 65536):
+                pass  # only that something happened counts: check_ready looks
+        if self.state == "starting" and self.guest_alive():
+            self.check_ready()
+
+    def stop_watching_ready(self) -> None:
+        """Remove the watch (no more events: the kernel frees it in the background) but keep
+        the descriptor until we exit: closing an inotify instance waits for an SRCU grace
+        period (~20 ms measured here), which would delay the ready message."""
+        if self.ready_watch >= 0 and self.ready_watch_id >= 0:
+            self.selector.unregister(self.ready_watch)
+            _libc.inotify_rm_watch(self.ready_watch, self.ready_watch_id)
+            self.ready_watch_id = -1
 
     # -- the guest's isolation (bubblewrap) ---------------------------------------------
 
@@ -259,7 +268,12 @@ class Supervisor:
             return
         base, count = int(self.spec["host_id_base"]), int(self.spec["host_id_count"])
         self.namespace = userns.GuestNamespace(base, count, self.spec.get("host_gid_base"))
-        self.namespace.create()
+        if self.userns_fd >= 0 and userns.is_user_namespace(self.userns_fd):
+            # Made ahead by the fork server with this mapping, entered by no one so far.
+            os.set_inheritable(self.userns_fd, False)
+            self.namespace.fd = self.userns_fd
+        else:
+            self.namespace.create()
         if self.spec.get("rootless"):
             # Unprivileged: mounts (the stage, an overlay) only in a namespace of our own.
             self.namespace.join()
@@ -276,6 +290,7 @@ class Supervisor:
             ids = idmap.IdRange(self.namespace.base, self.namespace.count)
             for tree in self.spec["sync_paths"]:
                 idmap.shift_tree(Path(tree), ids)
+            self.mark("idmap-shift")
         _check(_libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
         _check(_libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "mount --make-rprivate /")
         # A fresh tmpfs over the stage directory: nothing in it the guest could have planted.
@@ -303,8 +318,23 @@ class Supervisor:
                 argv[i + 1] = staged[argv[i + 1]]
         self.spec["argv"] = argv
 
-    def _start_guest(self) -> subprocess.Popen[bytes]:
+    def _start_guest(self) -> subprocess.Popen[bytes] | guest_start.Started:
         argv, fds = list(self.spec["argv"]), []
+        if self.early is not None:
+            split = argv.index("--")
+            early, self.early = self.early, None
+            try:
+                return early.start(
+                    argv[0],
+                    argv[1:split],
+                    argv[split:],
+                    self.spec["env"],
+                    self.spec["cwd"],
+                    self.spec["seccomp_filter"],
+                )
+            except BaseException:
+                early.cancel()
+                raise
         if self.namespace is not None:
             # bwrap OPTIONS -- ENTRY: the options (host paths) go through a memfd.
             split = argv.index("--")
@@ -467,6 +497,9 @@ class Supervisor:
         self.kill_guest()
 
     def kill_guest(self) -> None:
+        if self.early is not None:
+            self.early.cancel()
+            self.early = None
         if self.guest is not None and self.exit_status is None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.guest.pid, signal.SIGKILL)
@@ -495,6 +528,7 @@ class Supervisor:
         assert self.guest is not None
         status = self.guest.wait()
         self.exit_status = status
+        self.stop_watching_ready()
         self.selector.unregister(self.pidfd)
         os.close(self.pidfd)
         self.pidfd = -1
@@ -529,6 +563,9 @@ class Supervisor:
         self.exit("exit", code=code, signal=killed)
 
     def exit(self, reason: str, *, code: int | None = None, signal: int | None = None, **extra: Any) -> None:
+        if self.early is not None:  # a launch that failed before its guest started
+            self.early.cancel()
+            self.early = None
         info = {"reason": reason, "code": code, "signal": signal, "synced": False, "error": "", **extra}
         write_json(self.dir / "exit.json", info)
         self.state, self.why = "exited", reason
@@ -548,6 +585,11 @@ class Supervisor:
             self.guest_pid = self._entry_pid()
             with contextlib.suppress(OSError, ValueError):
                 self.guest_start = start_time(self.guest_pid)
+            self.mark("ready-seen")
+            self.stop_watching_ready()
+            if self.spec.get("timings"):
+                # Before the ready message: whoever reads it after the launch finds it.
+                write_json(self.dir / "timings.json", {"marks": self.marks})
             self.set_state("ready")
             self.log(f"the guest is ready (entry PID {self.guest_pid})")
 
@@ -561,19 +603,35 @@ class Supervisor:
             pid = found[0]
         return pid
 
+    def fork_early_guest(self) -> None:
+        """With bubblewrap as root and cgroups: the guest's first process now (see guest_start.py)."""
+        if self.namespace is None or self.spec.get("rootless") or not self.spec["cgroup_procs"]:
+            return
+        self.early = guest_start.EarlyGuest(
+            list(self.spec["cgroup_procs"]), list(self.spec.get("rlimits", [])), self.namespace, self.guest_output()
+        )
+
     def run(self) -> None:
+        self.mark("spec-read")
         self.create_namespace()
+        self.fork_early_guest()
+        self.mark("userns")
         self.prepare_storage()
+        self.mark("storage")
         self.mount_overlay()
         self.listen()
+        self.mark("listen")
         try:
             self.prepare_guest()
+            self.mark("stage")
             self.spawn()
+            self.mark("bwrap-spawned")
         except OSError as error:
             self.exit("spawn-failed", error=f"cannot start the guest: {error}")
         ready_deadline = time.monotonic() + float(self.spec["ready_timeout_s"])
         while True:
-            timeout = 0.01 if self.state == "starting" else TICK
+            polling = self.state == "starting" and self.ready_watch_id < 0
+            timeout = READY_POLL if polling else TICK
             for key, _ in self.selector.select(timeout):
                 if key.data == "listen":
                     self.accept(key.fileobj)  # type: ignore[arg-type]
@@ -581,6 +639,8 @@ class Supervisor:
                     self.read(key.fileobj)  # type: ignore[arg-type]
                 elif key.data == "guest":
                     self.on_guest_exit()
+                elif key.data == "ready-watch":
+                    self.on_run_dir_event()
                 elif key.data == "output":
                     self.drain_output()
             now = time.monotonic()
@@ -598,18 +658,26 @@ class Supervisor:
                 self.kill_guest()
 
 
+_STORAGE: list[Any] = []
+
+
 def _load_storage() -> Any:
-    """storage.py, beside this file (run with -I: the package is not on sys.path)."""
+    """storage.py, beside this file (run with -I: the package is not on sys.path); loaded
+    once (the fork server loads it before it forks supervisors: forkserver.py)."""
+    if _STORAGE:
+        return _STORAGE[0]
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("kibo_runtime_storage", Path(__file__).with_name("storage.py"))
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    _STORAGE.append(module)
     return module
 
 
 def main() -> None:
+    started = time.time()
     directory = Path(sys.argv[1])
     lock = os.open(directory / "lock", os.O_RDWR | os.O_CREAT, 0o600)
     import fcntl
@@ -624,7 +692,8 @@ def main() -> None:
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     with contextlib.suppress(FileNotFoundError):
         (directory / "exit.json").unlink()
-    supervisor = Supervisor(directory)
+    given = [a.removeprefix("--userns-fd=") for a in sys.argv[2:] if a.startswith("--userns-fd=")]
+    supervisor = Supervisor(directory, started, int(given[0]) if given else -1)
     try:
         supervisor.run()
     except SystemExit:
@@ -635,6 +704,9 @@ def main() -> None:
         write_json(directory / "exit.json", {"reason": "spawn-failed", "error": f"supervisor failed: {error}"})
         raise
 
+
+# The entry of a child of the fork server (forkserver.py): the same as the script's.
+entry = main
 
 if __name__ == "__main__":
     main()

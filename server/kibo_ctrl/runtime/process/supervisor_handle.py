@@ -10,7 +10,6 @@ import json
 import logging
 import os
 import signal
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
@@ -109,10 +108,16 @@ def kill_supervisor(directory: Path) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
+class Process(Protocol):
+    """A supervisor process this control plane started: a Popen, or a fork server's Child."""
+
+    def poll(self) -> int | None: ...
+
+
 class Supervised:
     """The control plane's side of one supervisor: its connection and what it said."""
 
-    def __init__(self, runtime: SupervisorHost, instance_id: str, process: subprocess.Popen[bytes] | None) -> None:
+    def __init__(self, runtime: SupervisorHost, instance_id: str, process: Process | None) -> None:
         self.runtime = runtime
         self.instance_id = instance_id
         self.dir = runtime.instance_dir(instance_id)

@@ -215,6 +215,19 @@ def move_mount(tree: int, target: str) -> None:
         os.close(tree)
 
 
+NS_GET_NSTYPE = 0xB703
+
+
+def is_user_namespace(fd: int) -> bool:
+    """Whether `fd` is a namespace file descriptor of a user namespace."""
+    import fcntl
+
+    try:
+        return fcntl.ioctl(fd, NS_GET_NSTYPE) == CLONE_NEWUSER
+    except OSError:
+        return False
+
+
 def become_root(keep_groups: bool = False) -> None:
     """Become uid/gid 0 of the user namespace just joined (host: its base id), no groups
     (rootless, `keep_groups`: setgroups is denied there, the groups stay the user's)."""

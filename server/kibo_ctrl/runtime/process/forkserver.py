@@ -1,0 +1,433 @@
+"""A warm Python that forks the runtime's helper processes: supervisors and guest jobs.
+
+Why: every supervisor (supervisor.py) and every data-plane job (guest_exec.py) used to be
+a fresh `python -I -S` interpreter, and its start-up and imports were the largest part of
+a launch (~25 ms idle, ~70 ms on a loaded machine: bench/process_runtime.py --breakdown)
+and of a first command. The fork server is that interpreter started once, with both
+scripts imported; a child forked from it is ready at once, and shares the interpreter's
+pages with its siblings (copy-on-write), which is most of a supervisor's memory.
+
+What a child is: exactly what the exec'd script was. It is forked from a process that
+only ever imported the two scripts and their standard-library siblings (no control-plane
+code, no token, no store), then: a new session (like `start_new_session=True`), the fds it
+was sent at 0, 1, 2 (and 3, 4, ... for the extra ones), every other fd closed, cwd `/`,
+the signal dispositions of a fresh interpreter, its /proc/PID/cmdline rewritten to the
+command line it would have had (`python -I -S supervisor.py INSTANCE_DIR`: what `ps`,
+the tests and the bench look for), then the script's main. The server keeps no state of
+a child: the child does not need it (a supervisor outlives the server and the control
+plane as before: it is in its own session and holds its instance's flock).
+
+Who may ask: only the control plane, through the socketpair it made when it started the
+server (no socket name anyone else could connect to). Protocol (SOCK_SEQPACKET, one
+message each way): request JSON {"program": "supervisor"|"guest_exec", "argv": [...]} with
+the fds (stdin, stdout, stderr, extras...) as SCM_RIGHTS; reply {"pid": N} with a pidfd of
+the child, or {"error": "..."}. The server exits when the control plane's end closes
+(a kill -9 of the control plane included); the children run on. Children are reaped by
+the kernel (SIGCHLD ignored here); the caller follows a child through its pidfd.
+
+Run as `python -I -S forkserver.py FD PADDING` (standard library only, like the scripts);
+PADDING is room in the argv area for the children's command lines."""
+
+from __future__ import annotations
+
+import array
+import contextlib
+import ctypes
+import gc
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import traceback
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).parent
+SCRIPTS = {"supervisor": HERE / "supervisor.py", "guest_exec": HERE / "guest_exec.py"}
+# The most fds one request carries (stdin, stdout, stderr and a status pipe, with room).
+MAX_FDS = 8
+MESSAGE = 1 << 16
+# Room for a child's command line: the interpreter, the script and its arguments.
+TITLE_ROOM = 4096
+# Above any fd a child could have inherited (closerange uses close_range(2): cheap).
+MAX_FD = 1 << 20
+
+
+# -- the server (the warm interpreter) ------------------------------------------------------
+
+
+def _argv_area() -> tuple[int, int]:
+    """Where the kernel reads this process's /proc/PID/cmdline from: [arg_start, arg_end)."""
+    stat = Path("/proc/self/stat").read_text()
+    fields = stat[stat.rindex(")") + 2 :].split()
+    # Fields 48 and 49 of proc(5) (1-based), counted here from field 3.
+    return int(fields[45]), int(fields[46])
+
+
+def set_cmdline(words: list[str]) -> None:
+    """Rewrite this process's command line in place (the argv area the kernel shows as
+    /proc/PID/cmdline): what setproctitle does. Longer titles are cut to the area."""
+    start, end = _argv_area()
+    title = b"".join(os.fsencode(word) + b"\0" for word in words)[: end - start - 1]
+    ctypes.memmove(start, title + b"\0" * (end - start - len(title)), end - start)
+
+
+def _load(name: str) -> Any:
+    """supervisor.py or guest_exec.py as modules (they add their directory to sys.path)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"kibo_forked_{name}", SCRIPTS[name])
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _become_child(fds: list[int], words: list[str]) -> None:
+    """In the forked child, before the script's main: see the module docstring."""
+    os.setsid()
+    for signum in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(signum, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # what a fresh interpreter has
+    # The fds at their places (0, 1, 2, 3, ...), via numbers above them so none is clobbered.
+    high = [os.dup(fd) for fd in fds]
+    for target, fd in enumerate(high):
+        os.dup2(fd, target, inheritable=target < 3)
+    # Everything else (the server's channel, the received originals, the copies) goes.
+    os.closerange(len(high), MAX_FD)
+    os.chdir("/")
+    set_cmdline(words)
+
+
+def _child(module: Any, program: str, argv: list[str], fds: list[int]) -> None:
+    code = 0
+    try:
+        _become_child(fds, [sys.executable, "-I", "-S", str(SCRIPTS[program]), *argv])
+        sys.argv = [str(SCRIPTS[program]), *argv]
+        module.entry()
+    except SystemExit as done:
+        code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    finally:
+        with contextlib.suppress(BaseException):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
+
+
+def _make_namespace(userns: Any, key: tuple[int, int, int]) -> int:
+    """A new user namespace with the guests' mapping (userns.GuestNamespace), for the next
+    supervisor: never entered by anyone until that supervisor's guest. Its helper process
+    is waited for here, so SIGCHLD is not ignored meanwhile (then zombies are reaped)."""
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    try:
+        namespace = userns.GuestNamespace(*key)
+        return int(namespace.create())
+    finally:
+        signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+        with contextlib.suppress(ChildProcessError):
+            while os.waitpid(-1, os.WNOHANG)[0] > 0:
+                pass
+
+
+def serve(channel: int) -> None:
+    modules = {name: _load(name) for name in SCRIPTS}
+    userns = modules["supervisor"].userns
+    # Pre-made user namespaces per mapping (base, count, gid base): one ready for the next
+    # supervisor, so its launch does not wait for one to be made (see supervisor.py).
+    namespaces: dict[tuple[int, int, int], int] = {}
+    modules["supervisor"]._load_storage()  # what every supervisor loads: once, here
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps the children
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    sock = socket.socket(fileno=channel)
+    # Everything imported stays as it is: no collection walks (and dirties) it in children.
+    gc.collect()
+    gc.freeze()
+    while True:
+        try:
+            message, ancillary, _, _ = sock.recvmsg(MESSAGE, socket.CMSG_SPACE(MAX_FDS * 4))
+        except OSError:
+            return
+        if not message:
+            return  # the control plane is gone: so are we (the children run on)
+        fds = _fds_of(ancillary)
+        try:
+            request = json.loads(message)
+            program, argv = str(request["program"]), [str(a) for a in request["argv"]]
+            if program not in SCRIPTS:
+                raise ValueError(f"unknown program {program!r}")
+            wanted = request.get("userns")
+            key = (int(wanted[0]), int(wanted[1]), int(wanted[2])) if program == "supervisor" and wanted else None
+            given = namespaces.pop(key, -1) if key is not None else -1
+            if given >= 0:
+                fds.append(given)  # at 3 in the child (the request brought stdin, stdout, stderr)
+                argv.append(f"--userns-fd={len(fds) - 1}")
+            # A guest job is the control plane's own child, as when it was exec'd from there
+            # (reaped there: its PID stays its own until then); a supervisor is ours.
+            sibling = program == "guest_exec" and SIBLINGS[0]
+            pid, pidfd = fork_sibling() if sibling else (os.fork(), -1)
+            if pid == 0:
+                _child(modules[program], program, argv, fds)
+            if pidfd < 0:
+                pidfd = os.pidfd_open(pid)
+            try:
+                sock.sendmsg([json.dumps({"pid": pid, "sibling": sibling}).encode()], [_rights([pidfd])])
+            finally:
+                os.close(pidfd)
+            if key is not None and key not in namespaces:
+                # After the reply: the next supervisor's namespace, off this launch's path.
+                with contextlib.suppress(OSError):
+                    namespaces[key] = _make_namespace(userns, key)
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            with contextlib.suppress(OSError):
+                sock.sendmsg([json.dumps({"error": str(error)}).encode()])
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+
+class _CloneArgs(ctypes.Structure):
+    """struct clone_args of clone3(2)."""
+
+    _fields_ = [
+        (name, ctypes.c_uint64)
+        for name in (
+            "flags",
+            "pidfd",
+            "child_tid",
+            "parent_tid",
+            "exit_signal",
+            "stack",
+            "stack_size",
+            "tls",
+            "set_tid",
+            "set_tid_size",
+            "cgroup",
+        )
+    ]
+
+
+SYS_CLONE3 = 435  # the same number on every architecture
+CLONE_PIDFD = 0x1000
+CLONE_PARENT = 0x8000
+# Whether clone3(CLONE_PARENT) works here (it is switched off at its first failure).
+SIBLINGS = [True]
+# The GIL stays held across the call, as in os.fork (a PyDLL function does not release it).
+_pylibc = ctypes.PyDLL(None, use_errno=True)
+_pylibc.syscall.restype = ctypes.c_long
+
+
+def fork_sibling() -> tuple[int, int]:
+    """os.fork, except that the child's parent is ours (the control plane), which reaps it:
+    clone3(CLONE_PARENT | CLONE_PIDFD) between Python's own before- and after-fork steps
+    (the at-fork hooks included), like os.fork. Returns (pid, pidfd) in the parent and
+    (0, -1) in the child; falls back to os.fork where clone3 is refused (pidfd -1)."""
+    pidfd = ctypes.c_int(-1)
+    # CLONE_PARENT takes the exit signal of this process (SIGCHLD) and wants 0 here.
+    args = _CloneArgs(flags=CLONE_PARENT | CLONE_PIDFD, pidfd=ctypes.addressof(pidfd))
+    ctypes.pythonapi.PyOS_BeforeFork()
+    pid = int(_pylibc.syscall(ctypes.c_long(SYS_CLONE3), ctypes.byref(args), ctypes.c_size_t(ctypes.sizeof(args))))
+    if pid == 0:
+        ctypes.pythonapi.PyOS_AfterFork_Child()
+        return 0, -1
+    ctypes.pythonapi.PyOS_AfterFork_Parent()
+    if pid < 0:
+        SIBLINGS[0] = False
+        return os.fork(), -1
+    return pid, pidfd.value
+
+
+def _rights(fds: list[int]) -> tuple[int, int, bytes]:
+    return (socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())
+
+
+def _fds_of(ancillary: list[tuple[int, int, bytes]]) -> list[int]:
+    fds: list[int] = []
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            usable = len(data) - len(data) % 4
+            fds += array.array("i", data[:usable]).tolist()
+    return fds
+
+
+# -- the control plane's side -----------------------------------------------------------------
+
+
+def _start_time(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat[stat.rindex(")") + 2 :].split()[19])
+
+
+class Child:
+    """A process the fork server started: followed through its pidfd (not our child: its
+    exit status is the kernel's, so `returncode` is -1 once it has exited)."""
+
+    def __init__(self, pid: int, pidfd: int, ours: bool) -> None:
+        self.pid = pid
+        self.pidfd = pidfd
+        self.ours = ours  # our child (a guest job: fork_sibling): reaped here
+        self.returncode: int | None = None
+        self.started = _start_time(pid)
+
+    def group_is_its(self) -> bool:
+        """Whether process group `pid` can only be this child's (it leads a new session):
+        ours and not reaped yet, or the PID runs this child still, or no process has it (then
+        only the group's other members hold the ID, which the kernel does not hand out again
+        while they live)."""
+        if self.ours and self.returncode is None:
+            return True
+        now = _start_time(self.pid)
+        return now is None or now == self.started
+
+    def poll(self) -> int | None:
+        if self.returncode is None and self.pidfd >= 0:
+            readable, _, _ = select.select([self.pidfd], [], [], 0)
+            if readable:
+                self._exited()
+        return self.returncode
+
+    def _exited(self) -> None:
+        self.returncode = -1
+        if self.ours:
+            with contextlib.suppress(ChildProcessError):
+                _, status = os.waitpid(self.pid, 0)  # it has exited: at once
+                self.returncode = os.waitstatus_to_exitcode(status)
+        os.close(self.pidfd)
+        self.pidfd = -1
+
+    async def wait(self) -> int:
+        if self.poll() is None:
+            import asyncio  # here: the server (this file as a script) never needs it
+
+            loop = asyncio.get_running_loop()
+            done = loop.create_future()
+
+            def exited() -> None:
+                if not done.done():
+                    done.set_result(None)
+
+            loop.add_reader(self.pidfd, exited)
+            try:
+                await done
+            finally:
+                loop.remove_reader(self.pidfd)
+            self._exited()
+        assert self.returncode is not None
+        return self.returncode
+
+    def close(self) -> None:
+        if self.pidfd >= 0:
+            os.close(self.pidfd)
+            self.pidfd = -1
+
+
+class ForkServer:
+    """The control plane's handle: starts the server on first use (again if it died) and
+    asks it for children; `spawn` raises OSError when no server can be had (then the
+    caller execs the script as before)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._sock: socket.socket | None = None
+        self._process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        """Start the server now (else at the first spawn); OSError is left to that spawn."""
+        with self._lock, contextlib.suppress(OSError):
+            if self._sock is None or not self._alive():
+                self._restart()
+
+    def _start(self) -> socket.socket:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self._process = subprocess.Popen(
+                [sys.executable, "-I", "-S", __file__, str(theirs.fileno()), " " * TITLE_ROOM],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=None,
+                pass_fds=(theirs.fileno(),),
+                cwd="/",
+                start_new_session=True,  # a Ctrl-C at the control plane's terminal is not for it
+            )
+        finally:
+            theirs.close()
+        self._sock = ours
+        return ours
+
+    def spawn(self, program: str, argv: list[str], fds: list[int], userns: tuple[int, int, int] | None = None) -> Child:
+        """Fork `program` (supervisor or guest_exec) with `argv` and fds (0, 1, 2, 3, ...);
+        a supervisor may be handed a pre-made user namespace of mapping `userns`."""
+        request = json.dumps({"program": program, "argv": argv, "userns": userns}).encode()
+        with self._lock:
+            for attempt in (1, 2):
+                sock = self._sock if self._sock is not None and self._alive() else self._restart()
+                try:
+                    sock.sendmsg([request], [_rights(fds)])
+                    message, ancillary, _, _ = sock.recvmsg(MESSAGE, socket.CMSG_SPACE(4))
+                except OSError:
+                    if attempt == 2:
+                        raise
+                    self._drop()
+                    continue
+                received = _fds_of(ancillary)
+                if not message:
+                    for fd in received:
+                        os.close(fd)
+                    self._drop()
+                    if attempt == 2:
+                        raise OSError("the fork server exited")
+                    continue
+                reply = json.loads(message)
+                if "pid" not in reply or len(received) != 1:
+                    for fd in received:
+                        os.close(fd)
+                    raise OSError(f"the fork server refused: {reply.get('error', reply)}")
+                return Child(int(reply["pid"]), received[0], bool(reply.get("sibling")))
+        raise OSError("unreachable")
+
+    def _alive(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def _restart(self) -> socket.socket:
+        self._drop()
+        return self._start()
+
+    def _drop(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        if self._process is not None:
+            with contextlib.suppress(OSError):
+                self._process.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._process.wait(5)
+            self._process = None
+
+    def close(self) -> None:
+        """Stop the server (closing its channel ends it); the children run on."""
+        with self._lock:
+            if self._sock is not None:
+                self._sock.close()
+                self._sock = None
+            if self._process is not None:
+                try:
+                    self._process.wait(5)
+                except subprocess.TimeoutExpired:
+                    self._process.kill()
+                    self._process.wait(5)
+                self._process = None
+
+
+if __name__ == "__main__":
+    serve(int(sys.argv[1]))

@@ -1,0 +1,67 @@
+"""The process runtime's options, a launch's storage layout, and the launch-step timer."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ...domain.model import Backend
+from . import image_pool
+from .idmap import IdRange
+
+
+@dataclass(frozen=True)
+class ProcessOptions:
+    data_dir: Path
+    backend: Backend = Backend.FIRECRACKER
+    sandbox: str = "auto"  # auto (bwrap; launches fail naming the fix where it cannot work), bwrap, none
+    limits: str = "auto"  # auto, cgroup-v2, cgroup-v1, rlimit, none
+    base_image: Path | None = None  # a directory tree; None: the host's /usr read-only
+    guest_command: tuple[str, ...] = ()  # empty: the guest agent
+    grace_s: float = 10.0
+    force_sync_s: float = 1.0
+    ready_timeout_s: float = 30.0
+    # New images may promise this many times the free disk (1: no overcommit; see storage.py).
+    storage_overcommit: float = 1.0
+    guest_ids: IdRange = field(default_factory=IdRange)  # the host ids guests' ids map to
+    # Formatted images kept ready per recently used size of new layers and volumes (0: none).
+    # (KIBO_IMAGE_POOL_DEPTH: the benchmark's way to compare with and without the pool.)
+    image_pool_depth: int = field(
+        default_factory=lambda: int(os.environ.get("KIBO_IMAGE_POOL_DEPTH") or image_pool.DEPTH)
+    )
+    # Record when each step of a launch ended, in the instance directory (launch-timings.json
+    # from here, timings.json from the supervisor): the benchmark's breakdown
+    # (bench/process_runtime.py --breakdown sets KIBO_PROCESS_TIMINGS=1). Off: no cost.
+    timings: bool = field(default_factory=lambda: os.environ.get("KIBO_PROCESS_TIMINGS") == "1")
+
+
+@dataclass
+class Layout:
+    layer: Path
+    upper: Path
+    work: Path
+    volumes: list[tuple[Path, str]] = field(default_factory=list)
+    # The size-capped images the supervisor formats and mounts (storage.py); empty: plain dirs.
+    images: list[dict[str, Any]] = field(default_factory=list)
+
+
+def launch_marker(enabled: bool, path: Path) -> Callable[[str], None]:
+    """A function that records the end of a launch step (only if `enabled`): the last one,
+    "ready", writes them all to `path` (launch-timings.json)."""
+    if not enabled:
+        return lambda step: None
+    marks = [("launch", time.time())]
+
+    def mark(step: str) -> None:
+        marks.append((step, time.time()))
+        if step == "ready":
+            with contextlib.suppress(OSError):
+                path.write_text(json.dumps({"marks": marks}))
+
+    return mark
