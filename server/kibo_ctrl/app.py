@@ -33,7 +33,8 @@ from .runtime.process.idmap import IdRange
 from .runtime.process.runtime import ProcessOptions, ProcessRuntime
 from .runtime.sim.api import SimulatorApi
 from .runtime.sim.simulator import SimBoard, SimNode
-from .store.base import Reader
+from .store.base import Reader, Store
+from .store.postgres import PostgresStore
 from .store.sqlite import SqliteStore
 from .telemetry import events
 from .telemetry.endpoint import PATH as METRICS_PATH
@@ -65,6 +66,9 @@ DEFAULT_RATE_LIMIT_RPS = 1000.0
 @dataclass(frozen=True)
 class Config:
     data_dir: Path
+    # --store: a postgresql:// URL (several replicas may share the database); empty: the
+    # embedded SQLite under data_dir.
+    store: str = ""
     listen: str = "127.0.0.1:50051"
     # Connect, gRPC-Web and JSON; empty to serve gRPC only.
     http_listen: str = "127.0.0.1:8080"
@@ -126,7 +130,7 @@ class App:
             raise ValueError(f"unknown runtime {config.runtime!r}; this build has: sim, process")
         _check_writable(config.data_dir)
         _raise_open_file_limit()
-        self.store = await SqliteStore.open(config.data_dir / "kibo.db", self.clock)
+        self.store = await open_store(config.store, config.data_dir, self.clock)
         self.hub = Hub()
         self.store.subscribe(self.hub.publish)
         self.metrics = Metrics()
@@ -389,6 +393,18 @@ def _raise_open_file_limit() -> None:
             log.warning("cannot raise the open-file limit from %d to %d: %s", soft, target, error)
             return
         log.info("open-file limit raised from %d to %d", soft, target)
+
+
+STORE_SCHEMES = ("postgresql://", "postgres://")
+
+
+async def open_store(store: str, data_dir: Path, clock: Clock = SYSTEM_CLOCK) -> Store:
+    """The store `--store` names: PostgreSQL for a postgresql:// URL, else the embedded SQLite."""
+    if not store:
+        return await SqliteStore.open(data_dir / "kibo.db", clock)
+    if not store.startswith(STORE_SCHEMES):
+        raise ValueError(f"--store takes a postgresql://USER@HOST:PORT/DB URL, not {store.split('://')[0]!r}")
+    return await PostgresStore.open(store, clock)
 
 
 def _check_writable(data_dir: Path) -> None:

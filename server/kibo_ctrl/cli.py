@@ -16,12 +16,12 @@ import typer
 from kibo_cli.help import command_of
 
 from . import log_limit, tokens
-from .app import MAX_HTTP_BODY_BYTES, App, Config
+from .app import MAX_HTTP_BODY_BYTES, App, Config, open_store
 from .domain.access import Role, tenant_name
 from .domain.errors import KiboError, StoreError
 from .domain.model import Backend
 from .engine.service import Quotas
-from .store.sqlite import SqliteStore
+from .store.base import Store
 from .telemetry import logs, tracing
 from .telemetry.endpoint import MetricsAccess
 from .transport.http import HttpLimits
@@ -88,6 +88,15 @@ def serve(
         Path | None,
         typer.Option(envvar="KIBO_DATA_DIR", help="Where the embedded store keeps its files.", show_default=False),
     ] = None,
+    store: Annotated[
+        str,
+        typer.Option(
+            envvar="KIBO_STORE",
+            help="postgresql://USER@HOST:PORT/DB: keep state in PostgreSQL (several replicas may share it). "
+            "Default: the embedded SQLite under --data-dir.",
+            show_default=False,
+        ),
+    ] = "",
     runtime: Annotated[
         str,
         typer.Option(help="What runs workspaces: process (real sandboxes on this machine) or sim (simulated, faults)."),
@@ -186,6 +195,7 @@ def serve(
     log_limit.install()
     config = Config(
         data_dir=data_dir or default_data_dir(),
+        store=store,
         listen=listen,
         http_listen=http_listen,
         http_server=http_server,
@@ -251,15 +261,30 @@ DataDir = Annotated[
 ]
 
 
-def _with_store(data_dir: Path | None, work: Callable[[SqliteStore], Awaitable[T]]) -> T:
+StoreUrl = Annotated[
+    str,
+    typer.Option(
+        "--store",
+        envvar="KIBO_STORE",
+        help="The server's postgresql:// store, if it has one (default: SQLite under --data-dir).",
+        show_default=False,
+    ),
+]
+
+
+def _with_store(data_dir: Path | None, work: Callable[[Store], Awaitable[T]], store_url: str = "") -> T:
     async def run() -> T:
-        store = await SqliteStore.open((data_dir or default_data_dir()) / "kibo.db")
+        store = await open_store(store_url, data_dir or default_data_dir())
         try:
             return await work(store)
         finally:
             await store.close()
 
-    return asyncio.run(run())
+    try:
+        return asyncio.run(run())
+    except (RuntimeError, ValueError, StoreError) as error:
+        typer.echo(f"kibo-ctrl: {error}", err=True)
+        raise typer.Exit(2) from None
 
 
 @token_cli.command("create")
@@ -273,21 +298,22 @@ def token_create(
         ),
     ] = Role.ADMIN,
     data_dir: DataDir = None,
+    store: StoreUrl = "",
 ) -> None:
     """Print a new token. It is shown once: only its hash is stored."""
     try:
         tenant_name(tenant)
     except KiboError as error:
         raise typer.BadParameter(error.message, param_hint="--tenant") from None
-    record, token = _with_store(data_dir, lambda store: tokens.create(store, tenant, role))
+    record, token = _with_store(data_dir, lambda on: tokens.create(on, tenant, role), store)
     typer.echo(token)
     typer.echo(f"created {record.id} for tenant {record.tenant} ({record.role.value})", err=True)
 
 
 @token_cli.command("list")
-def token_list(data_dir: DataDir = None) -> None:
+def token_list(data_dir: DataDir = None, store: StoreUrl = "") -> None:
     """List tokens (IDs, tenants, roles; never the tokens)."""
-    records = _with_store(data_dir, lambda store: store.read(lambda r: r.list_tokens()))
+    records = _with_store(data_dir, lambda on: on.read(lambda r: r.list_tokens()), store)
     for record in records:
         state = "revoked" if record.revoked else "active"
         typer.echo(f"{record.id}\t{record.tenant}\t{record.role.value}\t{state}")
@@ -295,10 +321,12 @@ def token_list(data_dir: DataDir = None) -> None:
 
 @token_cli.command("revoke")
 def token_revoke(
-    token_id: Annotated[str, typer.Argument(help="The token's ID (tok-...).")], data_dir: DataDir = None
+    token_id: Annotated[str, typer.Argument(help="The token's ID (tok-...).")],
+    data_dir: DataDir = None,
+    store: StoreUrl = "",
 ) -> None:
     """Revoke a token; the server refuses it within a few seconds."""
-    if not _with_store(data_dir, lambda store: tokens.revoke(store, token_id)):
+    if not _with_store(data_dir, lambda on: tokens.revoke(on, token_id), store):
         typer.echo(f"kibo-ctrl: no active token {token_id}", err=True)
         raise typer.Exit(1)
     typer.echo(f"revoked {token_id}")
