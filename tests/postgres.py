@@ -84,6 +84,18 @@ class LocalPostgres:
             capture_output=True,
         )
 
+    def halt(self) -> None:
+        """Stop the server (as a crash would: immediate), keeping its files for `resume`."""
+        self._pg_ctl("-m", "immediate", "-w", "stop")
+
+    def resume(self) -> None:
+        options = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1"
+        self._pg_ctl("-o", options, "-l", str(self.root / "log"), "-w", "start")
+
+    def _pg_ctl(self, *args: str) -> None:
+        command = [str(_bin_dir() / "pg_ctl"), "-D", str(self.root / "data"), *args]
+        subprocess.run(_as_owner(command), check=True, capture_output=True)
+
     @property
     def dsn(self) -> str:
         return f"postgresql://{USER}@127.0.0.1:{self.port}/postgres"
