@@ -50,11 +50,14 @@ class LocalPostgres:
 
     root: Path
     port: int = field(default_factory=free_port)
+    # False: fsync off (the tests kill kibo, never the machine). True: PostgreSQL's defaults,
+    # a commit on disk before it is acknowledged (the benchmark's comparison with SQLite).
+    durable: bool = False
 
     @classmethod
-    def start(cls) -> LocalPostgres:
+    def start(cls, durable: bool = False) -> LocalPostgres:
         root = Path(tempfile.mkdtemp(prefix="kibo-pg-"))
-        server = cls(root)
+        server = cls(root, durable=durable)
         try:
             server._start()
         except BaseException:
@@ -73,9 +76,7 @@ class LocalPostgres:
             check=True,
             capture_output=True,
         )
-        # fsync off: the tests kill kibo, never the machine; commits stay commits across a
-        # server kill -9 without it.
-        options = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200"
+        options = self._options()
         subprocess.run(
             _as_owner(
                 [str(bin_dir / "pg_ctl"), "-D", str(data), "-o", options, "-l", str(self.root / "log"), "-w", "start"]
@@ -89,8 +90,14 @@ class LocalPostgres:
         self._pg_ctl("-m", "immediate", "-w", "stop")
 
     def resume(self) -> None:
-        options = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1"
-        self._pg_ctl("-o", options, "-l", str(self.root / "log"), "-w", "start")
+        self._pg_ctl("-o", self._options(), "-l", str(self.root / "log"), "-w", "start")
+
+    def _options(self) -> str:
+        options = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c max_connections=200"
+        if not self.durable:
+            # Commits stay commits across a kill -9 of kibo or of PostgreSQL without fsync.
+            options += " -c fsync=off"
+        return options
 
     def _pg_ctl(self, *args: str) -> None:
         command = [str(_bin_dir() / "pg_ctl"), "-D", str(self.root / "data"), *args]
