@@ -461,7 +461,8 @@ class PostgresStore:
                 migrate(conn, self.where)
         except psycopg.Error as error:
             failure = store_error(error)
-            raise StoreError(f"{self.where}: {failure}", failure.unavailable) from error
+            words = "" if failure.unavailable is None else f"{failure.unavailable.message} "
+            raise StoreError(f"the store {self.where}: {words}({failure})", failure.unavailable) from error
 
     def subscribe(self, listener: Callable[[Changes], None]) -> None:
         self._listeners.append(listener)
