@@ -14,6 +14,9 @@ SERIALIZABLE's retries. The unique keys (command IDs per tenant, workspace seq) 
 guard: a job that breaks one anyway (a writer that did not take the lock) is run once more,
 and then sees the row it collided with.
 
+Several replicas may share the database: each commit's Changes also go into a change feed
+(postgres_feed.py), from which every replica publishes every commit to its hub, in order.
+
 Reads run in REPEATABLE READ snapshots on a connection of their own (batched like SQLite's
 reads), scans on a third. A connection that fails is dropped and made anew for the next
 batch; the batch it failed under is answered UNAVAILABLE (retry later), as is any other
@@ -23,9 +26,12 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import os
 import queue
+import socket
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Concatenate, ParamSpec, TypeVar
@@ -40,6 +46,7 @@ from ..domain.clock import SYSTEM_CLOCK, Clock
 from ..domain.errors import StoreError, Unavailable
 from ..domain.model import Command, Event, Instance, Volume, Workspace, WorkspaceState
 from .base import Changes, CommitObserver, Reader, Tx, WorkspaceQuery, WorkspaceSlice
+from .postgres_feed import Entry, Feed, newest
 from .postgres_migrations import MIGRATIONS, VERSION_TABLE
 from .records import (
     COMMAND,
@@ -443,22 +450,34 @@ class PostgresStore:
             threading.Thread(target=self._read_loop, args=(self._scan_queue,), name="kibo-store-scan", daemon=True),
         ]
         self._closed = False
-        # Commit batches begun (by the writer thread) and published (on the event loop).
-        self._batches_begun = 0
-        self._batches_published = 0
+        # This replica's name in the change feed and the leader lease.
+        self.replica = f"{socket.gethostname()}/{os.getpid()}/{uuid.uuid4().hex[:8]}"
+        self._feed = Feed(self.replica, self._publish, 0)
+        self._stop_listening = threading.Event()
 
     @classmethod
     async def open(cls, dsn: str, clock: Clock = SYSTEM_CLOCK) -> PostgresStore:
         store = cls(dsn, asyncio.get_running_loop(), clock)
-        await asyncio.to_thread(store._migrate)
+        # Publishing starts at the newest commit: what came before is in the store to read.
+        store._feed = Feed(store.replica, store._publish, await asyncio.to_thread(store._migrate))
+        store._threads.append(
+            threading.Thread(
+                target=store._feed.listen,
+                args=(dsn, store._loop, store._stop_listening, connect),
+                name="kibo-store-feed",
+                daemon=True,
+            )
+        )
         for thread in store._threads:
             thread.start()
         return store
 
-    def _migrate(self) -> None:
+    def _migrate(self) -> int:
+        """Migrate; the newest commit in the change feed."""
         try:
             with connect(self.dsn) as conn:
                 migrate(conn, self.where)
+                return newest(conn)
         except psycopg.Error as error:
             failure = store_error(error)
             words = "" if failure.unavailable is None else f"{failure.unavailable.message} "
@@ -471,10 +490,14 @@ class PostgresStore:
         self._commit_observers.append(observer)
 
     def published_mark(self) -> int | None:
-        """As SqliteStore.published_mark: None while a commit may be visible to readers but
-        not yet published to the listeners."""
-        published = self._batches_published
-        return published if self._batches_begun == published else None
+        """Always None: another replica's commit is visible here before this replica
+        publishes it, so what the listeners were told is never vouched to be what is stored
+        (the API then reads records from the store, not from memory)."""
+        return None
+
+    def _publish(self, changes: Changes) -> None:
+        for listener in self._listeners:
+            listener(changes)
 
     def _submit(self, jobs: queue.SimpleQueue[_Job | object], fn: Callable[[Any], Any]) -> asyncio.Future[Any]:
         if self._closed:
@@ -501,9 +524,11 @@ class PostgresStore:
         if self._closed:
             return
         self._closed = True
-        for jobs, thread in zip((self._queue, self._read_queue, self._scan_queue), self._threads, strict=True):
+        for jobs, thread in zip((self._queue, self._read_queue, self._scan_queue), self._threads, strict=False):
             jobs.put(_STOP)
             await asyncio.to_thread(thread.join)
+        self._stop_listening.set()
+        await asyncio.to_thread(self._threads[-1].join)
 
     def _read_loop(self, jobs: queue.SimpleQueue[_Job | object]) -> None:
         """Every read waiting runs in one REPEATABLE READ snapshot; one wake-up of the event
@@ -555,36 +580,33 @@ class PostgresStore:
 
     def _commit_batch(self, connection: _Connection, batch: list[_Job]) -> None:
         now = self._clock.now()
-        # Before anything can commit; _publish_and_settle counts the batch published.
-        self._batches_begun += 1
         started = time.perf_counter()
         took: float | None = None
         try:
             conn = connection.begin("BEGIN ISOLATION LEVEL READ COMMITTED")
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_LOCK,))
             outcomes, changes = _run_jobs(conn, batch, now)
+            entries = self._feed.record(conn, changes)
             conn.execute("COMMIT")
             took = time.perf_counter() - started
+            self._feed.written(entries)
         except psycopg.Error as commit_error:
             # A failed COMMIT may or may not have committed: callers get UNAVAILABLE and retry
             # with the same command IDs, which answer idempotently either way.
             connection.drop()
             outcomes = [(job, None, commit_error) for job in batch]
-            changes = Changes()
+            entries = []
         if took is not None:
             for observer in self._commit_observers:
                 observer(took, len(batch))
         # One wake-up of the event loop per batch: publish first, so whoever learns of the
         # commit from an answer finds the hub (watchers, waiters, loops) already told.
-        self._loop.call_soon_threadsafe(self._publish_and_settle, changes, outcomes)
+        self._loop.call_soon_threadsafe(self._publish_and_settle, entries, outcomes)
 
-    def _publish_and_settle(self, changes: Changes, outcomes: list[_Outcome]) -> None:
+    def _publish_and_settle(self, entries: list[Entry], outcomes: list[_Outcome]) -> None:
         try:
-            if changes:
-                for listener in self._listeners:
-                    listener(changes)
+            self._feed.deliver(entries)
         finally:
-            self._batches_published += 1
             _settle_all(outcomes)
 
 

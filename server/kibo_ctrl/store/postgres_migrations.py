@@ -78,4 +78,22 @@ MIGRATIONS: tuple[str, ...] = (
         revoked BOOLEAN NOT NULL DEFAULT FALSE
     );
     """,
+    # 2: several replicas on one database. The change feed: each commit's Changes under a
+    # gapless sequence (assigned under the write lock: commit order), so every replica publishes
+    # every commit, in order (postgres_feed.py). The leader lease: one row; its token grows
+    # with every new leader and fences the leader-only writes (postgres_leader.py).
+    """
+    CREATE TABLE kibo_changes (
+        seq BIGINT PRIMARY KEY,
+        origin TEXT NOT NULL,
+        data BYTEA NOT NULL
+    );
+    CREATE TABLE kibo_leader (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        holder TEXT NOT NULL,
+        token BIGINT NOT NULL,
+        expires_at TIMESTAMPTZ NOT NULL
+    );
+    INSERT INTO kibo_leader (id, holder, token, expires_at) VALUES (1, '', 0, '-infinity');
+    """,
 )
