@@ -5,9 +5,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import resource
+import signal
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -35,6 +39,7 @@ from .runtime.sim.api import SimulatorApi
 from .runtime.sim.simulator import SimBoard, SimNode
 from .store.base import Reader, Store
 from .store.postgres import PostgresStore
+from .store.postgres_leader import lead
 from .store.sqlite import SqliteStore
 from .telemetry import events
 from .telemetry.endpoint import PATH as METRICS_PATH
@@ -217,8 +222,16 @@ class App:
         # Revoke, stop and delete end the data-plane calls running under the old credential.
         self.hub.listen(self.data_plane.on_changes)
         self.metrics.data_plane_sessions.set_function(lambda: self.data_plane.sessions.count)
-        for coroutine in (scheduler.run(), expiry.run(), liveness.run(), *(a.run() for a in agents)):
-            self._tasks.append(asyncio.create_task(self._supervise(coroutine)))
+
+        def loops() -> list[Coroutine[Any, Any, None]]:
+            runs = (scheduler.run(), expiry.run(), liveness.run(), *(a.run() for a in agents))
+            return [self._supervise(run) for run in runs]
+
+        if isinstance(self.store, PostgresStore):
+            # Replicas may share the database: the loops that must run once run on the leader.
+            self._tasks.append(asyncio.create_task(lead(self.store, loops, _stop_this_process)))
+        else:
+            self._tasks.extend(asyncio.create_task(coroutine) for coroutine in loops())
         await self._serve()
 
     async def _authenticator(self) -> Authenticator:
@@ -396,6 +409,11 @@ def _raise_open_file_limit() -> None:
 
 
 STORE_SCHEMES = ("postgresql://", "postgres://")
+
+
+def _stop_this_process() -> None:
+    """A deposed leader stops as on SIGTERM (its supervisor restarts it as a follower)."""
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 async def open_store(store: str, data_dir: Path, clock: Clock = SYSTEM_CLOCK) -> Store:

@@ -6,6 +6,7 @@ even when two store instances race on one database, bounded scans, migrations.""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import sqlite3
 import threading
 import uuid
@@ -19,12 +20,13 @@ import pytest
 from kibo.ctrl.v1 import workspace_service_pb2 as ws
 from kibo_ctrl.app import open_store
 from kibo_ctrl.domain.access import Role, TokenRecord
-from kibo_ctrl.domain.errors import StoreError
+from kibo_ctrl.domain.errors import StoreError, Unavailable
 from kibo_ctrl.domain.model import WorkspaceState
 from kibo_ctrl.store import migrations as sqlite_migrations
 from kibo_ctrl.store import postgres_migrations
 from kibo_ctrl.store.base import Changes, Store, Tx, WorkspaceQuery
 from kibo_ctrl.store.postgres import PostgresStore
+from kibo_ctrl.store.postgres_leader import FENCE, acquire, lead, renew
 from kibo_ctrl.transport.errors import status_of
 
 from tests.postgres import Databases, LocalPostgres
@@ -89,6 +91,15 @@ def _token(hash_suffix: str) -> tuple[TokenRecord, str]:
 def _add_token(tx: Tx, record: TokenRecord, digest: str) -> str:
     tx.add_token(record, digest)
     return record.id
+
+
+async def _until(done: Callable[[], bool], within: float = 10.0) -> None:
+    """Poll `done` until it holds or `within` seconds passed (the asserts after it then tell)."""
+    deadline = asyncio.get_running_loop().time() + within
+    for _ in itertools.count():
+        if done() or asyncio.get_running_loop().time() > deadline:
+            return
+        await asyncio.sleep(0.05)
 
 
 async def _held_writer(store: Store) -> tuple[threading.Event, Awaitable[Any]]:
@@ -325,9 +336,7 @@ async def test_every_replica_publishes_every_commit_in_order(postgres_databases:
 
         await asyncio.gather(*(stores[i % 3].transact(relabel, w) for i, w in enumerate(ids) for _ in range(2)))
         changes = 45 * 3  # a create and two relabels of each workspace
-        deadline = asyncio.get_running_loop().time() + 10
-        while asyncio.get_running_loop().time() < deadline and any(len(s) < changes for s in published):
-            await asyncio.sleep(0.05)
+        await _until(lambda: all(len(s) >= changes for s in published))
         # Every replica saw the same changes in the same order: the commit order.
         assert published[0] == published[1] == published[2]
         assert len(published[0]) == len(set(published[0])) == changes
@@ -337,3 +346,66 @@ async def test_every_replica_publishes_every_commit_in_order(postgres_databases:
     finally:
         for store in stores:
             await store.close()
+
+
+async def _fenced_transact(store: Store, token: int, fn: Callable[..., Any], *args: Any) -> Any:
+    """A write of a leader-only loop: its task carries the leader's fencing token."""
+
+    async def run() -> Any:
+        FENCE.set(token)
+        return await store.transact(fn, *args)
+
+    return await asyncio.create_task(run())
+
+
+async def test_a_deposed_leaders_late_writes_are_refused(postgres_databases: Databases) -> None:
+    """Replica A leads, is cut off long enough for its lease to run out, and B takes over: A's
+    leader-only writes are refused from then on (its commands from clients are not)."""
+    url = postgres_databases.create()
+    a, b = await PostgresStore.open(url), await PostgresStore.open(url)
+    try:
+        token_a = await a.locked(acquire, a.replica, 30.0)
+        assert token_a is not None
+        assert isinstance(await _fenced_transact(a, token_a, _add_token, *_token("a-leads")), str)
+        assert await b.locked(acquire, b.replica, 30.0) is None  # a live lease is not taken
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("UPDATE kibo_leader SET expires_at = now() - interval '1 second'")
+        token_b = await b.locked(acquire, b.replica, 30.0)
+        assert token_b == token_a + 1
+        late, late_digest = _token("a-late")
+        with pytest.raises(Unavailable, match="no longer the leader"):
+            await _fenced_transact(a, token_a, _add_token, late, late_digest)
+        assert isinstance(await _fenced_transact(b, token_b, _add_token, *_token("b-leads")), str)
+        assert isinstance(await a.transact(_add_token, *_token("a-client")), str)
+        ids = {r.id for r in await b.read(lambda r: r.list_tokens())}
+        assert late.id not in ids and len(ids) == 3
+        assert not await a.locked(renew, a.replica, token_a, 30.0)
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_a_leader_whose_lease_is_taken_stops_its_loops(postgres_databases: Databases) -> None:
+    url = postgres_databases.create()
+    store = await PostgresStore.open(url)
+    deposed = asyncio.Event()
+    writes: list[str] = []
+
+    async def loop() -> None:
+        while True:
+            writes.append(await store.transact(_add_token, *_token(uuid.uuid4().hex)))
+            await asyncio.sleep(0.05)
+
+    leading = asyncio.create_task(lead(store, lambda: [loop()], deposed.set, lease_s=0.4))
+    try:
+        await _until(lambda: len(writes) >= 3)
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("UPDATE kibo_leader SET holder = 'another replica', token = token + 1")
+        await asyncio.wait_for(deposed.wait(), 5)
+        await leading
+        stopped_at = len(writes)
+        await asyncio.sleep(0.3)
+        assert len(writes) == stopped_at  # its loop no longer runs
+    finally:
+        leading.cancel()
+        await store.close()

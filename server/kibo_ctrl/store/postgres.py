@@ -47,6 +47,7 @@ from ..domain.errors import StoreError, Unavailable
 from ..domain.model import Command, Event, Instance, Volume, Workspace, WorkspaceState
 from .base import Changes, CommitObserver, Reader, Tx, WorkspaceQuery, WorkspaceSlice
 from .postgres_feed import Entry, Feed, newest
+from .postgres_leader import FENCE, current, deposed
 from .postgres_migrations import MIGRATIONS, VERSION_TABLE
 from .records import (
     COMMAND,
@@ -255,6 +256,11 @@ class PostgresTx(PostgresReader):
         self.now = now
         self.changes = Changes()
 
+    @property
+    def connection(self) -> psycopg.Connection[Any]:
+        """For the store's own bookkeeping in the same transaction (the leader lease)."""
+        return self._conn
+
     def next_workspace_seq(self) -> int:
         # Under WRITE_LOCK: no other writer can take the same number before this commits.
         row = self._conn.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM workspaces").fetchone()
@@ -423,6 +429,8 @@ def migrate(conn: psycopg.Connection[Any], where: str) -> None:
 class _Job:
     fn: Callable[[Any], Any]  # given a Tx (writes) or a Reader (reads)
     future: asyncio.Future[Any]
+    # The leader's fencing token, for a write of a leader-only loop (postgres_leader.py).
+    fence: int | None = None
 
 
 _STOP = object()
@@ -499,17 +507,29 @@ class PostgresStore:
         for listener in self._listeners:
             listener(changes)
 
-    def _submit(self, jobs: queue.SimpleQueue[_Job | object], fn: Callable[[Any], Any]) -> asyncio.Future[Any]:
+    def _submit(
+        self, jobs: queue.SimpleQueue[_Job | object], fn: Callable[[Any], Any], fence: int | None = None
+    ) -> asyncio.Future[Any]:
         if self._closed:
             raise RuntimeError("store is closed")
         future: asyncio.Future[Any] = self._loop.create_future()
-        jobs.put(_Job(fn, future))
+        jobs.put(_Job(fn, future, fence))
         return future
 
     async def transact(self, fn: Callable[Concatenate[Tx, P], T], /, *args: P.args, **kwargs: P.kwargs) -> T:
-        # Run in the caller's context (its trace, engine/trace.py) on the writer thread.
+        # Run in the caller's context (its trace, engine/trace.py) on the writer thread; a
+        # leader-only loop's writes carry its fencing token.
         context = contextvars.copy_context()
-        result: T = await self._submit(self._queue, lambda on: context.run(fn, on, *args, **kwargs))
+        job = lambda on: context.run(fn, on, *args, **kwargs)  # noqa: E731
+        result: T = await self._submit(self._queue, job, FENCE.get())
+        return result
+
+    async def locked(
+        self, fn: Callable[Concatenate[psycopg.Connection[Any], P], T], /, *args: P.args, **kwargs: P.kwargs
+    ) -> T:
+        """`fn(connection, ...)` in the writer's next transaction, under the write lock: the
+        leader lease (postgres_leader.py) changes hands only between whole batches."""
+        result: T = await self._submit(self._queue, lambda tx: fn(tx.connection, *args, **kwargs))
         return result
 
     async def read(self, fn: Callable[Concatenate[Reader, P], T], /, *args: P.args, **kwargs: P.kwargs) -> T:
@@ -585,7 +605,9 @@ class PostgresStore:
         try:
             conn = connection.begin("BEGIN ISOLATION LEVEL READ COMMITTED")
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_LOCK,))
-            outcomes, changes = _run_jobs(conn, batch, now)
+            # Under the lock: no other replica can take the lease before this batch commits.
+            leader = current(conn) if any(job.fence is not None for job in batch) else None
+            outcomes, changes = _run_jobs(conn, batch, now, leader)
             entries = self._feed.record(conn, changes)
             conn.execute("COMMIT")
             took = time.perf_counter() - started
@@ -610,12 +632,17 @@ class PostgresStore:
             _settle_all(outcomes)
 
 
-def _run_jobs(conn: psycopg.Connection[Any], batch: list[_Job], now: float) -> tuple[list[_Outcome], Changes]:
+def _run_jobs(
+    conn: psycopg.Connection[Any], batch: list[_Job], now: float, leader: int | None
+) -> tuple[list[_Outcome], Changes]:
     """Each job in its own savepoint; a job that fails rolls back alone. A connection that
-    breaks fails the whole batch (raised)."""
+    breaks fails the whole batch (raised). A fenced job of a deposed leader is refused."""
     outcomes: list[_Outcome] = []
     changes = Changes()
     for job in batch:
+        if job.fence is not None and job.fence != leader:
+            outcomes.append((job, None, deposed(job.fence)))
+            continue
         for attempt in (1, 2):
             tx = PostgresTx(conn, now)
             conn.execute("SAVEPOINT job")
