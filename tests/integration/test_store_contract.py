@@ -409,3 +409,23 @@ async def test_a_leader_whose_lease_is_taken_stops_its_loops(postgres_databases:
     finally:
         leading.cancel()
         await store.close()
+
+
+async def test_a_replica_that_only_reads_publishes_the_others_commits(postgres_databases: Databases) -> None:
+    """Its writer never runs, so only the feed's listener (LISTEN/NOTIFY, then a read by
+    sequence) tells it: it still publishes every commit of the other, in order, within a poll."""
+    url = postgres_databases.create()
+    writer, reader = await PostgresStore.open(url), await PostgresStore.open(url)
+    try:
+        heard: list[str] = []
+        reader.subscribe(lambda changes: heard.extend(e.command_id for e in changes.events))
+        engine = Engine(writer)  # type: ignore[arg-type]
+        ids = [f"quiet-{uuid.uuid4().hex}" for _ in range(10)]
+        for command_id in ids:
+            await engine.create(command_id)
+        await _until(lambda: set(ids) <= set(heard), within=5)
+        # Each create's events (several per command), in commit order.
+        assert list(dict.fromkeys(c for c in heard if c.startswith("quiet-"))) == ids
+    finally:
+        await writer.close()
+        await reader.close()
