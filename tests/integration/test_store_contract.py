@@ -6,6 +6,7 @@ even when two store instances race on one database, bounded scans, migrations.""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import sqlite3
 import threading
@@ -429,3 +430,27 @@ async def test_a_replica_that_only_reads_publishes_the_others_commits(postgres_d
     finally:
         await writer.close()
         await reader.close()
+
+
+async def test_a_job_that_raises_after_a_failed_write_rolls_back_alone(place: Place) -> None:
+    """A database error the job never looked at (a duplicate key), then its own exception:
+    the job fails with its own error and its neighbours commit."""
+    store = await place.open()
+    taken = _token("taken")
+    await store.transact(_add_token, *taken)
+
+    def collide_then_raise(tx: Tx) -> None:
+        with contextlib.suppress(StoreError, sqlite3.Error, psycopg.Error):
+            tx.add_token(*_token("taken"))
+        raise LookupError("the job's own error")
+
+    release, holding = await _held_writer(store)
+    before = asyncio.ensure_future(store.transact(_add_token, *_token("before")))
+    failing = asyncio.ensure_future(store.transact(collide_then_raise))
+    after = asyncio.ensure_future(store.transact(_add_token, *_token("after")))
+    await asyncio.sleep(0.1)
+    release.set()
+    await holding
+    results = await asyncio.gather(before, failing, after, return_exceptions=True)
+    assert isinstance(results[0], str) and isinstance(results[1], LookupError) and isinstance(results[2], str)
+    assert place.raw_count("tokens") == 3

@@ -25,6 +25,7 @@ condition that passes (disk full, read-only, shutting down); a query bug is INTE
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import os
 import queue
@@ -534,28 +535,38 @@ def _run_jobs(
     breaks fails the whole batch (raised). A fenced job of a deposed leader is refused."""
     outcomes: list[_Outcome] = []
     changes = Changes()
-    for job in batch:
-        if job.fence is not None and job.fence != leader:
-            outcomes.append((job, None, deposed(job.fence)))
-            continue
-        for attempt in (1, 2):
-            tx = PostgresTx(conn, now)
-            conn.execute("SAVEPOINT job")
-            try:
-                result = job.fn(tx)
-            except BaseException as error:
-                if conn.broken:
-                    raise
-                conn.execute("ROLLBACK TO SAVEPOINT job")
-                conn.execute("RELEASE SAVEPOINT job")
-                if attempt == 1 and isinstance(error, _RERUN):
-                    continue
-                outcomes.append((job, None, error))
-            else:
-                conn.execute("RELEASE SAVEPOINT job")
-                outcomes.append((job, result, None))
-                changes.merge(tx.changes)
-            break
+    # Pipeline mode: a statement whose result nobody reads (the writes, the savepoints) goes
+    # out without waiting for its answer; each job ends with a sync, so an error is raised
+    # inside the job that caused it. (A round trip per statement halved the rate on a busy
+    # machine, where every round trip waits for two processes to be scheduled.)
+    with conn.pipeline() as pipeline:
+        for job in batch:
+            if job.fence is not None and job.fence != leader:
+                outcomes.append((job, None, deposed(job.fence)))
+                continue
+            for attempt in (1, 2):
+                tx = PostgresTx(conn, now)
+                conn.execute("SAVEPOINT job")
+                try:
+                    result = job.fn(tx)
+                    pipeline.sync()
+                except BaseException as error:
+                    # The job's statements still in flight, with their own errors: out of the way.
+                    with contextlib.suppress(psycopg.Error):
+                        pipeline.sync()
+                    if conn.broken:
+                        raise
+                    conn.execute("ROLLBACK TO SAVEPOINT job")
+                    conn.execute("RELEASE SAVEPOINT job")
+                    pipeline.sync()
+                    if attempt == 1 and isinstance(error, _RERUN):
+                        continue
+                    outcomes.append((job, None, error))
+                else:
+                    conn.execute("RELEASE SAVEPOINT job")
+                    outcomes.append((job, result, None))
+                    changes.merge(tx.changes)
+                break
     return outcomes, changes
 
 
