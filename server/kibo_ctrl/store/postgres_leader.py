@@ -6,8 +6,9 @@ adds one to its fencing token, and stays leader by renewing it every LEASE_S / 4
 it then starts run with that token in their context (`FENCE`); the store checks it inside
 each of their transactions, under the write lock (postgres.py), so once another replica
 has taken the lease a deposed leader's late writes are refused, whatever it believes. A
-leader that cannot renew within LEASE_S stops its loops and the process (a supervisor
-restarts it as a follower); one that shuts down hands the lease over at once."""
+leader that finds its lease taken, or cannot reach the database for LEASE_S, stops its loops
+and the process (a supervisor restarts it as a follower); one that shuts down hands the
+lease over at once."""
 
 from __future__ import annotations
 
@@ -99,14 +100,19 @@ async def lead(
     loop = asyncio.get_running_loop()
     renewed = loop.time()
     try:
-        while loop.time() - renewed < lease_s:
+        while True:
             await asyncio.sleep(lease_s / 4)
             try:
+                # A renewal that is merely slow (a busy writer) is waited for: it succeeds if
+                # no other replica took the lease meanwhile, and only a takeover ends the lease.
                 if not await store.locked(renew, store.replica, token, lease_s):
                     break  # another replica took the lease
                 renewed = loop.time()
             except StoreError as error:
                 log.warning("cannot renew the leader lease: %s", error)
+                # The database cannot be asked for a lease-time: assume another replica took over.
+                if loop.time() - renewed >= lease_s:
+                    break
     except asyncio.CancelledError:
         # Shutting down: hand the lease over now rather than after it expires.
         with contextlib.suppress(StoreError):
