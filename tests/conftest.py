@@ -79,6 +79,7 @@ def server_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callabl
         started.append(server)
         return server
 
+    start.started = started  # type: ignore[attr-defined]
     yield start
     for server in started:
         if server.process is not None and server.process.poll() is None:
@@ -92,15 +93,19 @@ def firecracker(server_factory: Callable[..., ServerProcess]) -> ServerProcess:
 
 
 @pytest.fixture(scope="session")
-def postgres_databases() -> Iterator[Databases]:
+def postgres_databases(server_factory: Callable[..., ServerProcess]) -> Iterator[Databases]:
     """Fresh databases on this worker's throwaway PostgreSQL (tests/postgres.py), or on the one
-    KIBO_TEST_POSTGRES_DSN names; started on first use, stopped and removed at the end."""
+    KIBO_TEST_POSTGRES_DSN names; started on first use, stopped and removed at the end (after
+    the servers that use them)."""
     named = os.environ.get(DSN_VARIABLE)
     local = None if named else LocalPostgres.start()
     databases = Databases(named if local is None else local.dsn)
     try:
         yield databases
     finally:
+        for server in server_factory.started:  # type: ignore[attr-defined]
+            if server.store is not None and server.process is not None and server.process.poll() is None:
+                server.kill()
         databases.drop_all()
         if local is not None:
             local.stop()
