@@ -25,7 +25,9 @@ from .domain.reports import StorageReleased
 from .engine import controller
 from .engine.expiry import ExpiryLoop
 from .engine.hub import Hub
-from .engine.node_agent import Liveness, NodeAgent
+from .engine.local_link import LocalLink
+from .engine.node_agent import NodeAgent
+from .engine.node_registry import NodeRegistry
 from .engine.scheduler import Scheduler
 from .engine.service import Quotas, Service, Settings
 from .runtime.base import Closable, GuestAccess, MachineObserver, Runtime
@@ -81,6 +83,9 @@ class Config:
     node_memory_mib: int = 16 * 1024 * 1024
     settle_ms: float = 1000.0
     node_timeout_ms: float = 3000.0
+    # Run the embedded node(s) in this process (False: `serve --no-local-node`, only nodes
+    # that join over kibo.node.v1 run workspaces).
+    local_node: bool = True
     shutdown_grace_s: float = 5.0
     # Who may do what: bearer tokens (off only with --insecure-no-auth).
     auth: bool = True
@@ -143,22 +148,51 @@ class App:
         storage_pool = "local"
         self.service = Service(Settings(storage_pool=storage_pool, quotas=config.quotas))
         self.authenticator = await self._authenticator()
+        # Nodes: the registry (leases, feeds) serves the local node agents and the remote
+        # ones (kibo.node.v1) alike; the scheduler places on the nodes it records.
+        self.registry = NodeRegistry(self.store, config.node_timeout_ms / 1000, self.clock)
+        await self.registry.load()
+        self.hub.listen(self.registry.on_changes)
+        scheduler = Scheduler(self.store)
+        self.registry.on_nodes_changed(scheduler.nodes_changed)
+        self.runtimes: dict[str, Runtime] = {}
+        self.sim_api: SimulatorApi | None = None
+        self._closables: list[Closable] = []
+        self._agents: list[NodeAgent] = []
+        guests: dict[str, GuestAccess] = {}
+        observer: MachineObserver | None = None
+        capabilities = ["workspace.stop.force"]
+        if config.local_node:
+            observer, capabilities = await self._local_nodes(storage_pool, guests)
+        expiry = ExpiryLoop(self.store, self.service, self.clock)
+        for listener in (scheduler.on_changes, expiry.on_changes):
+            self.hub.listen(listener)
+        self.api = Api(
+            self.store, self.hub, self.service, capabilities, config.settle_ms / 1000, observer, MAX_MESSAGE_BYTES
+        )
+        self.data_plane = data_plane.DataPlane(self.store, guests, config.data_dir)
+        # Revoke, stop and delete end the data-plane calls running under the old credential.
+        self.hub.listen(self.data_plane.on_changes)
+        self.metrics.data_plane_sessions.set_function(lambda: self.data_plane.sessions.count)
+        for coroutine in (scheduler.run(), expiry.run(), self.registry.run(), *(a.run() for a in self._agents)):
+            self._tasks.append(asyncio.create_task(self._supervise(coroutine)))
+        await self._serve()
+
+    async def _local_nodes(
+        self, storage_pool: str, guests: dict[str, GuestAccess]
+    ) -> tuple[MachineObserver | None, list[str]]:
+        """The embedded node(s): their runtimes and agents, linked to the registry in process
+        (the same agent and the same link protocol as a `kibo-ctrl node` on another host)."""
+        config = self.config
         nodes = [
-            Node(
-                id=f"node-{i + 1}",
-                vcpus=config.node_vcpus,
-                memory_mib=config.node_memory_mib,
-                storage_pool=storage_pool,
-            )
+            Node(id=f"node-{i + 1}", vcpus=config.node_vcpus, memory_mib=config.node_memory_mib, storage_pool=pool)
+            # The pool's files are deleted by its first node; the other simulated nodes have their own.
             for i in range(config.sim_nodes if config.runtime == "sim" else 1)
+            for pool in [storage_pool if i == 0 else f"{storage_pool}-node-{i + 1}"]
         ]
         # The runtimes, and who gets which of their capabilities (runtime/base.py): only the
         # process runtime reaches guests, reads the machine and has connections to close.
-        self.runtimes: dict[str, Runtime] = {}
-        guests: dict[str, GuestAccess] = {}
         observer: MachineObserver | None = None
-        self._closables: list[Closable] = []
-        self.sim_api: SimulatorApi | None = None
         if config.runtime == "process":
             options = ProcessOptions(
                 data_dir=config.data_dir,
@@ -180,42 +214,17 @@ class App:
             sim_nodes = {n.id: SimNode(n.id, config.sim_backend, config.sim_step_ms / 1000, board) for n in nodes}
             self.runtimes.update(sim_nodes)
             self.sim_api = SimulatorApi(self._find_workspace, board, sim_nodes, self._pool_lost)
-        liveness = Liveness(self.store, [n.id for n in nodes], config.node_timeout_ms / 1000, self.clock)
         # Each node agent drives its runtime through the timing wrapper (metrics, failure
         # logs, and with tracing a span per operation in its command's trace).
         metered = {
             n.id: MeteredRuntime(self.runtimes[n.id], n.id, self.metrics, self.tracing, self._trace_parent_of)
             for n in nodes
         }
-        self.metrics.watch_nodes(nodes, lambda node_id: self.runtimes[node_id].reachable.is_set(), liveness.report_age)
-        # The pool's files are deleted by its first node.
-        agents = [
-            NodeAgent(n, metered[n.id], self.store, liveness)
-            if i == 0
-            else NodeAgent(
-                Node(n.id, n.vcpus, n.memory_mib, storage_pool=f"{storage_pool}-{n.id}"),
-                metered[n.id],
-                self.store,
-                liveness,
-            )
-            for i, n in enumerate(nodes)
-        ]
-        scheduler = Scheduler(self.store, nodes)
-        expiry = ExpiryLoop(self.store, self.service, self.clock)
-        for listener in (scheduler.on_changes, expiry.on_changes, *(a.on_changes for a in agents)):
-            self.hub.listen(listener)
-        self._agents = agents
-        capabilities = next(iter(self.runtimes.values())).capabilities()
-        self.api = Api(
-            self.store, self.hub, self.service, capabilities, config.settle_ms / 1000, observer, MAX_MESSAGE_BYTES
+        self.metrics.watch_nodes(
+            nodes, lambda node_id: self.runtimes[node_id].reachable.is_set(), self.registry.report_age
         )
-        self.data_plane = data_plane.DataPlane(self.store, guests, config.data_dir)
-        # Revoke, stop and delete end the data-plane calls running under the old credential.
-        self.hub.listen(self.data_plane.on_changes)
-        self.metrics.data_plane_sessions.set_function(lambda: self.data_plane.sessions.count)
-        for coroutine in (scheduler.run(), expiry.run(), liveness.run(), *(a.run() for a in agents)):
-            self._tasks.append(asyncio.create_task(self._supervise(coroutine)))
-        await self._serve()
+        self._agents = [NodeAgent(n, metered[n.id], LocalLink(self.registry, n.id)) for n in nodes]
+        return observer, next(iter(self.runtimes.values())).capabilities()
 
     async def _authenticator(self) -> Authenticator:
         rate = self.config.rate_limit_rps
@@ -359,6 +368,8 @@ class App:
         """Finish in-flight calls, stop the loops, close the store."""
         await self.health.enter_graceful_shutdown()
         self.hub.close()
+        # Ends the nodes' feeds (WatchSteps streams) at once, so the server's grace is not spent on them.
+        self.registry.close()
         stopping = [self.server.stop(self.config.shutdown_grace_s)]
         if self.http is not None:
             stopping.append(self.http.stop())

@@ -14,11 +14,13 @@ from .steps import event, save
 log = logging.getLogger(__name__)
 
 
-def schedule_pending(tx: Tx, nodes: list[Node]) -> int:
-    """One pass over the unscheduled instances; returns how many are still waiting."""
+def schedule_pending(tx: Tx) -> int:
+    """One pass over the unscheduled instances; returns how many are still waiting. Only
+    nodes that are ready (alive, not cordoned) take new instances, in ID order."""
     pending = tx.unscheduled_instances()
     if not pending:
         return 0
+    nodes = [record.node() for record in tx.list_nodes() if record.ready]
     usage = {node.id: tx.node_usage(node.id) for node in nodes}
     waiting = 0
     for instance in pending:
@@ -33,7 +35,7 @@ def schedule_pending(tx: Tx, nodes: list[Node]) -> int:
         ]
         if not fits:
             waiting += 1
-            reason = f"unschedulable: no node has {instance.vcpus} vCPU and {instance.memory_mib} MiB free"
+            reason = f"unschedulable: no ready node has {instance.vcpus} vCPU and {instance.memory_mib} MiB free"
             if instance.reason != reason:
                 instance.reason = reason
                 event(tx, workspace, EventType.UNSCHEDULABLE, message=reason)
@@ -44,7 +46,7 @@ def schedule_pending(tx: Tx, nodes: list[Node]) -> int:
             cpu, memory = usage[node.id]
             return min((node.vcpus - cpu) / node.vcpus, (node.memory_mib - memory) / node.memory_mib)
 
-        # Score: the most free share left (spread); ties go to the first node listed.
+        # Score: the most free share left (spread); ties go to the first node by ID.
         node = max(fits, key=free_share)
         cpu, memory = usage[node.id]
         usage[node.id] = (cpu + instance.vcpus, memory + instance.memory_mib)
@@ -60,11 +62,15 @@ def schedule_pending(tx: Tx, nodes: list[Node]) -> int:
 
 
 class Scheduler:
-    def __init__(self, store: Store, nodes: list[Node]) -> None:
+    def __init__(self, store: Store) -> None:
         self._store = store
-        self._nodes = nodes
         self._wakeup = Wakeup()
         self._waiting = 0
+
+    def nodes_changed(self) -> None:
+        """A node joined, returned, fell silent or was cordoned: instances waiting may fit."""
+        if self._waiting:
+            self._wakeup.set()
 
     def on_changes(self, changes: Changes) -> None:
         for instance in changes.instances.values():
@@ -78,7 +84,7 @@ class Scheduler:
         while True:
             await self._wakeup.wait()
             try:
-                self._waiting = await self._store.transact(schedule_pending, self._nodes)
+                self._waiting = await self._store.transact(schedule_pending)
             except Exception:
                 log.exception("scheduling pass failed; retrying")
                 await asyncio.sleep(1)
