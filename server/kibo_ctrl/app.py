@@ -18,6 +18,7 @@ from . import routes, tokens
 from .api import data_plane
 from .api.auth import Authenticator
 from .api.control_plane import Api
+from .api.node_api import NodeAdminApi, NodeApi
 from .domain.access import DEFAULT_TENANT, Role, TokenRecord
 from .domain.clock import SYSTEM_CLOCK, Clock
 from .domain.model import Backend, Node, Workspace
@@ -308,13 +309,19 @@ class App:
         # (UNIMPLEMENTED on both listeners, absent from reflection and health).
         if self.sim_api is not None:
             services.append(routes.simulator_service(self.sim_api))
+        services.append(routes.node_admin_service(NodeAdminApi(self.registry)))
         grpc_observer = self._rpc_observer("grpc")
+        # Node agents (kibo-ctrl node) on the gRPC port only, with the authenticator that
+        # takes node tokens (every other service refuses them).
+        node_service = routes.node_service(NodeApi(self.registry))
         self.server.add_generic_rpc_handlers(
             [service_handler(service, self.authenticator, grpc_observer) for service in services]
+            + [service_handler(node_service, self.authenticator.for_nodes(), grpc_observer)]
         )
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        names = [service.full_name for service in services] + [health.SERVICE_NAME, reflection.SERVICE_NAME]
+        names = [service.full_name for service in (*services, node_service)]
+        names += [health.SERVICE_NAME, reflection.SERVICE_NAME]
         reflection.enable_server_reflection(names, self.server)
         tls = self.config.tls
         if tls is None:

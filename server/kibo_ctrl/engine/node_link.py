@@ -24,8 +24,42 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from ..domain.model import Instance, Node
-from ..domain.reports import Report, StorageReleased
+from ..domain.reports import (
+    Destroyed,
+    DestroyFailed,
+    GuestReset,
+    GuestResponding,
+    Launched,
+    LaunchFailed,
+    Progress,
+    Report,
+    Restarted,
+    RestartFailed,
+    StopFailed,
+    Stopped,
+    StorageReleased,
+    VmmExited,
+)
 from ..runtime.base import LaunchSpec
+
+# Every report a node may send, by the name it travels under (kibo.node.v1 Report.kind).
+REPORT_KINDS: dict[str, type[Report]] = {
+    kind.__name__: kind
+    for kind in (
+        Progress,
+        Launched,
+        LaunchFailed,
+        Stopped,
+        StopFailed,
+        Destroyed,
+        DestroyFailed,
+        GuestReset,
+        Restarted,
+        RestartFailed,
+        VmmExited,
+        GuestResponding,
+    )
+}
 
 
 class LinkDown(Exception):

@@ -193,11 +193,12 @@ class NodeRegistry:
 
     # -- operators ----------------------------------------------------------------------------
 
-    async def list_nodes(self) -> list[tuple[NodeRecord, int]]:
-        """Every node, with how many instances it still holds or owes work for."""
+    async def list_nodes(self) -> list[tuple[NodeRecord, int, tuple[int, int]]]:
+        """Every node, with how many instances it still holds or owes work for, and the
+        vCPUs and memory its instances reserve."""
 
-        def read(reader: Reader) -> list[tuple[NodeRecord, int]]:
-            return [(n, len(reader.node_instances(n.id))) for n in reader.list_nodes()]
+        def read(reader: Reader) -> list[tuple[NodeRecord, int, tuple[int, int]]]:
+            return [(n, len(reader.node_instances(n.id)), reader.node_usage(n.id)) for n in reader.list_nodes()]
 
         return await self._store.read(read)
 
