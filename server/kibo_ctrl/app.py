@@ -313,7 +313,7 @@ class App:
         grpc_observer = self._rpc_observer("grpc")
         # Node agents (kibo-ctrl node) on the gRPC port only, with the authenticator that
         # takes node tokens (every other service refuses them).
-        node_service = routes.node_service(NodeApi(self.registry))
+        node_service = routes.node_service(NodeApi(self.registry, self.config.auth))
         self.server.add_generic_rpc_handlers(
             [service_handler(service, self.authenticator, grpc_observer) for service in services]
             + [service_handler(node_service, self.authenticator.for_nodes(), grpc_observer)]

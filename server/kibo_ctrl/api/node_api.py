@@ -30,15 +30,16 @@ _ENCODER = msgspec.json.Encoder()
 MAX_IDS = 1024
 
 
-def node_of(caller: Caller, named: str) -> str:
-    """The node this caller may act as, given the node the request names."""
+def node_of(caller: Caller, named: str, auth: bool = True) -> str:
+    """The node this caller may act as, given the node the request names. `auth` False:
+    authentication is off (--insecure-no-auth), and the caller acts as the node it names."""
     if caller.role is Role.NODE:
         if named and named != caller.tenant:
             raise PermissionDenied(
                 f"this node token acts as node {caller.tenant}, not as {named[:80]!r}", field="node_id"
             )
         return caller.tenant
-    if caller == LOCAL_OPERATOR:
+    if not auth and caller == LOCAL_OPERATOR:
         return node_id(named)
     raise PermissionDenied(
         "the node API takes a node token",
@@ -127,11 +128,12 @@ def render_node(record: NodeRecord, instances: int, used: tuple[int, int]) -> ad
 class NodeApi:
     """kibo.node.v1.NodeService: what node agents call."""
 
-    def __init__(self, registry: NodeRegistry) -> None:
+    def __init__(self, registry: NodeRegistry, auth: bool) -> None:
         self._registry = registry
+        self._auth = auth
 
     async def join(self, request: node_pb2.JoinRequest, caller: Caller) -> node_pb2.JoinResponse:
-        node = node_of(caller, request.node_id)
+        node = node_of(caller, request.node_id, self._auth)
         if len(request.capabilities) > 64 or any(len(c) > 128 for c in request.capabilities):
             raise InvalidArgument("capabilities: up to 64, of up to 128 characters", field="capabilities")
         declaration = Declaration(
@@ -145,7 +147,7 @@ class NodeApi:
     async def watch_steps(
         self, request: node_pb2.WatchStepsRequest, caller: Caller
     ) -> AsyncGenerator[node_pb2.WatchStepsResponse, None]:
-        node = node_of(caller, request.node_id)
+        node = node_of(caller, request.node_id, self._auth)
         cursor = None
         if request.HasField("resume_after"):
             cursor = Cursor(request.resume_after.epoch, request.resume_after.seq)
@@ -155,19 +157,19 @@ class NodeApi:
     async def get_launch_spec(
         self, request: node_pb2.GetLaunchSpecRequest, caller: Caller
     ) -> node_pb2.GetLaunchSpecResponse:
-        node = node_of(caller, request.node_id)
+        node = node_of(caller, request.node_id, self._auth)
         spec = await self._registry.launch_spec(node, request.instance_id, request.step)
         return node_pb2.GetLaunchSpecResponse(spec=encode(spec))
 
     async def report(self, request: node_pb2.ReportRequest, caller: Caller) -> node_pb2.ReportResponse:
-        node = node_of(caller, request.node_id)
+        node = node_of(caller, request.node_id, self._auth)
         await self._registry.report(node, parse_report(request))
         return node_pb2.ReportResponse()
 
     async def report_storage_released(
         self, request: node_pb2.ReportStorageReleasedRequest, caller: Caller
     ) -> node_pb2.ReportStorageReleasedResponse:
-        node = node_of(caller, request.node_id)
+        node = node_of(caller, request.node_id, self._auth)
         report = StorageReleased(request.workspace_id, volume_ids=_ids(request.volume_ids, "volume_ids"))
         await self._registry.storage_released(node, report)
         return node_pb2.ReportStorageReleasedResponse()
@@ -175,12 +177,12 @@ class NodeApi:
     async def report_volume_released(
         self, request: node_pb2.ReportVolumeReleasedRequest, caller: Caller
     ) -> node_pb2.ReportVolumeReleasedResponse:
-        node = node_of(caller, request.node_id)
+        node = node_of(caller, request.node_id, self._auth)
         await self._registry.volume_released(node, request.volume_id)
         return node_pb2.ReportVolumeReleasedResponse()
 
     async def renew_lease(self, request: node_pb2.RenewLeaseRequest, caller: Caller) -> node_pb2.RenewLeaseResponse:
-        node = node_of(caller, request.node_id)
+        node = node_of(caller, request.node_id, self._auth)
         await self._registry.renew(node)
         return node_pb2.RenewLeaseResponse(lease_seconds=self._registry.lease_seconds)
 
@@ -192,22 +194,22 @@ class NodeAdminApi:
         self._registry = registry
 
     async def list_nodes(self, request: admin_pb2.ListNodesRequest, caller: Caller) -> admin_pb2.ListNodesResponse:
-        caller.require_operator("listing the nodes")
+        caller.require_operator("managing the nodes")
         nodes = await self._registry.list_nodes()
         return admin_pb2.ListNodesResponse(nodes=[render_node(r, n, used) for r, n, used in nodes])
 
     async def cordon_node(self, request: admin_pb2.CordonNodeRequest, caller: Caller) -> admin_pb2.CordonNodeResponse:
-        caller.require_operator("cordoning a node")
+        caller.require_operator("managing the nodes")
         return admin_pb2.CordonNodeResponse(node=await self._changed(request.node_id, cordoned=True))
 
     async def uncordon_node(
         self, request: admin_pb2.UncordonNodeRequest, caller: Caller
     ) -> admin_pb2.UncordonNodeResponse:
-        caller.require_operator("uncordoning a node")
+        caller.require_operator("managing the nodes")
         return admin_pb2.UncordonNodeResponse(node=await self._changed(request.node_id, cordoned=False))
 
     async def drain_node(self, request: admin_pb2.DrainNodeRequest, caller: Caller) -> admin_pb2.DrainNodeResponse:
-        caller.require_operator("draining a node")
+        caller.require_operator("managing the nodes")
         return admin_pb2.DrainNodeResponse(node=await self._changed(request.node_id, cordoned=True, drain=True))
 
     async def _changed(self, node: str, cordoned: bool, drain: bool = False) -> admin_pb2.Node:
