@@ -4,13 +4,20 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from kibo.ctrl.v1 import workspace_service_pb2 as ws
 from kibo.node.v1 import node_admin_service_pb2 as adm
 
-from tests.client import Client, S
+from tests.client import Client, S, meta
+from tests.integration.test_auth import make_token
+from tests.integration.test_node_api import node_token
 from tests.nodes import NodeProcess, admin, list_nodes
 from tests.server import ServerProcess
 from tests.system.test_durability import eventually
@@ -146,3 +153,53 @@ async def _ready(server: ServerProcess, node_id: str) -> bool:
     node = (await list_nodes(server.address)).get(node_id)
     await asyncio.sleep(0)
     return node is not None and node.state == adm.NODE_STATE_READY
+
+
+def kibo(server: ServerProcess, token: str, *args: str) -> subprocess.CompletedProcess[str]:
+    command = [str(Path(sys.executable).parent / "kibo"), "--server", server.address, "--token", token, *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=60)
+
+
+async def test_a_node_joins_with_its_token_and_an_operator_manages_it_with_kibo_node(
+    server_factory: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
+    server = server_factory("--no-local-node", "--node-timeout-ms", LEASE_MS, auth=True)
+    token = node_token(server, "node-s")
+    operator = make_token(server, "default", "operator")
+    # A node token names its node: started as another node, the agent is refused and exits.
+    impostor = NodeProcess(server.address, tmp_path / "node-t", "node-t", ("--token", token)).start()
+    assert impostor.process is not None
+    assert impostor.process.wait(30) == 2
+    assert "acts as node node-s" in impostor.log()
+    node = NodeProcess(server.address, tmp_path / "node-s", "node-s", ("--token", token, "--labels", "zone=a")).start()
+    try:
+
+        def listed() -> dict[str, Any]:
+            result = kibo(server, operator, "node", "list", "-o", "json")
+            assert result.returncode == 0, result.stderr
+            return {n["id"]: n for n in json.loads(result.stdout)["nodes"]}
+
+        async def joined() -> bool:
+            return listed().get("node-s", {}).get("state") == "NODE_STATE_READY"
+
+        await eventually(joined, within=20, what="node-s joined with its token")
+        assert listed()["node-s"]["labels"] == {"zone": "a"}
+        assert "node-t" not in listed()
+        # A tenant admin may not manage nodes.
+        refused = kibo(server, server.admin_token, "node", "cordon", "node-s")
+        assert refused.returncode != 0 and "PERMISSION_DENIED" in refused.stderr
+        assert listed()["node-s"]["state"] == "NODE_STATE_READY"
+
+        cordoned = kibo(server, operator, "node", "cordon", "node-s")
+        assert cordoned.returncode == 0 and "CORDONED" in cordoned.stdout, cordoned.stderr
+        async with Client.connect(server.address, server.admin_token) as client:
+            response = await client.ws.CreateWorkspace(ws.CreateWorkspaceRequest(metadata=meta()))
+            workspace_id = response.workspace.workspace_id
+            await asyncio.sleep(0.5)
+            waiting = await client.get(workspace_id)
+            assert waiting.state == S.WORKSPACE_STATE_CREATING and not waiting.node_id
+            assert kibo(server, operator, "node", "uncordon", "node-s").returncode == 0
+            placed = await client.wait_steady(workspace_id, within=20)
+            assert placed.state == S.WORKSPACE_STATE_AVAILABLE and placed.node_id == "node-s"
+    finally:
+        node.kill()
