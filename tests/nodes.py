@@ -20,6 +20,7 @@ class NodeProcess:
     data_dir: Path
     node_id: str
     flags: tuple[str, ...] = ()
+    runtime: str = "sim"
     process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> NodeProcess:
@@ -32,7 +33,7 @@ class NodeProcess:
             "--control-plane",
             self.control_plane,
             "--runtime",
-            "sim",
+            self.runtime,
             "--sim-step-ms",
             "5",
             "--data-dir",

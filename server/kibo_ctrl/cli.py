@@ -400,6 +400,9 @@ def node(
     guest_id_base: Annotated[
         int, typer.Option(min=1, help="Process runtime: the guests' host id range start.")
     ] = 100_000,
+    storage_overcommit: Annotated[
+        float, typer.Option(min=1.0, help="Process runtime: how many times the free disk new storage may promise.")
+    ] = 1.0,
     sim_backend: Annotated[Backend, typer.Option(help="Backend personality of the simulator.")] = Backend.FIRECRACKER,
     sim_step_ms: Annotated[float, typer.Option(min=0, help="Simulated time each lifecycle step takes.")] = 20.0,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
@@ -438,6 +441,7 @@ def node(
         guest_command=tuple(shlex.split(guest_command)),
         stop_grace_ms=stop_grace_ms,
         guest_id_base=guest_id_base,
+        storage_overcommit=storage_overcommit,
     )
     try:
         asyncio.run(_run_node(config))
