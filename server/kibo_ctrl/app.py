@@ -32,6 +32,7 @@ from .engine.node_registry import NodeRegistry
 from .engine.scheduler import Scheduler
 from .engine.service import Quotas, Service, Settings
 from .runtime.base import Closable, GuestAccess, MachineObserver, Runtime
+from .runtime.process import safepath
 from .runtime.process.idmap import IdRange
 from .runtime.process.runtime import ProcessOptions, ProcessRuntime
 from .runtime.sim.api import SimulatorApi
@@ -48,6 +49,7 @@ from .transport.connect import application
 from .transport.grpc import service_handler
 from .transport.http import SERVERS, HttpLimits, HttpServer, open_file_limit
 from .transport.http_guard import BodyLimits, guard
+from .transport.node_guest_client import NodeGuests
 from .transport.rpc import NO_OBSERVER, RpcObserver
 from .transport.tls import Tls
 
@@ -171,7 +173,10 @@ class App:
         self.api = Api(
             self.store, self.hub, self.service, capabilities, config.settle_ms / 1000, observer, MAX_MESSAGE_BYTES
         )
-        self.data_plane = data_plane.DataPlane(self.store, guests, config.data_dir)
+        # The data plane reaches the embedded node's guests in process, a remote node's through
+        # the hop it declared at its join (kibo.node.v1.NodeGuestService on that node).
+        self.guests = NodeGuests(guests, self.registry.data_plane_of, safepath.guest_file_path)
+        self.data_plane = data_plane.DataPlane(self.store, self.guests, config.data_dir)
         # Revoke, stop and delete end the data-plane calls running under the old credential.
         self.hub.listen(self.data_plane.on_changes)
         self.metrics.data_plane_sessions.set_function(lambda: self.data_plane.sessions.count)
@@ -390,6 +395,7 @@ class App:
                 await task
         for closable in self._closables:
             await closable.close()
+        await self.guests.close()
         await self.store.close()
         if self.tracing is not None:
             self.tracing.shutdown()  # flushes the spans still batched

@@ -403,6 +403,20 @@ def node(
     storage_overcommit: Annotated[
         float, typer.Option(min=1.0, help="Process runtime: how many times the free disk new storage may promise.")
     ] = 1.0,
+    data_plane_listen: Annotated[
+        str,
+        typer.Option(
+            help="Process runtime: where this node serves its guests' data plane (exec, files) to the "
+            "control plane, HOST:PORT; only the control plane's calls (with this join's secret) are taken."
+        ),
+    ] = "0.0.0.0:50052",
+    data_plane_address: Annotated[
+        str,
+        typer.Option(
+            help="The address the control plane dials for that, HOST:PORT. Default: this host's address "
+            "on the route to the control plane, with the port of --data-plane-listen."
+        ),
+    ] = "",
     sim_backend: Annotated[Backend, typer.Option(help="Backend personality of the simulator.")] = Backend.FIRECRACKER,
     sim_step_ms: Annotated[float, typer.Option(min=0, help="Simulated time each lifecycle step takes.")] = 20.0,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
@@ -442,6 +456,8 @@ def node(
         stop_grace_ms=stop_grace_ms,
         guest_id_base=guest_id_base,
         storage_overcommit=storage_overcommit,
+        data_plane_listen=data_plane_listen,
+        data_plane_address=data_plane_address,
     )
     try:
         asyncio.run(_run_node(config))

@@ -14,6 +14,7 @@ from kibo.ctrl.v1 import observation_service_pb2 as obs
 from kibo.ctrl.v1 import volume_service_pb2 as vol
 from kibo.ctrl.v1 import workspace_service_pb2 as ws
 from kibo.node.v1 import node_admin_service_pb2 as nadm
+from kibo.node.v1 import node_guest_service_pb2 as ngu
 from kibo.node.v1 import node_service_pb2 as nd
 from kibo.sim.v1 import simulator_pb2 as sim
 
@@ -21,6 +22,7 @@ from .api.commands import VOLUME_COMMANDS, WORKSPACE_COMMANDS
 from .api.control_plane import Api
 from .api.data_plane import DataPlane
 from .api.node_api import NodeAdminApi, NodeApi
+from .api.node_guest_api import NodeGuestApi
 from .runtime.sim.api import SimulatorApi
 from .transport.rpc import ServerStream, Service, Unary
 
@@ -161,4 +163,12 @@ def node_admin_service(admin: NodeAdminApi) -> Service:
             Unary("UncordonNode", nadm.UncordonNodeRequest, nadm.UncordonNodeResponse, admin.uncordon_node),
             Unary("DrainNode", nadm.DrainNodeRequest, nadm.DrainNodeResponse, admin.drain_node),
         ),
+    )
+
+
+def node_guest_service(guests: NodeGuestApi) -> Service:
+    # Served by a node agent (node_host.py) to the control plane: the data plane's last hop.
+    return Service(
+        ngu.DESCRIPTOR.services_by_name["NodeGuestService"],
+        (ServerStream("RunGuestJob", ngu.RunGuestJobRequest, ngu.RunGuestJobResponse, guests.run_guest_job),),
     )

@@ -140,6 +140,8 @@ class NodeApi:
             Node(node, request.vcpus, request.memory_mib, request.storage_pool),
             dict(request.labels),
             tuple(request.capabilities),
+            request.data_plane_address,
+            request.data_plane_token,
         )
         joined = await self._registry.join(declaration)
         return node_pb2.JoinResponse(node_id=joined.node_id, lease_seconds=joined.lease_seconds)

@@ -35,6 +35,10 @@ class NodeRecord(msgspec.Struct):
     # No new placements (an operator's kibo node cordon); draining implies cordoned.
     cordoned: bool = False
     draining: bool = False
+    # Where the node serves its guests' data plane (NodeGuestService), and the secret it
+    # takes there (made by the node for its last join); empty: no data plane (the simulator).
+    data_plane_address: str = ""
+    data_plane_token: str = ""
 
     def node(self) -> Node:
         return Node(self.id, self.vcpus, self.memory_mib, self.storage_pool)

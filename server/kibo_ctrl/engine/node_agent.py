@@ -54,12 +54,19 @@ class _Task:
 
 class NodeAgent:
     def __init__(
-        self, node: Node, runtime: Runtime, link: ControlPlaneLink, labels: dict[str, str] | None = None
+        self,
+        node: Node,
+        runtime: Runtime,
+        link: ControlPlaneLink,
+        labels: dict[str, str] | None = None,
+        data_plane: tuple[str, str] = ("", ""),
     ) -> None:
         self.node = node
         self.runtime = runtime
         self._link = link
         self._labels = dict(labels or {})
+        # (address, secret) where this node serves its guests to the control plane, if it does.
+        self._data_plane = data_plane
         self._tasks: dict[str, _Task] = {}
         # The highest step started per instance: a repeated feed item starts nothing.
         self._started: dict[str, int] = {}
@@ -87,7 +94,8 @@ class NodeAgent:
                 await task
 
     async def _join(self) -> None:
-        declaration = Declaration(self.node, self._labels, tuple(self.runtime.capabilities()))
+        address, secret = self._data_plane
+        declaration = Declaration(self.node, self._labels, tuple(self.runtime.capabilities()), address, secret)
         joined = await self._retrying(lambda: self._link.join(declaration), "joining")
         self.lease_seconds = joined.lease_seconds
 

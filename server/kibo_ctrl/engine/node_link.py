@@ -73,6 +73,10 @@ class Declaration:
     node: Node
     labels: dict[str, str] = field(default_factory=dict)
     capabilities: tuple[str, ...] = ()
+    # Where the node serves its guests to the control plane (the data plane's hop), and the
+    # secret it takes there; empty: no data plane over the network (in process, the simulator).
+    data_plane_address: str = ""
+    data_plane_token: str = ""
 
 
 @dataclass(frozen=True)

@@ -31,9 +31,10 @@ log = logging.getLogger(__name__)
 
 # Items kept per node for a resume; a node further behind than this gets a snapshot.
 FEED_LOG = 4096
-# A stored lease is rewritten when less than this share of it is left (the agent renews
-# every quarter): at most one write per node every ~40% of a lease, not one per renewal.
-REWRITE_SHARE = 0.6
+# How often a live node's stored lease (nodes.lease_expiry) is written, in leases: the
+# registry decides expiry from the renewals it sees (in memory), and the store keeps a
+# lease that outlasts the next write, for a restart and for whoever else reads the store.
+PERSIST_EVERY_LEASES = 1.0
 
 
 class _Feed:
@@ -63,27 +64,45 @@ def storage_owed(workspace: Workspace) -> bool:
 
 
 class NodeRegistry:
-    def __init__(self, store: Store, lease_seconds: float, clock: Clock = SYSTEM_CLOCK) -> None:
+    def __init__(
+        self,
+        store: Store,
+        lease_seconds: float,
+        clock: Clock = SYSTEM_CLOCK,
+        persist_every_leases: float = PERSIST_EVERY_LEASES,
+    ) -> None:
         self._store = store
         self._clock = clock
         self.lease_seconds = lease_seconds
+        self._persist_s = persist_every_leases * lease_seconds
         # Names this incarnation's feed numbers: a cursor from another one means a snapshot.
         self.epoch = uuid.uuid4().hex[:16]
-        # A lease that ran out while no control plane was running is not held against its
-        # node until a lease has passed since this start (it gets the time to reconnect).
-        self._started = clock.now()
+        # By node: when its lease runs out (wall time, from the renewals seen here), whether
+        # it is recorded silent, and the lease expiry last stored. A node known from the
+        # store gets a lease from this start (the time to reconnect after a restart).
+        self._deadlines: dict[str, float] = {}
+        self._silent: dict[str, bool] = {}
+        self._stored: dict[str, float] = {}
         self._feeds: dict[str, _Feed] = {}
         self._pools: dict[str, str] = {}
         self._renewed: dict[str, float] = {}
+        # node ID -> (address, secret) of its data-plane hop, as it declared at its last join.
+        self._data_planes: dict[str, tuple[str, str]] = {}
         self._listeners: list[Callable[[], None]] = []
         self._closed = asyncio.Event()
 
     async def load(self) -> None:
         """Learn the storage pools of the nodes that joined before (storage work is routed
         by pool from the first commit on, whoever has reconnected yet)."""
+        now = self._clock.now()
         for node in await self._store.read(lambda r: r.list_nodes()):
+            self._deadlines[node.id] = now + self.lease_seconds
+            self._silent[node.id] = node.silent
+            self._stored[node.id] = node.lease_expiry
             self._pools[node.id] = node.storage_pool
             self._feeds.setdefault(node.id, _Feed())
+            if node.data_plane_address:
+                self._data_planes[node.id] = (node.data_plane_address, node.data_plane_token)
 
     def on_nodes_changed(self, listener: Callable[[], None]) -> None:
         """Called when a node joins, returns, falls silent or is cordoned (the scheduler)."""
@@ -94,6 +113,10 @@ class NodeRegistry:
         self._closed.set()
         for feed in self._feeds.values():
             feed.wake.set()
+
+    def data_plane_of(self, node_id: str) -> tuple[str, str] | None:
+        """Where the node serves its guests to the control plane, and the secret it takes."""
+        return self._data_planes.get(node_id)
 
     def report_age(self, node_id: str) -> float | None:
         last = self._renewed.get(node_id)
@@ -109,10 +132,22 @@ class NodeRegistry:
             raise InvalidArgument("a node declares at least 1 vCPU and 1 MiB of memory", field="vcpus")
         if not node.storage_pool or len(node.storage_pool) > 63:
             raise InvalidArgument("a node declares a storage pool (1 to 63 characters)", field="storage_pool")
+        if len(declaration.data_plane_address) > 255 or (
+            bool(declaration.data_plane_address) and not 16 <= len(declaration.data_plane_token) <= 256
+        ):
+            raise InvalidArgument(
+                "a data-plane address (up to 255 characters) comes with a secret of 16 to 256 characters",
+                field="data_plane_token",
+            )
         returned = await self._store.transact(self._join, declaration)
+        self._renewed_now(node.id)
         self._pools[node.id] = node.storage_pool
         self._feeds.setdefault(node.id, _Feed())
         self._renewed[node.id] = self._clock.monotonic()
+        if declaration.data_plane_address:
+            self._data_planes[node.id] = (declaration.data_plane_address, declaration.data_plane_token)
+        else:
+            self._data_planes.pop(node.id, None)
         log.info("node %s joined (%d vCPU, %d MiB, pool %s)", node.id, node.vcpus, node.memory_mib, node.storage_pool)
         if returned:
             log.info("node %s is back: its workspaces are no longer UNKNOWN", node.id)
@@ -125,12 +160,15 @@ class NodeRegistry:
         record.vcpus, record.memory_mib, record.storage_pool = node.vcpus, node.memory_mib, node.storage_pool
         record.labels = dict(declaration.labels)
         record.capabilities = sorted(declaration.capabilities)
+        record.data_plane_address = declaration.data_plane_address
+        record.data_plane_token = declaration.data_plane_token
         record.join_time = tx.now
         return self._renew_record(tx, record)
 
     def _renew_record(self, tx: Tx, record: NodeRecord) -> bool:
-        """Extend the lease; a silent node is back (its workspaces leave UNKNOWN)."""
-        record.lease_expiry = tx.now + self.lease_seconds
+        """Store a lease that outlasts the next write; a silent node is back (its workspaces
+        leave UNKNOWN)."""
+        record.lease_expiry = tx.now + self._persist_s + self.lease_seconds
         record.lease_seconds = self.lease_seconds
         returned = record.silent
         if returned:
@@ -139,15 +177,24 @@ class NodeRegistry:
         tx.put_node(record)
         return returned
 
-    async def renew(self, node: str) -> None:
-        record = await self._store.read(lambda r: r.get_node(node))
-        if record is None:
-            raise Conflict(f"node {node} has not joined: call Join first", field="node_id")
+    def _renewed_now(self, node: str) -> None:
+        now = self._clock.now()
+        self._deadlines[node] = now + self.lease_seconds
+        self._silent[node] = False
+        self._stored[node] = now + self._persist_s + self.lease_seconds
         self._renewed[node] = self._clock.monotonic()
-        left = record.lease_expiry - self._clock.now()
-        if not record.silent and left > REWRITE_SHARE * self.lease_seconds:
-            return
-        if await self._store.transact(self._renew, node):
+
+    async def renew(self, node: str) -> None:
+        if node not in self._deadlines and await self._store.read(lambda r: r.get_node(node)) is None:
+            raise Conflict(f"node {node} has not joined: call Join first", field="node_id")
+        now = self._clock.now()
+        self._deadlines[node] = now + self.lease_seconds
+        self._renewed[node] = self._clock.monotonic()
+        if not self._silent.get(node, True) and self._stored.get(node, 0.0) - now >= self.lease_seconds:
+            return  # the stored lease outlasts the next renewals: nothing to write
+        returned = await self._store.transact(self._renew, node)
+        self._renewed_now(node)
+        if returned:
             log.info("node %s is back: its workspaces are no longer UNKNOWN", node)
             self._changed()
 
@@ -162,25 +209,27 @@ class NodeRegistry:
         while not self._closed.is_set():
             await asyncio.sleep(self.lease_seconds / 4)
             now = self._clock.now()
-            grace = self._started + self.lease_seconds
+            lapsed = sorted(n for n, d in self._deadlines.items() if d < now and not self._silent.get(n))
+            if not lapsed:
+                continue
             try:
-                nodes = await self._store.read(lambda r: r.list_nodes())
-                if not any(not n.silent and max(n.lease_expiry, grace) < now for n in nodes):
-                    continue
-                expired = await self._store.transact(self._expire, grace)
+                expired = await self._store.transact(self._expire, lapsed)
             except StoreError as error:
-                # E.g. a full disk: the next pass tries again (the leases are still in the store).
+                # E.g. a full disk: the next pass tries again.
                 log.warning("recording expired node leases failed (%s); retrying", error)
                 continue
             for node in expired:
+                # A renewal that arrived meanwhile wins: it is recorded back at its next write.
+                self._silent[node] = True
                 log.warning("node %s: its lease ran out; its workspaces are UNKNOWN", node)
             if expired:
                 self._changed()
 
-    def _expire(self, tx: Tx, grace: float) -> list[str]:
+    def _expire(self, tx: Tx, nodes: list[str]) -> list[str]:
         expired = []
-        for record in tx.list_nodes():
-            if not record.silent and max(record.lease_expiry, grace) < tx.now:
+        for node in nodes:
+            record = tx.get_node(node)
+            if record is not None and not record.silent:
                 record.silent = True
                 tx.put_node(record)
                 controller.set_node_silent(tx, record.id, True)

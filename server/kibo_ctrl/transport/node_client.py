@@ -89,6 +89,8 @@ class GrpcLink:
             storage_pool=node.storage_pool,
             labels=declaration.labels,
             capabilities=declaration.capabilities,
+            data_plane_address=declaration.data_plane_address,
+            data_plane_token=declaration.data_plane_token,
         )
         response = await self._call(self._stub.Join, request)
         return Joined(response.node_id, response.lease_seconds)

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fkibo/node/v1/node_service.proto\x12\x0ckibo.node.v1\"\xd3\x01\n\x0bJoinRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\r\n\x05vcpus\x18\x02 \x01(\x05\x12\x12\n\nmemory_mib\x18\x03 \x01(\x03\x12\x14\n\x0cstorage_pool\x18\x04 \x01(\t\x12\x35\n\x06labels\x18\x05 \x03(\x0b\x32%.kibo.node.v1.JoinRequest.LabelsEntry\x12\x14\n\x0c\x63\x61pabilities\x18\x06 \x03(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"6\n\x0cJoinResponse\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x15\n\rlease_seconds\x18\x02 \x01(\x01\"$\n\x06\x43ursor\x12\r\n\x05\x65poch\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x04\"P\n\x11WatchStepsRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12*\n\x0cresume_after\x18\x02 \x01(\x0b\x32\x14.kibo.node.v1.Cursor\"T\n\x0cInstanceStep\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x04\x12\x11\n\tdone_step\x18\x03 \x01(\x04\x12\x0e\n\x06record\x18\x04 \x01(\x0c\":\n\x0eStorageRelease\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x12\n\nvolume_ids\x18\x02 \x03(\t\"\"\n\rVolumeRelease\x12\x11\n\tvolume_id\x18\x01 \x01(\t\"\xa2\x01\n\x08WorkItem\x12.\n\x08instance\x18\x01 \x01(\x0b\x32\x1a.kibo.node.v1.InstanceStepH\x00\x12/\n\x07storage\x18\x02 \x01(\x0b\x32\x1c.kibo.node.v1.StorageReleaseH\x00\x12-\n\x06volume\x18\x03 \x01(\x0b\x32\x1b.kibo.node.v1.VolumeReleaseH\x00\x42\x06\n\x04item\"s\n\x12WatchStepsResponse\x12$\n\x06\x63ursor\x18\x01 \x01(\x0b\x32\x14.kibo.node.v1.Cursor\x12\x10\n\x08snapshot\x18\x02 \x01(\x08\x12%\n\x05items\x18\x03 \x03(\x0b\x32\x16.kibo.node.v1.WorkItem\"J\n\x14GetLaunchSpecRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x13\n\x0binstance_id\x18\x02 \x01(\t\x12\x0c\n\x04step\x18\x03 \x01(\x04\"%\n\x15GetLaunchSpecResponse\x12\x0c\n\x04spec\x18\x01 \x01(\x0c\"_\n\rReportRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x13\n\x0binstance_id\x18\x02 \x01(\t\x12\x0c\n\x04step\x18\x03 \x01(\x04\x12\x0c\n\x04kind\x18\x04 \x01(\t\x12\x0c\n\x04\x62ody\x18\x05 \x01(\x0c\"\x10\n\x0eReportResponse\"Y\n\x1cReportStorageReleasedRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x14\n\x0cworkspace_id\x18\x02 \x01(\t\x12\x12\n\nvolume_ids\x18\x03 \x03(\t\"\x1f\n\x1dReportStorageReleasedResponse\"A\n\x1bReportVolumeReleasedRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x11\n\tvolume_id\x18\x02 \x01(\t\"\x1e\n\x1cReportVolumeReleasedResponse\"$\n\x11RenewLeaseRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\"+\n\x12RenewLeaseResponse\x12\x15\n\rlease_seconds\x18\x01 \x01(\x01\x32\xf0\x04\n\x0bNodeService\x12=\n\x04Join\x12\x19.kibo.node.v1.JoinRequest\x1a\x1a.kibo.node.v1.JoinResponse\x12Q\n\nWatchSteps\x12\x1f.kibo.node.v1.WatchStepsRequest\x1a .kibo.node.v1.WatchStepsResponse0\x01\x12X\n\rGetLaunchSpec\x12\".kibo.node.v1.GetLaunchSpecRequest\x1a#.kibo.node.v1.GetLaunchSpecResponse\x12\x43\n\x06Report\x12\x1b.kibo.node.v1.ReportRequest\x1a\x1c.kibo.node.v1.ReportResponse\x12p\n\x15ReportStorageReleased\x12*.kibo.node.v1.ReportStorageReleasedRequest\x1a+.kibo.node.v1.ReportStorageReleasedResponse\x12m\n\x14ReportVolumeReleased\x12).kibo.node.v1.ReportVolumeReleasedRequest\x1a*.kibo.node.v1.ReportVolumeReleasedResponse\x12O\n\nRenewLease\x12\x1f.kibo.node.v1.RenewLeaseRequest\x1a .kibo.node.v1.RenewLeaseResponseB5Z3github.com/kibo-dev/kibo/gen/go/kibo/node/v1;nodev1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fkibo/node/v1/node_service.proto\x12\x0ckibo.node.v1\"\x89\x02\n\x0bJoinRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\r\n\x05vcpus\x18\x02 \x01(\x05\x12\x12\n\nmemory_mib\x18\x03 \x01(\x03\x12\x14\n\x0cstorage_pool\x18\x04 \x01(\t\x12\x35\n\x06labels\x18\x05 \x03(\x0b\x32%.kibo.node.v1.JoinRequest.LabelsEntry\x12\x14\n\x0c\x63\x61pabilities\x18\x06 \x03(\t\x12\x1a\n\x12\x64\x61ta_plane_address\x18\x07 \x01(\t\x12\x18\n\x10\x64\x61ta_plane_token\x18\x08 \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"6\n\x0cJoinResponse\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x15\n\rlease_seconds\x18\x02 \x01(\x01\"$\n\x06\x43ursor\x12\r\n\x05\x65poch\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x04\"P\n\x11WatchStepsRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12*\n\x0cresume_after\x18\x02 \x01(\x0b\x32\x14.kibo.node.v1.Cursor\"T\n\x0cInstanceStep\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x04\x12\x11\n\tdone_step\x18\x03 \x01(\x04\x12\x0e\n\x06record\x18\x04 \x01(\x0c\":\n\x0eStorageRelease\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x12\n\nvolume_ids\x18\x02 \x03(\t\"\"\n\rVolumeRelease\x12\x11\n\tvolume_id\x18\x01 \x01(\t\"\xa2\x01\n\x08WorkItem\x12.\n\x08instance\x18\x01 \x01(\x0b\x32\x1a.kibo.node.v1.InstanceStepH\x00\x12/\n\x07storage\x18\x02 \x01(\x0b\x32\x1c.kibo.node.v1.StorageReleaseH\x00\x12-\n\x06volume\x18\x03 \x01(\x0b\x32\x1b.kibo.node.v1.VolumeReleaseH\x00\x42\x06\n\x04item\"s\n\x12WatchStepsResponse\x12$\n\x06\x63ursor\x18\x01 \x01(\x0b\x32\x14.kibo.node.v1.Cursor\x12\x10\n\x08snapshot\x18\x02 \x01(\x08\x12%\n\x05items\x18\x03 \x03(\x0b\x32\x16.kibo.node.v1.WorkItem\"J\n\x14GetLaunchSpecRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x13\n\x0binstance_id\x18\x02 \x01(\t\x12\x0c\n\x04step\x18\x03 \x01(\x04\"%\n\x15GetLaunchSpecResponse\x12\x0c\n\x04spec\x18\x01 \x01(\x0c\"_\n\rReportRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x13\n\x0binstance_id\x18\x02 \x01(\t\x12\x0c\n\x04step\x18\x03 \x01(\x04\x12\x0c\n\x04kind\x18\x04 \x01(\t\x12\x0c\n\x04\x62ody\x18\x05 \x01(\x0c\"\x10\n\x0eReportResponse\"Y\n\x1cReportStorageReleasedRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x14\n\x0cworkspace_id\x18\x02 \x01(\t\x12\x12\n\nvolume_ids\x18\x03 \x03(\t\"\x1f\n\x1dReportStorageReleasedResponse\"A\n\x1bReportVolumeReleasedRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x11\n\tvolume_id\x18\x02 \x01(\t\"\x1e\n\x1cReportVolumeReleasedResponse\"$\n\x11RenewLeaseRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\"+\n\x12RenewLeaseResponse\x12\x15\n\rlease_seconds\x18\x01 \x01(\x01\x32\xf0\x04\n\x0bNodeService\x12=\n\x04Join\x12\x19.kibo.node.v1.JoinRequest\x1a\x1a.kibo.node.v1.JoinResponse\x12Q\n\nWatchSteps\x12\x1f.kibo.node.v1.WatchStepsRequest\x1a .kibo.node.v1.WatchStepsResponse0\x01\x12X\n\rGetLaunchSpec\x12\".kibo.node.v1.GetLaunchSpecRequest\x1a#.kibo.node.v1.GetLaunchSpecResponse\x12\x43\n\x06Report\x12\x1b.kibo.node.v1.ReportRequest\x1a\x1c.kibo.node.v1.ReportResponse\x12p\n\x15ReportStorageReleased\x12*.kibo.node.v1.ReportStorageReleasedRequest\x1a+.kibo.node.v1.ReportStorageReleasedResponse\x12m\n\x14ReportVolumeReleased\x12).kibo.node.v1.ReportVolumeReleasedRequest\x1a*.kibo.node.v1.ReportVolumeReleasedResponse\x12O\n\nRenewLease\x12\x1f.kibo.node.v1.RenewLeaseRequest\x1a .kibo.node.v1.RenewLeaseResponseB5Z3github.com/kibo-dev/kibo/gen/go/kibo/node/v1;nodev1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,45 +35,45 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_JOINREQUEST_LABELSENTRY']._loaded_options = None
   _globals['_JOINREQUEST_LABELSENTRY']._serialized_options = b'8\001'
   _globals['_JOINREQUEST']._serialized_start=50
-  _globals['_JOINREQUEST']._serialized_end=261
-  _globals['_JOINREQUEST_LABELSENTRY']._serialized_start=216
-  _globals['_JOINREQUEST_LABELSENTRY']._serialized_end=261
-  _globals['_JOINRESPONSE']._serialized_start=263
-  _globals['_JOINRESPONSE']._serialized_end=317
-  _globals['_CURSOR']._serialized_start=319
-  _globals['_CURSOR']._serialized_end=355
-  _globals['_WATCHSTEPSREQUEST']._serialized_start=357
-  _globals['_WATCHSTEPSREQUEST']._serialized_end=437
-  _globals['_INSTANCESTEP']._serialized_start=439
-  _globals['_INSTANCESTEP']._serialized_end=523
-  _globals['_STORAGERELEASE']._serialized_start=525
-  _globals['_STORAGERELEASE']._serialized_end=583
-  _globals['_VOLUMERELEASE']._serialized_start=585
-  _globals['_VOLUMERELEASE']._serialized_end=619
-  _globals['_WORKITEM']._serialized_start=622
-  _globals['_WORKITEM']._serialized_end=784
-  _globals['_WATCHSTEPSRESPONSE']._serialized_start=786
-  _globals['_WATCHSTEPSRESPONSE']._serialized_end=901
-  _globals['_GETLAUNCHSPECREQUEST']._serialized_start=903
-  _globals['_GETLAUNCHSPECREQUEST']._serialized_end=977
-  _globals['_GETLAUNCHSPECRESPONSE']._serialized_start=979
-  _globals['_GETLAUNCHSPECRESPONSE']._serialized_end=1016
-  _globals['_REPORTREQUEST']._serialized_start=1018
-  _globals['_REPORTREQUEST']._serialized_end=1113
-  _globals['_REPORTRESPONSE']._serialized_start=1115
-  _globals['_REPORTRESPONSE']._serialized_end=1131
-  _globals['_REPORTSTORAGERELEASEDREQUEST']._serialized_start=1133
-  _globals['_REPORTSTORAGERELEASEDREQUEST']._serialized_end=1222
-  _globals['_REPORTSTORAGERELEASEDRESPONSE']._serialized_start=1224
-  _globals['_REPORTSTORAGERELEASEDRESPONSE']._serialized_end=1255
-  _globals['_REPORTVOLUMERELEASEDREQUEST']._serialized_start=1257
-  _globals['_REPORTVOLUMERELEASEDREQUEST']._serialized_end=1322
-  _globals['_REPORTVOLUMERELEASEDRESPONSE']._serialized_start=1324
-  _globals['_REPORTVOLUMERELEASEDRESPONSE']._serialized_end=1354
-  _globals['_RENEWLEASEREQUEST']._serialized_start=1356
-  _globals['_RENEWLEASEREQUEST']._serialized_end=1392
-  _globals['_RENEWLEASERESPONSE']._serialized_start=1394
-  _globals['_RENEWLEASERESPONSE']._serialized_end=1437
-  _globals['_NODESERVICE']._serialized_start=1440
-  _globals['_NODESERVICE']._serialized_end=2064
+  _globals['_JOINREQUEST']._serialized_end=315
+  _globals['_JOINREQUEST_LABELSENTRY']._serialized_start=270
+  _globals['_JOINREQUEST_LABELSENTRY']._serialized_end=315
+  _globals['_JOINRESPONSE']._serialized_start=317
+  _globals['_JOINRESPONSE']._serialized_end=371
+  _globals['_CURSOR']._serialized_start=373
+  _globals['_CURSOR']._serialized_end=409
+  _globals['_WATCHSTEPSREQUEST']._serialized_start=411
+  _globals['_WATCHSTEPSREQUEST']._serialized_end=491
+  _globals['_INSTANCESTEP']._serialized_start=493
+  _globals['_INSTANCESTEP']._serialized_end=577
+  _globals['_STORAGERELEASE']._serialized_start=579
+  _globals['_STORAGERELEASE']._serialized_end=637
+  _globals['_VOLUMERELEASE']._serialized_start=639
+  _globals['_VOLUMERELEASE']._serialized_end=673
+  _globals['_WORKITEM']._serialized_start=676
+  _globals['_WORKITEM']._serialized_end=838
+  _globals['_WATCHSTEPSRESPONSE']._serialized_start=840
+  _globals['_WATCHSTEPSRESPONSE']._serialized_end=955
+  _globals['_GETLAUNCHSPECREQUEST']._serialized_start=957
+  _globals['_GETLAUNCHSPECREQUEST']._serialized_end=1031
+  _globals['_GETLAUNCHSPECRESPONSE']._serialized_start=1033
+  _globals['_GETLAUNCHSPECRESPONSE']._serialized_end=1070
+  _globals['_REPORTREQUEST']._serialized_start=1072
+  _globals['_REPORTREQUEST']._serialized_end=1167
+  _globals['_REPORTRESPONSE']._serialized_start=1169
+  _globals['_REPORTRESPONSE']._serialized_end=1185
+  _globals['_REPORTSTORAGERELEASEDREQUEST']._serialized_start=1187
+  _globals['_REPORTSTORAGERELEASEDREQUEST']._serialized_end=1276
+  _globals['_REPORTSTORAGERELEASEDRESPONSE']._serialized_start=1278
+  _globals['_REPORTSTORAGERELEASEDRESPONSE']._serialized_end=1309
+  _globals['_REPORTVOLUMERELEASEDREQUEST']._serialized_start=1311
+  _globals['_REPORTVOLUMERELEASEDREQUEST']._serialized_end=1376
+  _globals['_REPORTVOLUMERELEASEDRESPONSE']._serialized_start=1378
+  _globals['_REPORTVOLUMERELEASEDRESPONSE']._serialized_end=1408
+  _globals['_RENEWLEASEREQUEST']._serialized_start=1410
+  _globals['_RENEWLEASEREQUEST']._serialized_end=1446
+  _globals['_RENEWLEASERESPONSE']._serialized_start=1448
+  _globals['_RENEWLEASERESPONSE']._serialized_end=1491
+  _globals['_NODESERVICE']._serialized_start=1494
+  _globals['_NODESERVICE']._serialized_end=2118
 # @@protoc_insertion_point(module_scope)

@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class JoinRequest(_message.Message):
-    __slots__ = ("node_id", "vcpus", "memory_mib", "storage_pool", "labels", "capabilities")
+    __slots__ = ("node_id", "vcpus", "memory_mib", "storage_pool", "labels", "capabilities", "data_plane_address", "data_plane_token")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -21,13 +21,17 @@ class JoinRequest(_message.Message):
     STORAGE_POOL_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
     CAPABILITIES_FIELD_NUMBER: _ClassVar[int]
+    DATA_PLANE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    DATA_PLANE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     vcpus: int
     memory_mib: int
     storage_pool: str
     labels: _containers.ScalarMap[str, str]
     capabilities: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, node_id: _Optional[str] = ..., vcpus: _Optional[int] = ..., memory_mib: _Optional[int] = ..., storage_pool: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., capabilities: _Optional[_Iterable[str]] = ...) -> None: ...
+    data_plane_address: str
+    data_plane_token: str
+    def __init__(self, node_id: _Optional[str] = ..., vcpus: _Optional[int] = ..., memory_mib: _Optional[int] = ..., storage_pool: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., capabilities: _Optional[_Iterable[str]] = ..., data_plane_address: _Optional[str] = ..., data_plane_token: _Optional[str] = ...) -> None: ...
 
 class JoinResponse(_message.Message):
     __slots__ = ("node_id", "lease_seconds")
