@@ -11,11 +11,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
+from kibo.ctrl.v1 import workspace_pb2 as wp
 from kibo.ctrl.v1 import workspace_service_pb2 as ws
 from kibo.node.v1 import node_admin_service_pb2 as adm
 
-from tests.client import Client, S, meta
+from tests.client import Client, S, meta, rejected
 from tests.integration.test_auth import make_token
 from tests.integration.test_node_api import node_token
 from tests.nodes import NodeProcess, admin, list_nodes
@@ -33,7 +35,11 @@ def cluster(
     server_factory: Callable[..., ServerProcess], tmp_path: Path
 ) -> Iterator[tuple[ServerProcess, dict[str, NodeProcess]]]:
     server = server_factory("--no-local-node", "--node-timeout-ms", LEASE_MS)
-    nodes = {name: NodeProcess(server.address, tmp_path / name, name).start() for name in ("node-a", "node-b")}
+    labels = {"node-a": "zone=a", "node-b": "zone=b,disk=ssd"}
+    nodes = {
+        name: NodeProcess(server.address, tmp_path / name, name, ("--labels", labels[name])).start()
+        for name in ("node-a", "node-b")
+    }
     try:
         yield server, nodes
     finally:
@@ -127,6 +133,35 @@ async def test_two_node_processes_run_the_lifecycle_and_survive_a_kill(
     assert nodes["node-b"].stop() == 0, nodes["node-b"].log()
 
 
+async def test_node_selectors_place_on_the_nodes_whose_labels_match(
+    cluster: tuple[ServerProcess, dict[str, NodeProcess]],
+) -> None:
+    server, _ = cluster
+    await eventually(lambda: both_joined(server), within=60, what="both nodes joined")
+    async with Client.connect(server.address) as client:
+        on_b = [await client.create(node_selector={"zone": "b"}) for _ in range(3)]
+        assert {(w.node_id, w.state) for w in on_b} == {("node-b", S.WORKSPACE_STATE_AVAILABLE)}
+        assert dict(on_b[0].spec.node_selector) == {"zone": "b"}
+        both = await client.create(node_selector={"disk": "ssd", "zone": "b"})
+        assert both.node_id == "node-b"
+        # No node has both labels: the workspace waits, saying why.
+        request = ws.CreateWorkspaceRequest(
+            metadata=meta(), spec=wp.WorkspaceSpec(node_selector={"disk": "ssd", "zone": "a"})
+        )
+        waiting = (await client.ws.CreateWorkspace(request)).workspace
+
+        async def unschedulable() -> bool:
+            events = await client.events(waiting.workspace_id)
+            return any("no ready node has the labels disk=ssd,zone=a" in e.message for e in events)
+
+        await eventually(unschedulable, within=20, what="an UNSCHEDULABLE event naming the labels")
+        assert (await client.get(waiting.workspace_id)).state == S.WORKSPACE_STATE_CREATING
+        # A selector that is no label: refused, naming the field.
+        bad = ws.CreateWorkspaceRequest(metadata=meta(), spec=wp.WorkspaceSpec(node_selector={"Bad Key!": "x"}))
+        error = await rejected(client.ws.CreateWorkspace(bad))
+        assert error.code == grpc.StatusCode.INVALID_ARGUMENT and error.detail.field == "spec.node_selector"
+
+
 async def test_a_node_started_before_its_control_plane_joins_when_it_comes(
     server_factory: Callable[..., ServerProcess], tmp_path: Path
 ) -> None:
@@ -201,5 +236,9 @@ async def test_a_node_joins_with_its_token_and_an_operator_manages_it_with_kibo_
             assert kibo(server, operator, "node", "uncordon", "node-s").returncode == 0
             placed = await client.wait_steady(workspace_id, within=20)
             assert placed.state == S.WORKSPACE_STATE_AVAILABLE and placed.node_id == "node-s"
+        # kibo workspace create --node-selector: placed on the node whose labels match.
+        created = kibo(server, server.admin_token, "workspace", "create", "--node-selector", "zone=a", "-o", "json")
+        assert created.returncode == 0, created.stderr
+        assert '"nodeId": "node-s"' in created.stdout and '"zone": "a"' in created.stdout
     finally:
         node.kill()

@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from ..domain.model import Component, EventType, Node, Phase
+from ..domain.model import Component, EventType, Phase
+from ..domain.nodes import NodeRecord
 from ..store.base import Changes, Store, Tx
 from . import steps
 from .hub import Wakeup
@@ -16,33 +17,35 @@ log = logging.getLogger(__name__)
 
 def schedule_pending(tx: Tx) -> int:
     """One pass over the unscheduled instances; returns how many are still waiting. Only
-    nodes that are ready (alive, not cordoned) take new instances, in ID order."""
+    nodes that are ready (alive, not cordoned), carry the workspace's node selector in their
+    labels and have room take new instances."""
     pending = tx.unscheduled_instances()
     if not pending:
         return 0
-    nodes = [record.node() for record in tx.list_nodes() if record.ready]
+    nodes = [record for record in tx.list_nodes() if record.ready]
     usage = {node.id: tx.node_usage(node.id) for node in nodes}
     waiting = 0
     for instance in pending:
         workspace = tx.get_workspace(instance.workspace_id)
         if workspace is None or workspace.instance_id != instance.id:
             continue
+        selected = [node for node in nodes if selects(workspace.node_selector, node)]
         fits = [
             node
-            for node in nodes
+            for node in selected
             if usage[node.id][0] + instance.vcpus <= node.vcpus
             and usage[node.id][1] + instance.memory_mib <= node.memory_mib
         ]
         if not fits:
             waiting += 1
-            reason = f"unschedulable: no ready node has {instance.vcpus} vCPU and {instance.memory_mib} MiB free"
+            reason = _unschedulable(instance.vcpus, instance.memory_mib, workspace.node_selector, bool(selected))
             if instance.reason != reason:
                 instance.reason = reason
                 event(tx, workspace, EventType.UNSCHEDULABLE, message=reason)
                 save(tx, workspace, instance)
             continue
 
-        def free_share(node: Node) -> float:
+        def free_share(node: NodeRecord) -> float:
             cpu, memory = usage[node.id]
             return min((node.vcpus - cpu) / node.vcpus, (node.memory_mib - memory) / node.memory_mib)
 
@@ -59,6 +62,18 @@ def schedule_pending(tx: Tx) -> int:
         event(tx, workspace, EventType.SCHEDULED, message=f"scheduled on {node.id}")
         save(tx, workspace, instance)
     return waiting
+
+
+def selects(selector: dict[str, str], node: NodeRecord) -> bool:
+    """Whether the node's labels include every key and value of the selector."""
+    return all(node.labels.get(key) == value for key, value in selector.items())
+
+
+def _unschedulable(vcpus: int, memory_mib: int, selector: dict[str, str], any_selected: bool) -> str:
+    if selector and not any_selected:
+        wanted = ",".join(f"{k}={v}" for k, v in sorted(selector.items()))
+        return f"unschedulable: no ready node has the labels {wanted}"
+    return f"unschedulable: no ready node has {vcpus} vCPU and {memory_mib} MiB free"
 
 
 class Scheduler:
