@@ -13,6 +13,7 @@ from typing import Concatenate, ParamSpec, Protocol, TypeVar
 
 from ..domain.access import TokenRecord
 from ..domain.model import Command, Event, Instance, Volume, Workspace, WorkspaceState
+from ..domain.nodes import NodeRecord
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -104,6 +105,14 @@ class Reader(Protocol):
     def storage_pending(self) -> list[Workspace]: ...
     def integrity_check(self) -> str: ...
 
+    # -- nodes (issue 13; the node registry's): one row per node, its record as JSON ---------
+    def get_node(self, node_id: str) -> NodeRecord | None: ...
+    def list_nodes(self) -> list[NodeRecord]:
+        """Every node that ever joined, by ID."""
+        ...
+
+    # -- end of nodes ---------------------------------------------------------------------------
+
 
 class Tx(Reader, Protocol):
     """One write transaction: the reads of a Reader, plus writes. `now` is the commit's
@@ -119,6 +128,11 @@ class Tx(Reader, Protocol):
     def add_token(self, record: TokenRecord, digest: str) -> None: ...
     def revoke_token(self, token_id: str) -> bool: ...
     def add_event(self, event: Event) -> None: ...
+
+    # -- nodes (issue 13) -----------------------------------------------------------------------
+    def put_node(self, node: NodeRecord) -> None: ...
+
+    # -- end of nodes ---------------------------------------------------------------------------
 
 
 class Store(Protocol):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import msgspec
 
 from ..domain.model import Command, Event, Instance, Phase, Volume, Workspace
+from ..domain.nodes import NodeRecord
 
 ENCODER = msgspec.json.Encoder()
 WORKSPACE = msgspec.json.Decoder(Workspace)
@@ -14,6 +15,7 @@ COMMAND = msgspec.json.Decoder(Command)
 INSTANCE = msgspec.json.Decoder(Instance)
 EVENT = msgspec.json.Decoder(Event)
 VOLUME = msgspec.json.Decoder(Volume)
+NODE = msgspec.json.Decoder(NodeRecord)
 
 # Phases in which a node holds (or is about to hold) an instance's sandbox.
 _ACTIVE_PHASES = (

@@ -30,12 +30,14 @@ from ..domain.access import Role, TokenRecord
 from ..domain.clock import SYSTEM_CLOCK, Clock
 from ..domain.errors import StoreError, Unavailable
 from ..domain.model import Command, Event, Instance, Volume, Workspace, WorkspaceState
+from ..domain.nodes import NodeRecord
 from .base import Changes, CommitObserver, Reader, Tx, WorkspaceQuery, WorkspaceSlice
 from .migrations import MIGRATIONS
 from .records import COMMAND as _COMMAND
 from .records import ENCODER as _ENCODER
 from .records import EVENT as _EVENT
 from .records import INSTANCE as _INSTANCE
+from .records import NODE as _NODE
 from .records import VOLUME as _VOLUME
 from .records import WORKSPACE as _WORKSPACE
 from .records import instance_active, instance_unscheduled, workspace_storage_pending
@@ -192,6 +194,16 @@ class SqliteReader:
     def integrity_check(self) -> str:
         return str(self._conn.execute("PRAGMA integrity_check").fetchone()[0])
 
+    # -- nodes (issue 13): the node registry's queries (migration 4) ----------------------------
+    def get_node(self, node_id: str) -> NodeRecord | None:
+        data = self._one("SELECT data FROM nodes WHERE id = ?", (node_id,))
+        return None if data is None else _NODE.decode(data)
+
+    def list_nodes(self) -> list[NodeRecord]:
+        return [_NODE.decode(bytes(row[0])) for row in self._conn.execute("SELECT data FROM nodes ORDER BY id")]
+
+    # -- end of nodes ---------------------------------------------------------------------------
+
 
 class SqliteTx(SqliteReader):
     """A transaction on the writer connection (the Tx protocol). Writes are collected into `changes`."""
@@ -287,6 +299,16 @@ class SqliteTx(SqliteReader):
         )
         event.seq = int(cursor.lastrowid or 0)
         self.changes.events.append(event)
+
+    # -- nodes (issue 13) -----------------------------------------------------------------------
+    def put_node(self, node: NodeRecord) -> None:
+        self._conn.execute(
+            "INSERT INTO nodes (id, lease_expiry, data) VALUES (?, ?, ?) "
+            "ON CONFLICT(id) DO UPDATE SET lease_expiry = excluded.lease_expiry, data = excluded.data",
+            (node.id, node.lease_expiry, _ENCODER.encode(node)),
+        )
+
+    # -- end of nodes ---------------------------------------------------------------------------
 
 
 def _conditions(query: WorkspaceQuery) -> tuple[str, list[Any]]:
