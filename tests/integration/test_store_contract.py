@@ -23,6 +23,7 @@ from kibo_ctrl.app import open_store
 from kibo_ctrl.domain.access import Role, TokenRecord
 from kibo_ctrl.domain.errors import StoreError, Unavailable
 from kibo_ctrl.domain.model import WorkspaceState
+from kibo_ctrl.domain.nodes import NodeRecord
 from kibo_ctrl.store import migrations as sqlite_migrations
 from kibo_ctrl.store import postgres_migrations
 from kibo_ctrl.store.base import Changes, Store, Tx, WorkspaceQuery
@@ -454,3 +455,19 @@ async def test_a_job_that_raises_after_a_failed_write_rolls_back_alone(place: Pl
     results = await asyncio.gather(before, failing, after, return_exceptions=True)
     assert isinstance(results[0], str) and isinstance(results[1], LookupError) and isinstance(results[2], str)
     assert place.raw_count("tokens") == 3
+
+
+async def test_nodes_are_stored_updated_and_listed_by_id(place: Place) -> None:
+    """The node registry's table (SQLite's migration 4, PostgreSQL's 3): a put inserts or
+    replaces the whole record, reads on another store instance see it, listed by ID."""
+    one = await place.open()
+    beta = NodeRecord("node-b", 4, 4096, "local", labels={"zone": "b"}, lease_expiry=10.0)
+    alpha = NodeRecord("node-a", 2, 2048, "local-a", capabilities=["workspace.stop.force"], lease_expiry=5.0)
+    await one.transact(lambda tx: (tx.put_node(beta), tx.put_node(alpha)))
+    beta.cordoned, beta.draining, beta.silent, beta.lease_expiry = True, True, True, 20.0
+    await one.transact(lambda tx: tx.put_node(beta))
+    two = await place.open()
+    assert await two.read(lambda r: r.get_node("node-b")) == beta
+    assert await two.read(lambda r: r.get_node("node-c")) is None
+    assert await two.read(lambda r: r.list_nodes()) == [alpha, beta]
+    assert place.raw_count("nodes") == 2

@@ -45,6 +45,7 @@ from ..domain.access import Role, TokenRecord
 from ..domain.clock import SYSTEM_CLOCK, Clock
 from ..domain.errors import StoreError
 from ..domain.model import Command, Event, Instance, Volume, Workspace, WorkspaceState
+from ..domain.nodes import NodeRecord
 from .base import Changes, CommitObserver, Reader, Tx, WorkspaceQuery, WorkspaceSlice
 from .postgres_conn import WRITE_LOCK, Connection, connect, describe, migrate, store_error
 from .postgres_feed import Entry, Feed, newest
@@ -55,6 +56,7 @@ from .records import (
     ENCODER,
     EVENT,
     INSTANCE,
+    NODE,
     VOLUME,
     WORKSPACE,
     instance_active,
@@ -199,6 +201,16 @@ class PostgresReader:
         version = 0 if row is None else int(row[0])
         return "ok" if version == len(MIGRATIONS) else f"schema version {version}, expected {len(MIGRATIONS)}"
 
+    # -- nodes (issue 13): the node registry's queries (migration 3) ----------------------------
+    def get_node(self, node_id: str) -> NodeRecord | None:
+        data = self._one("SELECT data FROM nodes WHERE id = %s", (node_id,))
+        return None if data is None else NODE.decode(data)
+
+    def list_nodes(self) -> list[NodeRecord]:
+        return [NODE.decode(data) for data in self._all("SELECT data FROM nodes ORDER BY id")]
+
+    # -- end of nodes ---------------------------------------------------------------------------
+
 
 class PostgresTx(PostgresReader):
     """A transaction on the writer connection (the Tx protocol). Writes are collected into `changes`."""
@@ -302,6 +314,16 @@ class PostgresTx(PostgresReader):
         assert row is not None
         event.seq = int(row[0])
         self.changes.events.append(event)
+
+    # -- nodes (issue 13) -----------------------------------------------------------------------
+    def put_node(self, node: NodeRecord) -> None:
+        self._conn.execute(
+            "INSERT INTO nodes (id, lease_expiry, data) VALUES (%s, %s, %s) "
+            "ON CONFLICT (id) DO UPDATE SET lease_expiry = EXCLUDED.lease_expiry, data = EXCLUDED.data",
+            (node.id, node.lease_expiry, ENCODER.encode(node)),
+        )
+
+    # -- end of nodes ---------------------------------------------------------------------------
 
 
 def _conditions(query: WorkspaceQuery) -> tuple[str, list[Any]]:

@@ -96,4 +96,14 @@ MIGRATIONS: tuple[str, ...] = (
     );
     INSERT INTO kibo_leader (id, holder, token, expires_at) VALUES (1, '', 0, '-infinity');
     """,
+    # 3: nodes (issue 13; SQLite's migration 4): what each node declared when it joined, its
+    # lease, and an operator's cordon/drain. The record is JSON like the others; lease_expiry
+    # is a column so that an expired lease can be found without decoding every node.
+    """
+    CREATE TABLE nodes (
+        id TEXT PRIMARY KEY,
+        lease_expiry DOUBLE PRECISION NOT NULL,
+        data BYTEA NOT NULL
+    );
+    """,
 )
