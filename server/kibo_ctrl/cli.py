@@ -394,7 +394,12 @@ async def _serve(config: Config) -> None:
 @cli.command()
 def node(
     control_plane: Annotated[
-        str, typer.Option(envvar="KIBO_CONTROL_PLANE", help="The control plane's gRPC address, HOST:PORT.")
+        str,
+        typer.Option(
+            envvar="KIBO_CONTROL_PLANE",
+            help="The control plane's gRPC address, HOST:PORT; several replicas: HOST:PORT,HOST:PORT,... "
+            "(the node moves on to the next one when one cannot be reached).",
+        ),
     ],
     data_dir: Annotated[
         Path, typer.Option(envvar="KIBO_DATA_DIR", help="Where this node keeps its sandboxes and storage.")

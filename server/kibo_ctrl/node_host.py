@@ -25,7 +25,7 @@ from .runtime.process.idmap import IdRange
 from .runtime.process.runtime import ProcessOptions, ProcessRuntime
 from .runtime.sim.simulator import SimBoard, SimNode
 from .transport.grpc import service_handler
-from .transport.node_client import GrpcLink
+from .transport.node_client import GrpcLink, targets
 
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 
@@ -174,7 +174,7 @@ def _advertised_host(config: NodeConfig) -> str:
     host = config.data_plane_listen.rpartition(":")[0].strip("[]")
     if host not in ("", "0.0.0.0", "::"):
         return host
-    target = config.control_plane.rpartition(":")[0].strip("[]") or "127.0.0.1"
+    target = targets(config.control_plane)[0].rpartition(":")[0].strip("[]") or "127.0.0.1"
     with socket.socket(socket.AF_INET6 if ":" in target else socket.AF_INET, socket.SOCK_DGRAM) as probe:
         probe.connect((target, 9))  # no packet is sent: this only picks the route
         return str(probe.getsockname()[0])

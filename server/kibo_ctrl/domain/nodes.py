@@ -30,6 +30,10 @@ class NodeRecord(msgspec.Struct):
     # Wall time until which the node is taken to be alive (renewed by the agent).
     lease_expiry: float = 0.0
     lease_seconds: float = 0.0
+    # Which control-plane incarnation (its node registry's epoch) stored this lease: the one
+    # that sees the node's renewals. Another replica (the leader) takes the stored lease as
+    # the truth until it sees renewals itself.
+    renewed_by: str = ""
     # Its lease ran out and its workspaces were made UNKNOWN (cleared when it renews).
     silent: bool = False
     # No new placements (an operator's kibo node cordon); draining implies cordoned.

@@ -7,7 +7,16 @@ a recent stretch is kept so a node that reconnects continues after its cursor, a
 whose cursor is too old or from another incarnation gets a snapshot read from the store.
 Every call names the node it acts as (a node token is bound to one): an instance, a
 workspace's storage or a volume of another node is refused, and a refused call changes
-nothing."""
+nothing.
+
+Several replicas on one database (PostgreSQL) each have a registry; a node may join, renew
+and report through any of them. Each registry learns the others' node records from the
+commits its hub sees (`Changes.nodes`, through the store's change feed): pools, data-plane
+hops, silence, and the stored lease of a node renewed elsewhere. Only the leader's `run()`
+expires leases: a lease stored by another replica (`renewed_by`) counts until its stored
+expiry, one stored here until the renewals seen here stop. A replica that sees a node's
+renewals after a gap (the node came from another replica) stores the lease at once, so the
+stored record always names the replica that sees the node now."""
 
 from __future__ import annotations
 
@@ -35,6 +44,9 @@ FEED_LOG = 4096
 # registry decides expiry from the renewals it sees (in memory), and the store keeps a
 # lease that outlasts the next write, for a restart and for whoever else reads the store.
 PERSIST_EVERY_LEASES = 1.0
+# A node renews every quarter lease; a pause longer than this fraction of one (it renewed
+# through another replica meanwhile, or reconnected) makes the next renewal here store the lease.
+RENEWAL_GAP_LEASES = 0.5
 
 
 class _Feed:
@@ -96,13 +108,20 @@ class NodeRegistry:
         by pool from the first commit on, whoever has reconnected yet)."""
         now = self._clock.now()
         for node in await self._store.read(lambda r: r.list_nodes()):
-            self._deadlines[node.id] = now + self.lease_seconds
-            self._silent[node.id] = node.silent
+            # The stored lease, or one lease from this start (the time to reconnect).
+            self._deadlines[node.id] = max(now + self.lease_seconds, node.lease_expiry)
             self._stored[node.id] = node.lease_expiry
-            self._pools[node.id] = node.storage_pool
-            self._feeds.setdefault(node.id, _Feed())
-            if node.data_plane_address:
-                self._data_planes[node.id] = (node.data_plane_address, node.data_plane_token)
+            self._learn(node)
+
+    def _learn(self, node: NodeRecord) -> None:
+        """What any replica may rely on from a stored node record."""
+        self._silent[node.id] = node.silent
+        self._pools[node.id] = node.storage_pool
+        self._feeds.setdefault(node.id, _Feed())
+        if node.data_plane_address:
+            self._data_planes[node.id] = (node.data_plane_address, node.data_plane_token)
+        else:
+            self._data_planes.pop(node.id, None)
 
     def on_nodes_changed(self, listener: Callable[[], None]) -> None:
         """Called when a node joins, returns, falls silent or is cordoned (the scheduler)."""
@@ -170,6 +189,7 @@ class NodeRegistry:
         leave UNKNOWN)."""
         record.lease_expiry = tx.now + self._persist_s + self.lease_seconds
         record.lease_seconds = self.lease_seconds
+        record.renewed_by = self.epoch
         returned = record.silent
         if returned:
             record.silent = False
@@ -189,8 +209,10 @@ class NodeRegistry:
             raise Conflict(f"node {node} has not joined: call Join first", field="node_id")
         now = self._clock.now()
         self._deadlines[node] = now + self.lease_seconds
-        self._renewed[node] = self._clock.monotonic()
-        if not self._silent.get(node, True) and self._stored.get(node, 0.0) - now >= self.lease_seconds:
+        previous = self._renewed.get(node)
+        self._renewed[node] = monotonic = self._clock.monotonic()
+        continued = previous is not None and monotonic - previous <= RENEWAL_GAP_LEASES * self.lease_seconds
+        if continued and not self._silent.get(node, True) and self._stored.get(node, 0.0) - now >= self.lease_seconds:
             return  # the stored lease outlasts the next renewals: nothing to write
         returned = await self._store.transact(self._renew, node)
         self._renewed_now(node)
@@ -213,11 +235,14 @@ class NodeRegistry:
             if not lapsed:
                 continue
             try:
-                expired = await self._store.transact(self._expire, lapsed)
+                expired, held = await self._store.transact(self._expire, lapsed)
             except StoreError as error:
                 # E.g. a full disk: the next pass tries again.
                 log.warning("recording expired node leases failed (%s); retrying", error)
                 continue
+            for node, expiry in held.items():
+                # Renewed through another replica: its stored lease holds until then.
+                self._deadlines[node] = max(self._deadlines.get(node, 0.0), expiry)
             for node in expired:
                 # A renewal that arrived meanwhile wins: it is recorded back at its next write.
                 self._silent[node] = True
@@ -225,16 +250,23 @@ class NodeRegistry:
             if expired:
                 self._changed()
 
-    def _expire(self, tx: Tx, nodes: list[str]) -> list[str]:
+    def _expire(self, tx: Tx, nodes: list[str]) -> tuple[list[str], dict[str, float]]:
+        """Make silent the nodes whose lease ran out; and the stored leases (by node) of those
+        another replica renewed, which still hold."""
         expired = []
+        held: dict[str, float] = {}
         for node in nodes:
             record = tx.get_node(node)
-            if record is not None and not record.silent:
-                record.silent = True
-                tx.put_node(record)
-                controller.set_node_silent(tx, record.id, True)
-                expired.append(record.id)
-        return expired
+            if record is None or record.silent:
+                continue
+            if record.renewed_by != self.epoch and record.lease_expiry >= tx.now:
+                held[node] = record.lease_expiry
+                continue
+            record.silent = True
+            tx.put_node(record)
+            controller.set_node_silent(tx, record.id, True)
+            expired.append(record.id)
+        return expired, held
 
     def _changed(self) -> None:
         for listener in self._listeners:
@@ -271,7 +303,15 @@ class NodeRegistry:
     # -- the feed -----------------------------------------------------------------------------
 
     def on_changes(self, changes: Changes) -> None:
-        """Hub listener: route each commit's records to the feeds of the nodes they concern."""
+        """Hub listener: learn the nodes recorded (here or through another replica), and route
+        each commit's records to the feeds of the nodes they concern."""
+        for record in changes.nodes.values():
+            self._learn(record)
+            if record.renewed_by != self.epoch:
+                # Renewed through another replica (or another incarnation): its stored lease.
+                self._deadlines[record.id] = max(self._deadlines.get(record.id, 0.0), record.lease_expiry)
+        if changes.nodes:
+            self._changed()
         for instance in changes.instances.values():
             feed = self._feeds.get(instance.node_id or "")
             if feed is not None:

@@ -32,6 +32,9 @@ class Changes:
     volumes: dict[str, Volume] = field(default_factory=dict)
     # Every snapshot of each workspace, in commit order (a watcher gets one per change).
     workspace_history: list[Workspace] = field(default_factory=list)
+    # Node records written (joins, stored leases, silence, cordons): how every replica's node
+    # registry learns of the nodes that joined, renewed or were cordoned through another one.
+    nodes: dict[str, NodeRecord] = field(default_factory=dict)
 
     def merge(self, other: Changes) -> None:
         self.workspaces.update(other.workspaces)
@@ -40,9 +43,10 @@ class Changes:
         self.events.extend(other.events)
         self.volumes.update(other.volumes)
         self.workspace_history.extend(other.workspace_history)
+        self.nodes.update(other.nodes)
 
     def __bool__(self) -> bool:
-        return bool(self.workspaces or self.commands or self.instances or self.events or self.volumes)
+        return bool(self.workspaces or self.commands or self.instances or self.events or self.volumes or self.nodes)
 
 
 @dataclass(frozen=True)

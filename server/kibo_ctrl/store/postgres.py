@@ -322,6 +322,7 @@ class PostgresTx(PostgresReader):
             "ON CONFLICT (id) DO UPDATE SET lease_expiry = EXCLUDED.lease_expiry, data = EXCLUDED.data",
             (node.id, node.lease_expiry, ENCODER.encode(node)),
         )
+        self.changes.nodes[node.id] = msgspec.structs.replace(node)
 
     # -- end of nodes ---------------------------------------------------------------------------
 

@@ -307,6 +307,7 @@ class SqliteTx(SqliteReader):
             "ON CONFLICT(id) DO UPDATE SET lease_expiry = excluded.lease_expiry, data = excluded.data",
             (node.id, node.lease_expiry, _ENCODER.encode(node)),
         )
+        self.changes.nodes[node.id] = msgspec.structs.replace(node)
 
     # -- end of nodes ---------------------------------------------------------------------------
 
