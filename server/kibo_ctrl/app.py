@@ -195,6 +195,12 @@ class App:
             return [self._supervise(run) for run in runs]
 
         if isinstance(self.store, PostgresStore):
+            if config.local_node:
+                log.warning(
+                    "an in-process node on a shared store runs on the leader only, and after a failover the "
+                    "next leader's node takes over its ID but not its sandboxes: with several replicas, serve "
+                    "with --no-local-node and run `kibo-ctrl node` on each host (README: Running across machines)"
+                )
             # Replicas may share the database: the loops that must run once run on the leader.
             self._tasks.append(asyncio.create_task(lead(self.store, loops, _stop_this_process)))
         else:
