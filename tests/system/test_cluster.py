@@ -22,7 +22,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -58,13 +58,14 @@ class Part:
     index: int
     env: dict[str, str]
     logs: Path
+    # Run under this (e.g. `ip netns exec NS`, which execs the script in the namespace).
+    prefix: tuple[str, ...] = ()
     process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> Part:
+        command = [*self.prefix, "sh", str(SCRIPT), self.role, str(self.index)]
         with open(self.logs / f"{self.role}-{self.index}.log", "ab") as log:
-            self.process = subprocess.Popen(
-                ["sh", str(SCRIPT), self.role, str(self.index)], stdout=log, stderr=subprocess.STDOUT, env=self.env
-            )
+            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=self.env)
         return self
 
     def kill(self) -> None:
@@ -227,21 +228,26 @@ async def _started(parts: list[Part]) -> AsyncIterator[None]:
             part.stop()
 
 
-async def test_three_replicas_and_three_nodes_lose_no_acknowledged_command_through_kill_9s(
-    postgres_databases: Databases, tmp_path: Path
-) -> None:
-    url = postgres_databases.create()
-    addresses = [f"127.0.0.1:{free_port()}" for _ in range(3)]
-    env = {
+def _environment(url: str, addresses: list[str], data: Path) -> dict[str, str]:
+    """cluster.sh's settings: the test's database and ports, the simulated runtime, fast steps."""
+    return {
         **os.environ,
         "KIBO_STORE": url,
         "KIBO_REPLICA_ADDRESSES": ",".join(addresses),
-        "KIBO_CLUSTER_DIR": str(tmp_path),
+        "KIBO_CLUSTER_DIR": str(data),
         "KIBO_CTRL": f"{sys.executable} -m kibo_ctrl",
         "KIBO_RUNTIME": "sim",
         "KIBO_SERVE_FLAGS": f"--insecure-no-auth --settle-ms 300 --node-timeout-ms {LEASE_MS} --log-level warning",
         "KIBO_NODE_FLAGS": "--sim-step-ms 5 --vcpus 256 --memory-mib 262144 --log-level warning",
     }
+
+
+async def test_three_replicas_and_three_nodes_lose_no_acknowledged_command_through_kill_9s(
+    postgres_databases: Databases, tmp_path: Path
+) -> None:
+    url = postgres_databases.create()
+    addresses = [f"127.0.0.1:{free_port()}" for _ in range(3)]
+    env = _environment(url, addresses, tmp_path)
     replicas = [Part("replica", i + 1, env, tmp_path) for i in range(3)]
     nodes = [Part("node", i + 1, env, tmp_path) for i in range(3)]
     tally = Tally()
@@ -400,3 +406,98 @@ def _gaps(tally: Tally, finals: dict[str, wp.Workspace]) -> list[str]:
                 f"{workspace_id} on replica {replica + 1}: ended at {seen[-1:]}, not {finals[workspace_id].etag}"
             )
     return gaps
+
+
+@contextlib.contextmanager
+def _namespace() -> Iterator[tuple[str, str, str]]:
+    """A network namespace joined to this host by a veth pair: (name, host address, the
+    namespace's end of the link). Removed at the end, with its link."""
+    tag = f"{os.getpid() % 100_000}{random.randrange(100)}"
+    name, host_end, ns_end = f"kibo-test-{tag}", f"kh{tag}", f"kn{tag}"
+    subnet = f"10.{200 + os.getpid() % 50}.{random.randrange(256)}"
+
+    def ip(*args: str) -> None:
+        subprocess.run(["ip", *args], check=True, capture_output=True, timeout=10)
+
+    ip("netns", "add", name)
+    try:
+        ip("link", "add", host_end, "type", "veth", "peer", "name", ns_end)
+        ip("link", "set", ns_end, "netns", name)
+        ip("addr", "add", f"{subnet}.1/30", "dev", host_end)
+        ip("link", "set", host_end, "up")
+        ip("-n", name, "addr", "add", f"{subnet}.2/30", "dev", ns_end)
+        ip("-n", name, "link", "set", ns_end, "up")
+        yield name, f"{subnet}.1", ns_end
+    finally:
+        subprocess.run(["ip", "link", "del", host_end], capture_output=True, timeout=10)
+        subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=10)
+
+
+async def test_a_node_cut_off_in_its_network_namespace_goes_unknown_and_comes_back(
+    postgres_databases: Databases, tmp_path: Path
+) -> None:
+    """Two replicas; node-1 on this host, node-2 in a network namespace of its own (a test
+    host). Its link goes down: its workspaces become UNKNOWN (node-1's stay AVAILABLE); the
+    link comes back: they are AVAILABLE again, nothing was launched twice, and they obey."""
+    assert os.geteuid() == 0, "the partition test puts a node agent in a network namespace: run it as root"
+    url = postgres_databases.create()
+    with _namespace() as (namespace, host_address, link):
+        # The replicas listen on the host's end of the link; node-1 reaches them there too.
+        addresses = [f"{host_address}:{free_port()}" for _ in range(2)]
+        env = _environment(url, addresses, tmp_path)
+        replicas = [Part("replica", i + 1, env, tmp_path) for i in range(2)]
+        nodes = [
+            Part("node", 1, {**env, "KIBO_NODE_FLAGS": env["KIBO_NODE_FLAGS"] + " --labels side=host"}, tmp_path),
+            Part(
+                "node",
+                2,
+                {**env, "KIBO_NODE_FLAGS": env["KIBO_NODE_FLAGS"] + " --labels side=cut"},
+                tmp_path,
+                prefix=("ip", "netns", "exec", namespace),
+            ),
+        ]
+        async with _started(replicas + nodes), contextlib.AsyncExitStack() as stack:
+            for replica, address in zip(replicas, addresses, strict=True):
+                replica.start()
+                await _serving(address)
+            for node in nodes:
+                node.start()
+            client = await stack.enter_async_context(Client.connect(addresses[1]))
+
+            def joined() -> bool:
+                with psycopg.connect(url) as conn:
+                    row = conn.execute("SELECT count(*) FROM nodes").fetchone()
+                return row is not None and int(row[0]) == 2
+
+            await _when(joined, 60, "both nodes joined")
+            cut = [(await client.create(node_selector={"side": "cut"})).workspace_id for _ in range(2)]
+            kept = (await client.create(node_selector={"side": "host"})).workspace_id
+            for workspace_id in (*cut, kept):
+                assert (await client.get(workspace_id)).state == S.WORKSPACE_STATE_AVAILABLE
+            launches = {w: await _launches(client, w) for w in cut}
+
+            async def states(*wanted: int) -> bool:
+                return all([(await client.get(w)).state in wanted for w in cut])
+
+            await _link(namespace, link, "down")
+            unknown_s = await _when(lambda: states(S.WORKSPACE_STATE_UNKNOWN), 6 * LEASE_MS / 1000, "UNKNOWN")
+            assert (await client.get(kept)).state == S.WORKSPACE_STATE_AVAILABLE
+            await _link(namespace, link, "up")
+            back_s = await _when(lambda: states(S.WORKSPACE_STATE_AVAILABLE), 120, "AVAILABLE again")
+            assert {w: await _launches(client, w) for w in cut} == launches, "launched again after the partition"
+            # The node obeys again: a stop and a start of one of its workspaces settle.
+            await client.stop(cut[0])
+            assert (await client.wait_steady(cut[0], within=30)).state == S.WORKSPACE_STATE_STOPPED
+            await client.start(cut[0])
+            assert (await client.wait_steady(cut[0], within=30)).state == S.WORKSPACE_STATE_AVAILABLE
+            print(f"\npartition: node-2's link down -> UNKNOWN in {unknown_s:.1f}s; up -> AVAILABLE in {back_s:.1f}s")
+
+
+async def _launches(client: Client, workspace_id: str) -> Counter[str]:
+    events = await client.events(workspace_id)
+    return Counter(m.group(1) for e in events if (m := PROVISIONING.search(e.message)))
+
+
+async def _link(namespace: str, link: str, state: str) -> None:
+    ip = await asyncio.create_subprocess_exec("ip", "-n", namespace, "link", "set", link, state)
+    assert await asyncio.wait_for(ip.wait(), 10) == 0
