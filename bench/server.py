@@ -60,6 +60,8 @@ class Server:
     data_dir: Path
     log_path: Path
     settle_ms: float | None = None
+    # --store: a postgresql:// URL (bench/stores.py); None: the embedded SQLite under data_dir.
+    store: str | None = None
     port: int = field(default_factory=free_port)
     http_port: int = field(default_factory=free_port)
     process: subprocess.Popen[bytes] | None = None
@@ -113,6 +115,8 @@ class Server:
         ]
         if self.settle_ms is not None:
             command += ["--settle-ms", str(self.settle_ms)]
+        if self.store is not None:
+            command += ["--store", self.store]
         return command
 
     def start(self, timeout: float = 120.0) -> float:

@@ -22,6 +22,7 @@ PACKAGES=(
   golang-google-protobuf-dev
   libseccomp2
   nghttp2-client
+  postgresql
   protobuf-compiler
   protoc-gen-go
   protoc-gen-go-grpc

@@ -13,6 +13,7 @@ import grpc
 import pytest
 
 from tests.client import Client
+from tests.postgres import DSN_VARIABLE, Databases, LocalPostgres
 from tests.server import ServerProcess
 
 _count = itertools.count()
@@ -71,12 +72,14 @@ def server_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callabl
         data_dir: Path | None = None,
         auth: bool = False,
         credentials: grpc.ChannelCredentials | None = None,
+        store: str | None = None,
     ) -> ServerProcess:
         directory = data_dir or tmp_path_factory.mktemp(f"kibo{next(_count)}") / "data"
-        server = ServerProcess(directory, tuple(flags), auth=auth, credentials=credentials).start()
+        server = ServerProcess(directory, tuple(flags), auth=auth, credentials=credentials, store=store).start()
         started.append(server)
         return server
 
+    start.started = started  # type: ignore[attr-defined]
     yield start
     for server in started:
         if server.process is not None and server.process.poll() is None:
@@ -87,6 +90,33 @@ def server_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callabl
 def firecracker(server_factory: Callable[..., ServerProcess]) -> ServerProcess:
     """A shared server with the firecracker personality. Do not make its node silent."""
     return server_factory("--sim-backend", "firecracker")
+
+
+@pytest.fixture(scope="session")
+def postgres_databases(server_factory: Callable[..., ServerProcess]) -> Iterator[Databases]:
+    """Fresh databases on this worker's throwaway PostgreSQL (tests/postgres.py), or on the one
+    KIBO_TEST_POSTGRES_DSN names; started on first use, stopped and removed at the end (after
+    the servers that use them)."""
+    named = os.environ.get(DSN_VARIABLE)
+    local = None if named else LocalPostgres.start()
+    databases = Databases(named if local is None else local.dsn)
+    try:
+        yield databases
+    finally:
+        for server in server_factory.started:  # type: ignore[attr-defined]
+            if server.store is not None and server.process is not None and server.process.poll() is None:
+                server.kill()
+        databases.drop_all()
+        if local is not None:
+            local.stop()
+
+
+@pytest.fixture(scope="session")
+def firecracker_postgresql(
+    server_factory: Callable[..., ServerProcess], postgres_databases: Databases
+) -> ServerProcess:
+    """The shared firecracker server on PostgreSQL (the `client` fixture's postgresql case)."""
+    return server_factory("--sim-backend", "firecracker", store=postgres_databases.create())
 
 
 @pytest.fixture(scope="session")
@@ -107,10 +137,26 @@ async def _client(server: ServerProcess, transport: str) -> AsyncIterator[Client
             yield connected
 
 
-# The behaviour suite runs through both transports: gRPC and Connect (same domain code).
-@pytest.fixture(params=TRANSPORTS)
-async def client(firecracker: ServerProcess, request: pytest.FixtureRequest) -> AsyncIterator[Client]:
-    async with _client(firecracker, request.param) as connected:
+# The behaviour suite runs through both transports (gRPC and Connect: same domain code) and on
+# both stores: (transport, store) pairs, each transport and each store at least once, not all
+# four (the transports do not touch the store). A test that also asks for `firecracker` itself
+# (it reaches the shared SQLite server another way) gets the SQLite pairs only.
+CLIENT_CASES = (("grpc", "sqlite"), ("connect", "sqlite"), ("grpc", "postgresql"))
+SHARED_SERVER = {"sqlite": "firecracker", "postgresql": "firecracker_postgresql"}
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "client" in metafunc.fixturenames:
+        cases = [c for c in CLIENT_CASES if c[1] == "sqlite" or "firecracker" not in metafunc.fixturenames]
+        ids = [t if s == "sqlite" else f"{t}-{s}" for t, s in cases]
+        metafunc.parametrize("client", cases, ids=ids, indirect=True)
+
+
+@pytest.fixture
+async def client(request: pytest.FixtureRequest) -> AsyncIterator[Client]:
+    transport, store = request.param
+    server: ServerProcess = request.getfixturevalue(SHARED_SERVER[store])
+    async with _client(server, transport) as connected:
         yield connected
 
 

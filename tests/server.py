@@ -94,6 +94,8 @@ class ServerProcess:
     # RLIMIT_NOFILE (soft and hard) of the server process; None: inherited.
     nofile: int | None = None
     log_path: Path | None = None
+    # --store: a PostgreSQL URL; None: the embedded SQLite under data_dir.
+    store: str | None = None
 
     @property
     def address(self) -> str:
@@ -119,6 +121,7 @@ class ServerProcess:
             str(self.data_dir),
             *TEST_FLAGS,
             *(() if self.auth else ("--insecure-no-auth",)),
+            *(() if self.store is None else ("--store", self.store)),
             *self.flags,
         ]
         if self.nofile is not None:

@@ -89,6 +89,10 @@ def create(
     ] = False,
     label: Annotated[list[str] | None, typer.Option(help="KEY=VALUE label (repeatable).")] = None,
     annotation: Annotated[list[str] | None, typer.Option(help="KEY=VALUE annotation (repeatable).")] = None,
+    node_selector: Annotated[
+        list[str] | None,
+        typer.Option(help="KEY=VALUE a node's labels must have to run it (repeatable; kibo node list shows them)."),
+    ] = None,
     expire_in: Annotated[str | None, typer.Option(help="Expire after this long, e.g. 8h.")] = None,
     expire_action: Annotated[ExpireAction, typer.Option(help="What expiry does.")] = ExpireAction.stop,
     no_wait: NoWaitOpt = False,
@@ -108,6 +112,7 @@ def create(
             resources=workspace_pb2.Resources(vcpus=vcpus, memory_mib=memory_mib, writable_layer_gib=writable_layer),
             labels=parsing.pairs(label),
             annotations=parsing.pairs(annotation, "annotation"),
+            node_selector=parsing.pairs(node_selector, "node selector"),
             volumes=[
                 workspace_pb2.VolumeBinding(
                     volume_id=volume_id,

@@ -34,6 +34,8 @@ from kibo.ctrl.v1 import volume_service_pb2 as vol_pb2
 from kibo.ctrl.v1 import volume_service_pb2_grpc as vol_grpc
 from kibo.ctrl.v1 import workspace_service_pb2 as ws_pb2
 from kibo.ctrl.v1 import workspace_service_pb2_grpc as ws_grpc
+from kibo.node.v1 import node_admin_service_pb2 as nodes_pb2
+from kibo.node.v1 import node_admin_service_pb2_grpc as nodes_grpc
 from kibo.sim.v1 import simulator_pb2_grpc as sim_grpc
 
 from . import build
@@ -81,6 +83,7 @@ class Client:
         self.volumes = self.connection.stub(vol_grpc.VolumeServiceStub(self.channel))  # type: ignore[no-untyped-call]
         self.data_plane = self.connection.stub(dp_grpc.DataPlaneServiceStub(self.channel))  # type: ignore[no-untyped-call]
         self.simulator = self.connection.stub(sim_grpc.SimulatorServiceStub(self.channel))  # type: ignore[no-untyped-call]
+        self.nodes = self.connection.stub(nodes_grpc.NodeAdminServiceStub(self.channel))  # type: ignore[no-untyped-call]
 
     @property
     def address(self) -> str:
@@ -404,6 +407,36 @@ class Client:
         An empty `workspace_id`, node silence and a lost storage pool reach every workspace on
         the node: they need an operator token (`kibo-ctrl token create --role operator`)."""
         self._call(self.simulator.InjectFault, build.fault(workspace_id, fault))
+
+    # -- nodes (kibo.node.v1.NodeAdminService: an operator token) ---------------------------
+
+    def list_nodes(self) -> list[nodes_pb2.Node]:
+        """The cluster's nodes: state (READY, SILENT, CORDONED, DRAINING, DRAINED), capacity
+        and use, labels, storage pool, lease."""
+        response: nodes_pb2.ListNodesResponse = self._call(self.nodes.ListNodes, nodes_pb2.ListNodesRequest())
+        return list(response.nodes)
+
+    def cordon_node(self, node_id: str) -> nodes_pb2.Node:
+        """No new workspaces are placed on the node; what runs there keeps running."""
+        response: nodes_pb2.CordonNodeResponse = self._call(
+            self.nodes.CordonNode, nodes_pb2.CordonNodeRequest(node_id=node_id)
+        )
+        return response.node
+
+    def uncordon_node(self, node_id: str) -> nodes_pb2.Node:
+        """Place workspaces on the node again (also ends a drain)."""
+        response: nodes_pb2.UncordonNodeResponse = self._call(
+            self.nodes.UncordonNode, nodes_pb2.UncordonNodeRequest(node_id=node_id)
+        )
+        return response.node
+
+    def drain_node(self, node_id: str) -> nodes_pb2.Node:
+        """Cordon the node; it shows DRAINING until its last instance is gone (its workspaces
+        leave as they are stopped or deleted, and start again on another node)."""
+        response: nodes_pb2.DrainNodeResponse = self._call(
+            self.nodes.DrainNode, nodes_pb2.DrainNodeRequest(node_id=node_id)
+        )
+        return response.node
 
     # -- data plane (see kibotos.data_plane) ------------------------------------------------
 

@@ -5,9 +5,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import resource
+import signal
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -18,6 +22,7 @@ from . import routes, tokens
 from .api import data_plane
 from .api.auth import Authenticator
 from .api.control_plane import Api
+from .api.node_api import NodeAdminApi, NodeApi
 from .domain.access import DEFAULT_TENANT, Role, TokenRecord
 from .domain.clock import SYSTEM_CLOCK, Clock
 from .domain.model import Backend, Node, Workspace
@@ -25,15 +30,20 @@ from .domain.reports import StorageReleased
 from .engine import controller
 from .engine.expiry import ExpiryLoop
 from .engine.hub import Hub
-from .engine.node_agent import Liveness, NodeAgent
+from .engine.local_link import LocalLink
+from .engine.node_agent import NodeAgent
+from .engine.node_registry import NodeRegistry
 from .engine.scheduler import Scheduler
 from .engine.service import Quotas, Service, Settings
 from .runtime.base import Closable, GuestAccess, MachineObserver, Runtime
+from .runtime.process import safepath
 from .runtime.process.idmap import IdRange
 from .runtime.process.runtime import ProcessOptions, ProcessRuntime
 from .runtime.sim.api import SimulatorApi
 from .runtime.sim.simulator import SimBoard, SimNode
-from .store.base import Reader
+from .store.base import Reader, Store
+from .store.postgres import PostgresStore
+from .store.postgres_leader import lead
 from .store.sqlite import SqliteStore
 from .telemetry import events
 from .telemetry.endpoint import PATH as METRICS_PATH
@@ -45,6 +55,7 @@ from .transport.connect import application
 from .transport.grpc import service_handler
 from .transport.http import SERVERS, HttpLimits, HttpServer, open_file_limit
 from .transport.http_guard import BodyLimits, guard
+from .transport.node_guest_client import NodeGuests
 from .transport.rpc import NO_OBSERVER, RpcObserver
 from .transport.tls import Tls
 
@@ -65,6 +76,9 @@ DEFAULT_RATE_LIMIT_RPS = 1000.0
 @dataclass(frozen=True)
 class Config:
     data_dir: Path
+    # --store: a postgresql:// URL (several replicas may share the database); empty: the
+    # embedded SQLite under data_dir.
+    store: str = ""
     listen: str = "127.0.0.1:50051"
     # Connect, gRPC-Web and JSON; empty to serve gRPC only.
     http_listen: str = "127.0.0.1:8080"
@@ -81,6 +95,9 @@ class Config:
     node_memory_mib: int = 16 * 1024 * 1024
     settle_ms: float = 1000.0
     node_timeout_ms: float = 3000.0
+    # Run the embedded node(s) in this process (False: `serve --no-local-node`, only nodes
+    # that join over kibo.node.v1 run workspaces).
+    local_node: bool = True
     shutdown_grace_s: float = 5.0
     # Who may do what: bearer tokens (off only with --insecure-no-auth).
     auth: bool = True
@@ -126,7 +143,7 @@ class App:
             raise ValueError(f"unknown runtime {config.runtime!r}; this build has: sim, process")
         _check_writable(config.data_dir)
         _raise_open_file_limit()
-        self.store = await SqliteStore.open(config.data_dir / "kibo.db", self.clock)
+        self.store = await open_store(config.store, config.data_dir, self.clock)
         self.hub = Hub()
         self.store.subscribe(self.hub.publish)
         self.metrics = Metrics()
@@ -143,22 +160,68 @@ class App:
         storage_pool = "local"
         self.service = Service(Settings(storage_pool=storage_pool, quotas=config.quotas))
         self.authenticator = await self._authenticator()
+        # Nodes: the registry (leases, feeds) serves the local node agents and the remote
+        # ones (kibo.node.v1) alike; the scheduler places on the nodes it records.
+        self.registry = NodeRegistry(self.store, config.node_timeout_ms / 1000, self.clock)
+        await self.registry.load()
+        self.hub.listen(self.registry.on_changes)
+        scheduler = Scheduler(self.store)
+        self.registry.on_nodes_changed(scheduler.nodes_changed)
+        self.runtimes: dict[str, Runtime] = {}
+        self.sim_api: SimulatorApi | None = None
+        self._closables: list[Closable] = []
+        self._agents: list[NodeAgent] = []
+        guests: dict[str, GuestAccess] = {}
+        observer: MachineObserver | None = None
+        capabilities = ["workspace.stop.force"]
+        if config.local_node:
+            observer, capabilities = await self._local_nodes(storage_pool, guests)
+        expiry = ExpiryLoop(self.store, self.service, self.clock)
+        for listener in (scheduler.on_changes, expiry.on_changes):
+            self.hub.listen(listener)
+        self.api = Api(
+            self.store, self.hub, self.service, capabilities, config.settle_ms / 1000, observer, MAX_MESSAGE_BYTES
+        )
+        # The data plane reaches the embedded node's guests in process, a remote node's through
+        # the hop it declared at its join (kibo.node.v1.NodeGuestService on that node).
+        self.guests = NodeGuests(guests, self.registry.data_plane_of, safepath.guest_file_path)
+        self.data_plane = data_plane.DataPlane(self.store, self.guests, config.data_dir)
+        # Revoke, stop and delete end the data-plane calls running under the old credential.
+        self.hub.listen(self.data_plane.on_changes)
+        self.metrics.data_plane_sessions.set_function(lambda: self.data_plane.sessions.count)
+
+        def loops() -> list[Coroutine[Any, Any, None]]:
+            runs = (scheduler.run(), expiry.run(), self.registry.run(), *(a.run() for a in self._agents))
+            return [self._supervise(run) for run in runs]
+
+        if isinstance(self.store, PostgresStore):
+            if config.local_node:
+                log.warning(
+                    "an in-process node on a shared store runs on the leader only, and after a failover the "
+                    "next leader's node takes over its ID but not its sandboxes: with several replicas, serve "
+                    "with --no-local-node and run `kibo-ctrl node` on each host (README: Running across machines)"
+                )
+            # Replicas may share the database: the loops that must run once run on the leader.
+            self._tasks.append(asyncio.create_task(lead(self.store, loops, _stop_this_process)))
+        else:
+            self._tasks.extend(asyncio.create_task(coroutine) for coroutine in loops())
+        await self._serve()
+
+    async def _local_nodes(
+        self, storage_pool: str, guests: dict[str, GuestAccess]
+    ) -> tuple[MachineObserver | None, list[str]]:
+        """The embedded node(s): their runtimes and agents, linked to the registry in process
+        (the same agent and the same link protocol as a `kibo-ctrl node` on another host)."""
+        config = self.config
         nodes = [
-            Node(
-                id=f"node-{i + 1}",
-                vcpus=config.node_vcpus,
-                memory_mib=config.node_memory_mib,
-                storage_pool=storage_pool,
-            )
+            Node(id=f"node-{i + 1}", vcpus=config.node_vcpus, memory_mib=config.node_memory_mib, storage_pool=pool)
+            # The pool's files are deleted by its first node; the other simulated nodes have their own.
             for i in range(config.sim_nodes if config.runtime == "sim" else 1)
+            for pool in [storage_pool if i == 0 else f"{storage_pool}-node-{i + 1}"]
         ]
         # The runtimes, and who gets which of their capabilities (runtime/base.py): only the
         # process runtime reaches guests, reads the machine and has connections to close.
-        self.runtimes: dict[str, Runtime] = {}
-        guests: dict[str, GuestAccess] = {}
         observer: MachineObserver | None = None
-        self._closables: list[Closable] = []
-        self.sim_api: SimulatorApi | None = None
         if config.runtime == "process":
             options = ProcessOptions(
                 data_dir=config.data_dir,
@@ -180,42 +243,17 @@ class App:
             sim_nodes = {n.id: SimNode(n.id, config.sim_backend, config.sim_step_ms / 1000, board) for n in nodes}
             self.runtimes.update(sim_nodes)
             self.sim_api = SimulatorApi(self._find_workspace, board, sim_nodes, self._pool_lost)
-        liveness = Liveness(self.store, [n.id for n in nodes], config.node_timeout_ms / 1000, self.clock)
         # Each node agent drives its runtime through the timing wrapper (metrics, failure
         # logs, and with tracing a span per operation in its command's trace).
         metered = {
             n.id: MeteredRuntime(self.runtimes[n.id], n.id, self.metrics, self.tracing, self._trace_parent_of)
             for n in nodes
         }
-        self.metrics.watch_nodes(nodes, lambda node_id: self.runtimes[node_id].reachable.is_set(), liveness.report_age)
-        # The pool's files are deleted by its first node.
-        agents = [
-            NodeAgent(n, metered[n.id], self.store, liveness)
-            if i == 0
-            else NodeAgent(
-                Node(n.id, n.vcpus, n.memory_mib, storage_pool=f"{storage_pool}-{n.id}"),
-                metered[n.id],
-                self.store,
-                liveness,
-            )
-            for i, n in enumerate(nodes)
-        ]
-        scheduler = Scheduler(self.store, nodes)
-        expiry = ExpiryLoop(self.store, self.service, self.clock)
-        for listener in (scheduler.on_changes, expiry.on_changes, *(a.on_changes for a in agents)):
-            self.hub.listen(listener)
-        self._agents = agents
-        capabilities = next(iter(self.runtimes.values())).capabilities()
-        self.api = Api(
-            self.store, self.hub, self.service, capabilities, config.settle_ms / 1000, observer, MAX_MESSAGE_BYTES
+        self.metrics.watch_nodes(
+            nodes, lambda node_id: self.runtimes[node_id].reachable.is_set(), self.registry.report_age
         )
-        self.data_plane = data_plane.DataPlane(self.store, guests, config.data_dir)
-        # Revoke, stop and delete end the data-plane calls running under the old credential.
-        self.hub.listen(self.data_plane.on_changes)
-        self.metrics.data_plane_sessions.set_function(lambda: self.data_plane.sessions.count)
-        for coroutine in (scheduler.run(), expiry.run(), liveness.run(), *(a.run() for a in agents)):
-            self._tasks.append(asyncio.create_task(self._supervise(coroutine)))
-        await self._serve()
+        self._agents = [NodeAgent(n, metered[n.id], LocalLink(self.registry, n.id)) for n in nodes]
+        return observer, next(iter(self.runtimes.values())).capabilities()
 
     async def _authenticator(self) -> Authenticator:
         rate = self.config.rate_limit_rps
@@ -299,13 +337,19 @@ class App:
         # (UNIMPLEMENTED on both listeners, absent from reflection and health).
         if self.sim_api is not None:
             services.append(routes.simulator_service(self.sim_api))
+        services.append(routes.node_admin_service(NodeAdminApi(self.registry)))
         grpc_observer = self._rpc_observer("grpc")
+        # Node agents (kibo-ctrl node) on the gRPC port only, with the authenticator that
+        # takes node tokens (every other service refuses them).
+        node_service = routes.node_service(NodeApi(self.registry, self.config.auth))
         self.server.add_generic_rpc_handlers(
             [service_handler(service, self.authenticator, grpc_observer) for service in services]
+            + [service_handler(node_service, self.authenticator.for_nodes(), grpc_observer)]
         )
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        names = [service.full_name for service in services] + [health.SERVICE_NAME, reflection.SERVICE_NAME]
+        names = [service.full_name for service in (*services, node_service)]
+        names += [health.SERVICE_NAME, reflection.SERVICE_NAME]
         reflection.enable_server_reflection(names, self.server)
         tls = self.config.tls
         if tls is None:
@@ -359,6 +403,8 @@ class App:
         """Finish in-flight calls, stop the loops, close the store."""
         await self.health.enter_graceful_shutdown()
         self.hub.close()
+        # Ends the nodes' feeds (WatchSteps streams) at once, so the server's grace is not spent on them.
+        self.registry.close()
         stopping = [self.server.stop(self.config.shutdown_grace_s)]
         if self.http is not None:
             stopping.append(self.http.stop())
@@ -372,6 +418,7 @@ class App:
                 await task
         for closable in self._closables:
             await closable.close()
+        await self.guests.close()
         await self.store.close()
         if self.tracing is not None:
             self.tracing.shutdown()  # flushes the spans still batched
@@ -403,3 +450,20 @@ def _check_writable(data_dir: Path) -> None:
         raise OSError(
             f"the data dir {data_dir} is not writable ({error.strerror}); the server must be able to record commands"
         ) from None
+
+
+STORE_SCHEMES = ("postgresql://", "postgres://")
+
+
+def _stop_this_process() -> None:
+    """A deposed leader stops as on SIGTERM (its supervisor restarts it as a follower)."""
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+async def open_store(store: str, data_dir: Path, clock: Clock = SYSTEM_CLOCK) -> Store:
+    """The store `--store` names: PostgreSQL for a postgresql:// URL, else the embedded SQLite."""
+    if not store:
+        return await SqliteStore.open(data_dir / "kibo.db", clock)
+    if not store.startswith(STORE_SCHEMES):
+        raise ValueError(f"--store takes a postgresql://USER@HOST:PORT/DB URL, not {store.split('://')[0]!r}")
+    return await PostgresStore.open(store, clock)

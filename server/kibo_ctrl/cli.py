@@ -16,12 +16,15 @@ import typer
 from kibo_cli.help import command_of
 
 from . import log_limit, tokens
-from .app import MAX_HTTP_BODY_BYTES, App, Config
+from .app import MAX_HTTP_BODY_BYTES, App, Config, open_store
 from .domain.access import Role, tenant_name
 from .domain.errors import KiboError, StoreError
 from .domain.model import Backend
+from .domain.nodes import labels as check_labels
+from .domain.nodes import node_id as check_node_id
 from .engine.service import Quotas
-from .store.sqlite import SqliteStore
+from .node_host import NodeConfig, NodeHost
+from .store.base import Store
 from .telemetry import logs, tracing
 from .telemetry.endpoint import MetricsAccess
 from .transport.http import HttpLimits
@@ -88,6 +91,15 @@ def serve(
         Path | None,
         typer.Option(envvar="KIBO_DATA_DIR", help="Where the embedded store keeps its files.", show_default=False),
     ] = None,
+    store: Annotated[
+        str,
+        typer.Option(
+            envvar="KIBO_STORE",
+            help="postgresql://USER@HOST:PORT/DB: keep state in PostgreSQL (several replicas may share it). "
+            "Default: the embedded SQLite under --data-dir.",
+            show_default=False,
+        ),
+    ] = "",
     runtime: Annotated[
         str,
         typer.Option(help="What runs workspaces: process (real sandboxes on this machine) or sim (simulated, faults)."),
@@ -140,7 +152,17 @@ def serve(
     settle_ms: Annotated[
         float, typer.Option(min=0, help="How long a command call waits for its command to finish.")
     ] = 1000.0,
-    node_timeout_ms: Annotated[float, typer.Option(min=50, help="Silence after which a node is UNKNOWN.")] = 3000.0,
+    node_timeout_ms: Annotated[
+        float, typer.Option(min=50, help="A node's lease: silence after which its workspaces are UNKNOWN.")
+    ] = 3000.0,
+    local_node: Annotated[
+        bool,
+        typer.Option(
+            "--local-node/--no-local-node",
+            help="Run a node in this process (the embedded default); --no-local-node: only nodes that join "
+            "with kibo-ctrl node run workspaces.",
+        ),
+    ] = True,
     insecure_no_auth: Annotated[
         bool, typer.Option(help="No tokens: anyone who reaches the server is admin. Local experiments only.")
     ] = False,
@@ -186,6 +208,7 @@ def serve(
     log_limit.install()
     config = Config(
         data_dir=data_dir or default_data_dir(),
+        store=store,
         listen=listen,
         http_listen=http_listen,
         http_server=http_server,
@@ -205,6 +228,7 @@ def serve(
         node_memory_mib=node_memory_mib,
         settle_ms=settle_ms,
         node_timeout_ms=node_timeout_ms,
+        local_node=local_node,
         backend=backend,
         sandbox=sandbox,
         limits=limits,
@@ -251,43 +275,82 @@ DataDir = Annotated[
 ]
 
 
-def _with_store(data_dir: Path | None, work: Callable[[SqliteStore], Awaitable[T]]) -> T:
+StoreUrl = Annotated[
+    str,
+    typer.Option(
+        "--store",
+        envvar="KIBO_STORE",
+        help="The server's postgresql:// store, if it has one (default: SQLite under --data-dir).",
+        show_default=False,
+    ),
+]
+
+
+def _with_store(data_dir: Path | None, work: Callable[[Store], Awaitable[T]], store_url: str = "") -> T:
     async def run() -> T:
-        store = await SqliteStore.open((data_dir or default_data_dir()) / "kibo.db")
+        store = await open_store(store_url, data_dir or default_data_dir())
         try:
             return await work(store)
         finally:
             await store.close()
 
-    return asyncio.run(run())
+    try:
+        return asyncio.run(run())
+    except (RuntimeError, ValueError, StoreError) as error:
+        typer.echo(f"kibo-ctrl: {error}", err=True)
+        raise typer.Exit(2) from None
 
 
 @token_cli.command("create")
 def token_create(
-    tenant: Annotated[str, typer.Option(help="The tenant (project) the token acts for.")],
+    tenant: Annotated[str, typer.Option(help="The tenant (project) the token acts for.")] = "",
     role: Annotated[
         Role,
         typer.Option(
             help="admin: everything in the tenant; reader: read-only; operator: admin plus node-wide faults "
-            "(--runtime sim), for whoever runs the machine, never for a tenant."
+            "(--runtime sim) and the nodes (kibo node), for whoever runs the machine, never for a tenant."
         ),
     ] = Role.ADMIN,
+    node: Annotated[
+        str,
+        typer.Option(
+            help="Make a node's join token instead (kibo-ctrl node --token): it acts as this node ID only, "
+            "on the node API only."
+        ),
+    ] = "",
     data_dir: DataDir = None,
+    store: StoreUrl = "",
 ) -> None:
     """Print a new token. It is shown once: only its hash is stored."""
+    if node:
+        if tenant:
+            raise typer.BadParameter("a node token has no tenant: give --node or --tenant", param_hint="--tenant")
+        try:
+            check_node_id(node, "node")
+        except KiboError as error:
+            raise typer.BadParameter(error.message, param_hint="--node") from None
+        # A node token's tenant field holds its node ID (domain/access.py, Role.NODE).
+        record, token = _with_store(data_dir, lambda on: tokens.create(on, node, Role.NODE), store)
+        typer.echo(token)
+        typer.echo(f"created {record.id} for node {node}", err=True)
+        return
+    if not tenant:
+        raise typer.BadParameter("give the tenant the token acts for (or --node)", param_hint="--tenant")
+    if role is Role.NODE:
+        raise typer.BadParameter("make a node token with --node NODE_ID", param_hint="--role")
     try:
         tenant_name(tenant)
     except KiboError as error:
         raise typer.BadParameter(error.message, param_hint="--tenant") from None
-    record, token = _with_store(data_dir, lambda store: tokens.create(store, tenant, role))
+    record, token = _with_store(data_dir, lambda on: tokens.create(on, tenant, role), store)
     typer.echo(token)
     typer.echo(f"created {record.id} for tenant {record.tenant} ({record.role.value})", err=True)
 
 
 @token_cli.command("list")
-def token_list(data_dir: DataDir = None) -> None:
+def token_list(data_dir: DataDir = None, store: StoreUrl = "") -> None:
     """List tokens (IDs, tenants, roles; never the tokens)."""
-    records = _with_store(data_dir, lambda store: store.read(lambda r: r.list_tokens()))
+    records = _with_store(data_dir, lambda on: on.read(lambda r: r.list_tokens()), store)
     for record in records:
         state = "revoked" if record.revoked else "active"
         typer.echo(f"{record.id}\t{record.tenant}\t{record.role.value}\t{state}")
@@ -295,10 +358,12 @@ def token_list(data_dir: DataDir = None) -> None:
 
 @token_cli.command("revoke")
 def token_revoke(
-    token_id: Annotated[str, typer.Argument(help="The token's ID (tok-...).")], data_dir: DataDir = None
+    token_id: Annotated[str, typer.Argument(help="The token's ID (tok-...).")],
+    data_dir: DataDir = None,
+    store: StoreUrl = "",
 ) -> None:
     """Revoke a token; the server refuses it within a few seconds."""
-    if not _with_store(data_dir, lambda store: tokens.revoke(store, token_id)):
+    if not _with_store(data_dir, lambda on: tokens.revoke(on, token_id), store):
         typer.echo(f"kibo-ctrl: no active token {token_id}", err=True)
         raise typer.Exit(1)
     typer.echo(f"revoked {token_id}")
@@ -324,6 +389,142 @@ async def _serve(config: Config) -> None:
     log.info("shutting down: finishing in-flight calls")
     await app.stop()
     log.info("stopped")
+
+
+@cli.command()
+def node(
+    control_plane: Annotated[
+        str,
+        typer.Option(
+            envvar="KIBO_CONTROL_PLANE",
+            help="The control plane's gRPC address, HOST:PORT; several replicas: HOST:PORT,HOST:PORT,... "
+            "(the node moves on to the next one when one cannot be reached).",
+        ),
+    ],
+    data_dir: Annotated[
+        Path, typer.Option(envvar="KIBO_DATA_DIR", help="Where this node keeps its sandboxes and storage.")
+    ],
+    runtime: Annotated[str, typer.Option(help="What runs workspaces here: process (sandboxes) or sim.")] = "process",
+    node_id: Annotated[
+        str, typer.Option("--node-id", help="This node's ID (a node token is made for it). Default: the host name.")
+    ] = "",
+    labels: Annotated[str, typer.Option(help="Node labels, k=v,k=v (listed by kibo node list).")] = "",
+    token: Annotated[
+        str,
+        typer.Option(
+            envvar="KIBO_NODE_TOKEN",
+            help="The node's join token (kibo-ctrl token create --node ID); none against --insecure-no-auth.",
+        ),
+    ] = "",
+    vcpus: Annotated[int, typer.Option(min=0, help="vCPUs this node offers; 0: the host's.")] = 0,
+    memory_mib: Annotated[int, typer.Option(min=0, help="Memory this node offers, MiB; 0: the host's.")] = 0,
+    storage_pool: Annotated[str, typer.Option(help="The storage pool this node's disk belongs to.")] = "local",
+    tls_ca: Annotated[
+        Path | None, typer.Option(help="PEM CA of the control plane's certificate: connect over TLS.")
+    ] = None,
+    backend: Annotated[Backend, typer.Option(help="Backend personality of the process runtime.")] = Backend.FIRECRACKER,
+    sandbox: Annotated[str, typer.Option(help="Process runtime isolation: auto, bwrap or none.")] = "auto",
+    limits: Annotated[str, typer.Option(help="Process runtime CPU/memory limits (as kibo-ctrl serve).")] = "auto",
+    base_image: Annotated[Path | None, typer.Option(help="Process runtime base image (a directory tree).")] = None,
+    guest_command: Annotated[str, typer.Option(help="Process runtime entry command (shell words).")] = "",
+    stop_grace_ms: Annotated[
+        float, typer.Option(min=0, help="How long a graceful stop waits after SIGTERM.")
+    ] = 10_000.0,
+    guest_id_base: Annotated[
+        int, typer.Option(min=1, help="Process runtime: the guests' host id range start.")
+    ] = 100_000,
+    storage_overcommit: Annotated[
+        float, typer.Option(min=1.0, help="Process runtime: how many times the free disk new storage may promise.")
+    ] = 1.0,
+    data_plane_listen: Annotated[
+        str,
+        typer.Option(
+            help="Process runtime: where this node serves its guests' data plane (exec, files) to the "
+            "control plane, HOST:PORT; only the control plane's calls (with this join's secret) are taken."
+        ),
+    ] = "0.0.0.0:50052",
+    data_plane_address: Annotated[
+        str,
+        typer.Option(
+            help="The address the control plane dials for that, HOST:PORT. Default: this host's address "
+            "on the route to the control plane, with the port of --data-plane-listen."
+        ),
+    ] = "",
+    sim_backend: Annotated[Backend, typer.Option(help="Backend personality of the simulator.")] = Backend.FIRECRACKER,
+    sim_step_ms: Annotated[float, typer.Option(min=0, help="Simulated time each lifecycle step takes.")] = 20.0,
+    log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
+    log_format: Annotated[str, typer.Option(help="text or json.")] = "text",
+) -> None:
+    """Run a node agent on this host until SIGTERM or SIGINT: it joins the control plane,
+    holds a lease, runs the workspaces placed on it and reports back. Its sandboxes outlive
+    it; started again with the same --data-dir, it adopts them."""
+    if log_format not in logs.FORMATS:
+        raise typer.BadParameter("choose text or json", param_hint="--log-format")
+    logs.configure(log_level, log_format)
+    log_limit.install()
+    try:
+        if node_id:
+            check_node_id(node_id, "node-id")
+        parsed_labels = _labels(labels)
+    except KiboError as error:
+        raise typer.BadParameter(error.message, param_hint="--node-id/--labels") from None
+    config = NodeConfig(
+        control_plane=control_plane,
+        data_dir=data_dir,
+        runtime=runtime,
+        node_id=node_id,
+        labels=parsed_labels,
+        token=token,
+        vcpus=vcpus,
+        memory_mib=memory_mib,
+        storage_pool=storage_pool,
+        tls_ca=tls_ca,
+        sim_backend=sim_backend,
+        sim_step_ms=sim_step_ms,
+        backend=backend,
+        sandbox=sandbox,
+        limits=limits,
+        base_image=base_image,
+        guest_command=tuple(shlex.split(guest_command)),
+        stop_grace_ms=stop_grace_ms,
+        guest_id_base=guest_id_base,
+        storage_overcommit=storage_overcommit,
+        data_plane_listen=data_plane_listen,
+        data_plane_address=data_plane_address,
+    )
+    try:
+        asyncio.run(_run_node(config))
+    except (OSError, RuntimeError, ValueError, KiboError) as error:
+        typer.echo(f"kibo-ctrl node: {error}", err=True)
+        raise typer.Exit(2) from None
+
+
+def _labels(text: str) -> dict[str, str]:
+    pairs: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, equals, value = part.partition("=")
+        if not equals:
+            raise KiboError(f"label {part[:80]!r}: write key=value")
+        pairs[key.strip()] = value.strip()
+    return check_labels(pairs)
+
+
+async def _run_node(config: NodeConfig) -> None:
+    host = await NodeHost.start(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    done = host.done
+    assert done is not None
+    waiter = asyncio.create_task(stop.wait())
+    await asyncio.wait({waiter, done}, return_when=asyncio.FIRST_COMPLETED)
+    waiter.cancel()
+    if done.done() and not done.cancelled() and done.exception() is not None:
+        await host.stop()
+        raise RuntimeError(f"the node agent stopped: {done.exception()}")
+    logging.getLogger("kibo.node").info("shutting down: the sandboxes keep running")
+    await host.stop()
 
 
 def main() -> None:

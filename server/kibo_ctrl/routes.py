@@ -13,11 +13,16 @@ from kibo.ctrl.v1 import data_plane_service_pb2 as dp
 from kibo.ctrl.v1 import observation_service_pb2 as obs
 from kibo.ctrl.v1 import volume_service_pb2 as vol
 from kibo.ctrl.v1 import workspace_service_pb2 as ws
+from kibo.node.v1 import node_admin_service_pb2 as nadm
+from kibo.node.v1 import node_guest_service_pb2 as ngu
+from kibo.node.v1 import node_service_pb2 as nd
 from kibo.sim.v1 import simulator_pb2 as sim
 
 from .api.commands import VOLUME_COMMANDS, WORKSPACE_COMMANDS
 from .api.control_plane import Api
 from .api.data_plane import DataPlane
+from .api.node_api import NodeAdminApi, NodeApi
+from .api.node_guest_api import NodeGuestApi
 from .runtime.sim.api import SimulatorApi
 from .transport.rpc import ServerStream, Service, Unary
 
@@ -120,4 +125,50 @@ def simulator_service(simulator: SimulatorApi) -> Service:
     return Service(
         sim.DESCRIPTOR.services_by_name["SimulatorService"],
         (Unary("InjectFault", sim.InjectFaultRequest, sim.InjectFaultResponse, simulator.inject_fault),),
+    )
+
+
+def node_service(nodes: NodeApi) -> Service:
+    # What node agents call (kibo-ctrl node): gRPC only, with the node authenticator (app.py).
+    return Service(
+        nd.DESCRIPTOR.services_by_name["NodeService"],
+        (
+            Unary("Join", nd.JoinRequest, nd.JoinResponse, nodes.join),
+            ServerStream("WatchSteps", nd.WatchStepsRequest, nd.WatchStepsResponse, nodes.watch_steps),
+            Unary("GetLaunchSpec", nd.GetLaunchSpecRequest, nd.GetLaunchSpecResponse, nodes.get_launch_spec),
+            Unary("Report", nd.ReportRequest, nd.ReportResponse, nodes.report),
+            Unary(
+                "ReportStorageReleased",
+                nd.ReportStorageReleasedRequest,
+                nd.ReportStorageReleasedResponse,
+                nodes.report_storage_released,
+            ),
+            Unary(
+                "ReportVolumeReleased",
+                nd.ReportVolumeReleasedRequest,
+                nd.ReportVolumeReleasedResponse,
+                nodes.report_volume_released,
+            ),
+            Unary("RenewLease", nd.RenewLeaseRequest, nd.RenewLeaseResponse, nodes.renew_lease),
+        ),
+    )
+
+
+def node_admin_service(admin: NodeAdminApi) -> Service:
+    return Service(
+        nadm.DESCRIPTOR.services_by_name["NodeAdminService"],
+        (
+            Unary("ListNodes", nadm.ListNodesRequest, nadm.ListNodesResponse, admin.list_nodes),
+            Unary("CordonNode", nadm.CordonNodeRequest, nadm.CordonNodeResponse, admin.cordon_node),
+            Unary("UncordonNode", nadm.UncordonNodeRequest, nadm.UncordonNodeResponse, admin.uncordon_node),
+            Unary("DrainNode", nadm.DrainNodeRequest, nadm.DrainNodeResponse, admin.drain_node),
+        ),
+    )
+
+
+def node_guest_service(guests: NodeGuestApi) -> Service:
+    # Served by a node agent (node_host.py) to the control plane: the data plane's last hop.
+    return Service(
+        ngu.DESCRIPTOR.services_by_name["NodeGuestService"],
+        (ServerStream("RunGuestJob", ngu.RunGuestJobRequest, ngu.RunGuestJobResponse, guests.run_guest_job),),
     )

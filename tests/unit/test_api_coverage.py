@@ -22,12 +22,22 @@ import kibotos.aio
 import kibotos.client
 import typer
 from kibo.ctrl.v1 import data_plane_service_pb2, observation_service_pb2, volume_service_pb2, workspace_service_pb2
+from kibo.node.v1 import node_admin_service_pb2
 from kibo.sim.v1 import simulator_pb2
 from kibo_cli.main import app
 
 REPO = Path(__file__).resolve().parents[2]
 GO_SDK = REPO / "sdk" / "go" / "kibotos"
-PUBLIC = (workspace_service_pb2, observation_service_pb2, volume_service_pb2, data_plane_service_pb2, simulator_pb2)
+# kibo.node.v1.NodeService is not here: it is the node agents' protocol (kibo-ctrl node calls
+# it with a node token), not an API for people or programs; NodeAdminService is.
+PUBLIC = (
+    workspace_service_pb2,
+    observation_service_pb2,
+    volume_service_pb2,
+    data_plane_service_pb2,
+    simulator_pb2,
+    node_admin_service_pb2,
+)
 SURFACES = ("cli", "python", "go")
 
 # Deliberate exceptions: (RPC, surface) -> why it has none there.
@@ -102,7 +112,7 @@ def test_the_delegates_are_what_kibotos_wait_calls() -> None:
 # -- Go SDK ----------------------------------------------------------------------------------
 
 _GO_METHOD = re.compile(r"^func \(c \*Client\) ([A-Z]\w*)\(", re.MULTILINE)
-_GO_STUB_CALL = re.compile(r"\bc\.(?:workspaces|observation|volumes|dataPlane|simulator)\.([A-Z]\w*)\b")
+_GO_STUB_CALL = re.compile(r"\bc\.(?:workspaces|observation|volumes|dataPlane|simulator|nodes)\.([A-Z]\w*)\b")
 
 
 def go_methods(sources: Iterable[str]) -> dict[str, set[str]]:

@@ -8,6 +8,7 @@ import (
 	"os"
 
 	ctrlv1 "github.com/kibo-dev/kibo/sdk/go/gen/kibo/ctrl/v1"
+	nodev1 "github.com/kibo-dev/kibo/sdk/go/gen/kibo/node/v1"
 	simv1 "github.com/kibo-dev/kibo/sdk/go/gen/kibo/sim/v1"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
@@ -26,6 +27,7 @@ type Client struct {
 	volumes     ctrlv1.VolumeServiceClient
 	dataPlane   ctrlv1.DataPlaneServiceClient
 	simulator   simv1.SimulatorServiceClient
+	nodes       nodev1.NodeAdminServiceClient
 }
 
 // Option configures New.
@@ -115,6 +117,7 @@ func New(address string, options ...Option) (*Client, error) {
 	c.volumes = ctrlv1.NewVolumeServiceClient(conn)
 	c.dataPlane = ctrlv1.NewDataPlaneServiceClient(conn)
 	c.simulator = simv1.NewSimulatorServiceClient(conn)
+	c.nodes = nodev1.NewNodeAdminServiceClient(conn)
 	return c, nil
 }
 

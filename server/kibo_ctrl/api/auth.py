@@ -11,8 +11,8 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable
 
-from ..domain.access import LOCAL_OPERATOR, Caller, TokenRecord
-from ..domain.errors import RateLimited, Unauthenticated
+from ..domain.access import LOCAL_OPERATOR, Caller, Role, TokenRecord
+from ..domain.errors import PermissionDenied, RateLimited, Unauthenticated
 
 TOKEN_PREFIX = "kibo_"
 # How long a token lookup is trusted: a revoked token stops working within this time.
@@ -33,9 +33,13 @@ Lookup = Callable[[str], Awaitable[TokenRecord | None]]
 class Authenticator:
     """Turns an Authorization header into a Caller; applies the per-tenant rate limit."""
 
-    def __init__(self, lookup: Lookup | None, rate_per_second: float = 0.0, burst: float = 0.0) -> None:
+    def __init__(
+        self, lookup: Lookup | None, rate_per_second: float = 0.0, burst: float = 0.0, nodes: bool = False
+    ) -> None:
         # lookup None: authentication is off and every caller is the local admin.
         self._lookup = lookup
+        # Whether node tokens are accepted: only by the node API's authenticator (api/node_api.py).
+        self._nodes = nodes
         self._cache: dict[str, tuple[float, Caller | None]] = {}
         self._limiter = RateLimiter(rate_per_second, burst or 2 * rate_per_second)
 
@@ -68,6 +72,8 @@ class Authenticator:
             self._cache[authorization] = (now, caller)
         if caller is None:
             raise Unauthenticated("the token is not valid (unknown or revoked)")
+        if caller.role is Role.NODE and not self._nodes:
+            raise PermissionDenied("a node token may call only the node API (kibo.node.v1.NodeService)")
         return caller
 
     async def _caller_of(self, authorization: str) -> Caller | None:
@@ -78,6 +84,12 @@ class Authenticator:
             raise Unauthenticated("the Authorization header must be 'Bearer TOKEN'")
         record = await self._lookup(token_hash(token.strip()))
         return None if record is None or record.revoked else Caller(record.tenant, record.role)
+
+    def for_nodes(self) -> Authenticator:
+        """The same tokens and rate limit, for the node API: node tokens accepted."""
+        gate = Authenticator(self._lookup, nodes=True)
+        gate._cache, gate._limiter = self._cache, self._limiter
+        return gate
 
 
 class RateLimiter:

@@ -12,7 +12,7 @@ from kibo.ctrl.v1 import volume_service_pb2 as vol_pb2
 from kibo.ctrl.v1 import workspace_pb2
 from kibo.ctrl.v1 import workspace_service_pb2 as ws_pb2
 
-from ..domain import validation
+from ..domain import nodes, validation
 from ..domain.errors import InvalidArgument
 from ..domain.model import Binding, CommandKind, ExpirationAction, Resources
 from ..domain.validation import DEFAULT_RESOURCES
@@ -98,6 +98,7 @@ def create(request: ws_pb2.CreateWorkspaceRequest) -> CommandRequest:
         data_volume_gib=spec.data_volume_gib or validation.DEFAULT_DATA_VOLUME_GIB,
         expire_time=expire_time,
         expire_action=expire_action,
+        node_selector=nodes.labels(dict(spec.node_selector), "spec.node_selector"),
     )
     return CommandRequest(
         kind=CommandKind.CREATE,

@@ -92,6 +92,7 @@ def workspace(record: Workspace) -> workspace_pb2.Workspace:
             annotations=record.annotations,
             volumes=bindings,
             network_policy=policy,
+            node_selector=record.node_selector,
         ),
         labels=record.labels,
         annotations=record.annotations,

@@ -26,10 +26,14 @@ class Role(StrEnum):
     ADMIN = "admin"
     # Reads in its tenant.
     READER = "reader"
+    # A node agent (issue 13): the node API only, acting as one node (the token's `tenant`
+    # field holds that node's ID); refused by every tenant service.
+    NODE = "node"
 
 
 # How much each role may do; a role may do what any lower-ranked role may.
-RANK: dict[Role, int] = {Role.READER: 0, Role.ADMIN: 1, Role.OPERATOR: 2}
+# A node token ranks below every tenant role (and tenant services refuse it outright).
+RANK: dict[Role, int] = {Role.NODE: -1, Role.READER: 0, Role.ADMIN: 1, Role.OPERATOR: 2}
 
 
 @dataclass(frozen=True)

@@ -265,6 +265,8 @@ class Workspace(msgspec.Struct):
     annotations: dict[str, str] = msgspec.field(default_factory=dict)
     network_policy: NetworkPolicy = msgspec.field(default_factory=NetworkPolicy)
     expiration: Expiration = msgspec.field(default_factory=Expiration)
+    # Labels a node must have to run it (the scheduler's node selector; issue 13).
+    node_selector: dict[str, str] = msgspec.field(default_factory=dict)
     last_stop: LastStop | None = None
     failure: Failure | None = None
     delete_time: float | None = None

@@ -1,19 +1,25 @@
-"""The node agent: sees work for its node in the store, drives the runtime, reports back.
+"""The node agent: follows its node's feed of work from the control plane, drives the
+runtime, reports back. It sees the control plane only through a `ControlPlaneLink`
+(engine/node_link.py), the same code whether the control plane is in this process or on
+another host.
 
 One task per instance at a time; when the control plane changes what it wants of an
-instance (a new `step`), the task for the old step is cancelled and a new one starts.
-Reports wait while the node is unreachable (a silent node reports nothing)."""
+instance (a new `step`), the task for the old step is cancelled and a new one starts. Each
+(instance, step) is started at most once per agent: a feed item seen again (a resumed feed,
+a snapshot) starts nothing. Reports wait while the node is unreachable (a silent node
+reports nothing) and are retried while the control plane cannot take them."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
-from ..domain.clock import SYSTEM_CLOCK, Clock
 from ..domain.errors import StoreError
-from ..domain.model import Desired, Instance, Node, Phase, StopDurability, Volume, Workspace
+from ..domain.model import Desired, Instance, Node, Phase, StopDurability
 from ..domain.reports import (
     Destroyed,
     DestroyFailed,
@@ -27,12 +33,17 @@ from ..domain.reports import (
     Stopped,
     StorageReleased,
 )
-from ..runtime.base import DestroyError, LaunchError, LaunchSpec, RestartError, Runtime, SyncError
-from ..store.base import Changes, Reader, Store
-from . import controller
-from .hub import Wakeup
+from ..runtime.base import DestroyError, LaunchError, RestartError, Runtime, SyncError
+from .node_link import ControlPlaneLink, Cursor, Declaration, InstanceWork, LinkDown, StorageWork, VolumeWork, Work
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# What a call to the control plane may meet that passes: retried with backoff.
+PASSING = (StoreError, LinkDown)
+RETRY_FIRST_S = 0.05
+RETRY_MAX_S = 5.0
 
 
 @dataclass
@@ -42,61 +53,37 @@ class _Task:
 
 
 class NodeAgent:
-    def __init__(self, node: Node, runtime: Runtime, store: Store, liveness: Liveness) -> None:
+    def __init__(
+        self,
+        node: Node,
+        runtime: Runtime,
+        link: ControlPlaneLink,
+        labels: dict[str, str] | None = None,
+        data_plane: tuple[str, str] = ("", ""),
+    ) -> None:
         self.node = node
         self.runtime = runtime
-        self._store = store
-        self._liveness = liveness
-        self._wakeup = Wakeup()
+        self._link = link
+        self._labels = dict(labels or {})
+        # (address, secret) where this node serves its guests to the control plane, if it does.
+        self._data_plane = data_plane
         self._tasks: dict[str, _Task] = {}
+        # The highest step started per instance: a repeated feed item starts nothing.
+        self._started: dict[str, int] = {}
         self._storage: dict[str, asyncio.Task[None]] = {}
-        self._pending: dict[str, Instance] = {}
-        self._storage_pending: set[str] = set()
         # Deleted volumes whose files this node's storage pool may hold.
         self._volumes: dict[str, asyncio.Task[None]] = {}
-        self._volumes_pending: set[str] = set()
-
-    def on_changes(self, changes: Changes) -> None:
-        woke = False
-        for instance in changes.instances.values():
-            if instance.node_id == self.node.id:
-                self._pending[instance.id] = instance
-                woke = True
-        for workspace in changes.workspaces.values():
-            if workspace.storage_pool == self.node.storage_pool and (
-                workspace.storage.layer or workspace.storage.volume_ids
-            ):
-                self._storage_pending.add(workspace.id)
-                woke = True
-        for volume in changes.volumes.values():
-            if volume.storage_pending and volume.storage_pool == self.node.storage_pool:
-                self._volumes_pending.add(volume.id)
-                woke = True
-        if woke:
-            self._wakeup.set()
+        self._adopted = False
+        self.lease_seconds = 0.0
+        # Set once the first snapshot is taken in (tests and `kibo-ctrl node` wait for it).
+        self.ready = asyncio.Event()
 
     async def run(self) -> None:
-        instances = await self._store.read(lambda r: r.node_instances(self.node.id))
-        self.runtime.adopt(instances)
+        await self._join()
         async with asyncio.TaskGroup() as group:
             group.create_task(self._pump_events())
-            group.create_task(self._heartbeat())
-            await self._resync()
-            while True:
-                await self._wakeup.wait()
-                if not self.runtime.reachable.is_set():
-                    await self.runtime.reachable.wait()
-                    await self._resync()
-                    continue
-                pending, self._pending = self._pending, {}
-                for instance in pending.values():
-                    self._consider(instance)
-                storage, self._storage_pending = self._storage_pending, set()
-                for workspace_id in storage:
-                    self._consider_storage(workspace_id)
-                volumes, self._volumes_pending = self._volumes_pending, set()
-                for volume_id in volumes:
-                    self._consider_volume(volume_id)
+            group.create_task(self._renew_lease())
+            await self._follow()
 
     async def stop(self) -> None:
         tasks = [t.task for t in self._tasks.values()] + list(self._storage.values()) + list(self._volumes.values())
@@ -106,30 +93,57 @@ class NodeAgent:
             with contextlib.suppress(BaseException):
                 await task
 
-    async def _resync(self) -> None:
-        """Re-read everything this node owes work for (at start, and when reachable again)."""
+    async def _join(self) -> None:
+        address, secret = self._data_plane
+        declaration = Declaration(self.node, self._labels, tuple(self.runtime.capabilities()), address, secret)
+        joined = await self._retrying(lambda: self._link.join(declaration), "joining")
+        self.lease_seconds = joined.lease_seconds
 
-        def load(reader: Reader) -> tuple[list[Instance], list[Workspace], list[Volume]]:
-            return reader.node_instances(self.node.id), reader.storage_pending(), reader.volumes_storage_pending()
+    async def _follow(self) -> None:
+        """Take the feed in, batch by batch; after a disconnect, rejoin and resume after the
+        last batch taken in (a silent node takes nothing in until it is reachable again)."""
+        cursor: Cursor | None = None
+        delay = RETRY_FIRST_S
+        while True:
+            try:
+                async for batch in self._link.work(cursor):
+                    if not self.runtime.reachable.is_set():
+                        break  # this batch is not taken in: resumed from `cursor` below
+                    if batch.snapshot and not self._adopted:
+                        # After a restart: take over the sandboxes the control plane says this node holds.
+                        self.runtime.adopt([i.instance for i in batch.items if isinstance(i, InstanceWork)])
+                        self._adopted = True
+                    for item in batch.items:
+                        self._take(item)
+                    cursor = batch.cursor
+                    self.ready.set()
+                    delay = RETRY_FIRST_S
+            except PASSING as error:
+                log.warning("node %s: the feed broke (%s); resuming in %.1f s", self.node.id, error, delay)
+            else:
+                if not self.runtime.reachable.is_set():
+                    await self.runtime.reachable.wait()
+                    continue
+                log.info("node %s: the control plane ended the feed; resuming in %.1f s", self.node.id, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, RETRY_MAX_S)
+            await self._join()
 
-        instances, storage, volumes = await self._store.read(load)
-        for instance in instances:
-            self._consider(instance)
-        for workspace in storage:
-            if workspace.storage_pool == self.node.storage_pool:
-                self._consider_storage(workspace.id)
-        for volume in volumes:
-            if volume.storage_pool == self.node.storage_pool:
-                self._consider_volume(volume.id)
+    def _take(self, item: Work) -> None:
+        if isinstance(item, InstanceWork):
+            self._consider(item.instance)
+        elif isinstance(item, StorageWork):
+            self._consider_storage(item)
+        else:
+            self._consider_volume(item)
 
     def _consider(self, instance: Instance) -> None:
-        if instance.step == instance.done_step:
+        if instance.step == instance.done_step or instance.step <= self._started.get(instance.id, 0):
             return
         current = self._tasks.get(instance.id)
-        if current is not None and current.step >= instance.step:
-            return
         if current is not None:
             current.task.cancel()
+        self._started[instance.id] = instance.step
         task = asyncio.create_task(self._act(instance), name=f"node-agent {instance.id} step {instance.step}")
         self._tasks[instance.id] = _Task(instance.step, task)
 
@@ -156,7 +170,7 @@ class NodeAgent:
                 return RestartFailed(instance.id, step, str(error))
             return Restarted(instance.id, step)
         if instance.desired is Desired.RUNNING:
-            spec = await self._store.read(lambda r: _launch_spec(r, instance))
+            spec = await self._retrying(lambda: self._link.launch_spec(instance.id, step), "reading a launch spec")
 
             async def progress(phase: Phase, volumes: tuple[str, ...]) -> None:
                 await self._report(Progress(instance.id, None, phase=phase, volumes_created=volumes))
@@ -182,61 +196,54 @@ class NodeAgent:
             return DestroyFailed(instance.id, step, str(error))
         return Destroyed(instance.id, step)
 
-    def _consider_storage(self, workspace_id: str) -> None:
-        if workspace_id in self._storage:
+    def _consider_storage(self, work: StorageWork) -> None:
+        if work.workspace_id in self._storage:
             return
-        task = asyncio.create_task(self._release_storage(workspace_id))
-        self._storage[workspace_id] = task
+        self._storage[work.workspace_id] = asyncio.create_task(self._release_storage(work))
 
-    async def _release_storage(self, workspace_id: str) -> None:
+    async def _release_storage(self, work: StorageWork) -> None:
+        """Delete a deleted workspace's retained files, then record it; retried until it works
+        (the control plane keeps the storage pending, so a restart in between resumes it)."""
         delay = 0.5
         try:
             while True:
-                workspace = await self._store.read(lambda r: r.get_workspace(workspace_id))
-                if workspace is None or not (workspace.storage.layer or workspace.storage.volume_ids):
-                    return
                 try:
-                    await self.runtime.delete_storage(workspace_id, tuple(workspace.storage.volume_ids))
+                    await self.runtime.delete_storage(work.workspace_id, work.volume_ids)
                     await self.runtime.reachable.wait()
-                    report = StorageReleased(workspace_id, volume_ids=tuple(workspace.storage.volume_ids))
-                    await self._store.transact(controller.apply_storage, report)
+                    await self._link.storage_released(StorageReleased(work.workspace_id, volume_ids=work.volume_ids))
                     return
-                except (OSError, StoreError) as error:
+                except (OSError, *PASSING) as error:
                     # E.g. an image still mounted while its namespace goes, or a full disk that
                     # cannot record the release: try again (nothing else would, until a restart).
                     log.warning(
-                        "node %s: releasing storage of %s failed (%s): retrying", self.node.id, workspace_id, error
+                        "node %s: releasing storage of %s failed (%s): retrying", self.node.id, work.workspace_id, error
                     )
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, 30.0)
         except asyncio.CancelledError:
             raise
         except Exception:
-            log.exception("node %s: releasing storage of %s failed", self.node.id, workspace_id)
+            log.exception("node %s: releasing storage of %s failed", self.node.id, work.workspace_id)
         finally:
-            self._storage.pop(workspace_id, None)
+            self._storage.pop(work.workspace_id, None)
 
-    def _consider_volume(self, volume_id: str) -> None:
-        if volume_id in self._volumes:
+    def _consider_volume(self, work: VolumeWork) -> None:
+        if work.volume_id in self._volumes:
             return
-        self._volumes[volume_id] = asyncio.create_task(self._release_volume(volume_id))
+        self._volumes[work.volume_id] = asyncio.create_task(self._release_volume(work.volume_id))
 
     async def _release_volume(self, volume_id: str) -> None:
-        """Destroy a deleted volume's files, then record it; retried until it works (the store
-        keeps the volume pending, so a restart in between resumes it)."""
+        """Destroy a deleted volume's files, then record it; retried until it works."""
         delay = 0.5
         try:
             while True:
-                volume = await self._store.read(lambda r: r.get_volume(volume_id))
-                if volume is None or not volume.storage_pending:
-                    return
                 try:
                     await self.runtime.delete_volumes((volume_id,))
                     await self.runtime.reachable.wait()
-                    await self._store.transact(controller.apply_volume_released, volume_id)
+                    await self._link.volume_released(volume_id)
                     log.info("node %s: deleted volume %s: its files are destroyed", self.node.id, volume_id)
                     return
-                except (OSError, StoreError) as error:
+                except (OSError, *PASSING) as error:
                     log.warning("node %s: destroying volume %s failed (%s): retrying", self.node.id, volume_id, error)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 30.0)
@@ -244,19 +251,21 @@ class NodeAgent:
             self._volumes.pop(volume_id, None)
 
     async def _report(self, report: Report) -> None:
-        """Store a report; while the store cannot write (disk full), keep trying: a report is
-        an observation of something that happened, and applying it twice is harmless."""
-        delay = 0.05
+        """Send a report; while the control plane cannot take it (down, disk full), keep
+        trying: a report is an observation of something that happened, and applying it
+        twice is harmless. A silent node's reports arrive when it is back."""
+        await self._retrying(lambda: self._link.report(report), f"reporting {report}")
+
+    async def _retrying(self, call: Callable[[], Awaitable[T]], what: str) -> T:
+        delay = RETRY_FIRST_S
         while True:
-            # A silent node's reports arrive when it is back.
             await self.runtime.reachable.wait()
             try:
-                await self._store.transact(controller.apply, report)
-                return
-            except StoreError as error:
-                log.warning("node %s: storing %s failed (%s); retrying in %.1f s", self.node.id, report, error, delay)
+                return await call()
+            except PASSING as error:
+                log.warning("node %s: %s failed (%s); retrying in %.1f s", self.node.id, what, error, delay)
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
+                delay = min(delay * 2, RETRY_MAX_S)
 
     async def _pump_events(self) -> None:
         while True:
@@ -266,68 +275,16 @@ class NodeAgent:
             except Exception:
                 log.exception("node %s: report %r failed", self.node.id, report)
 
-    async def _heartbeat(self) -> None:
+    async def _renew_lease(self) -> None:
+        """Renew the lease every quarter of it, while the node is reachable (a silent node
+        lets it run out: the control plane then shows its workspaces UNKNOWN)."""
         while True:
-            if self.runtime.reachable.is_set():
-                self._liveness.beat(self.node.id)
-            await asyncio.sleep(self._liveness.interval)
-
-
-def _launch_spec(reader: Reader, instance: Instance) -> LaunchSpec:
-    workspace = reader.get_workspace(instance.workspace_id)
-    assert workspace is not None
-    volumes = tuple(v for b in workspace.bindings if (v := reader.get_volume(b.volume_id)) is not None)
-    return LaunchSpec(
-        instance=instance,
-        resources=workspace.resources,
-        bindings=tuple(workspace.bindings),
-        volumes=volumes,
-        network_policy=workspace.network_policy,
-    )
-
-
-class Liveness:
-    """Tells whether each node reports. In memory: liveness is about this process's view."""
-
-    def __init__(self, store: Store, node_ids: list[str], timeout: float, clock: Clock = SYSTEM_CLOCK) -> None:
-        self._store = store
-        self._clock = clock
-        self.timeout = timeout
-        self.interval = timeout / 4
-        self._last: dict[str, float] = {}
-        # None: not yet decided since start (the first beat clears stale silence).
-        self._silent: dict[str, bool | None] = dict.fromkeys(node_ids)
-        self._writes: set[asyncio.Task[None]] = set()
-
-    def report_age(self, node_id: str) -> float | None:
-        """Seconds since the node last reported (its lease's age); None before its first report."""
-        last = self._last.get(node_id)
-        return None if last is None else self._clock.monotonic() - last
-
-    def beat(self, node_id: str) -> None:
-        self._last[node_id] = self._clock.monotonic()
-        if self._silent.get(node_id) is not False:
-            self._mark(node_id, silent=False)
-
-    def _mark(self, node_id: str, silent: bool) -> None:
-        self._silent[node_id] = silent
-        task = asyncio.get_running_loop().create_task(self._write(node_id, silent))
-        self._writes.add(task)
-        task.add_done_callback(self._writes.discard)
-
-    async def _write(self, node_id: str, silent: bool) -> None:
-        try:
-            await self._store.transact(controller.set_node_silent, node_id, silent)
-        except Exception:
-            log.exception("recording node %s silent=%s failed; retrying at the next beat", node_id, silent)
-            self._silent[node_id] = None
-
-    async def run(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval)
-            now = self._clock.monotonic()
-            for node_id, silent in list(self._silent.items()):
-                last = self._last.get(node_id)
-                if silent is False and last is not None and now - last > self.timeout:
-                    log.warning("node %s stopped reporting", node_id)
-                    self._mark(node_id, silent=True)
+            await asyncio.sleep(self.lease_seconds / 4)
+            if not self.runtime.reachable.is_set():
+                continue
+            try:
+                await self._link.renew()
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:  # the next renewal tries again; the feed loop rejoins
+                log.warning("node %s: renewing its lease failed (%s)", self.node.id, error)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from ..domain.model import Component, EventType, Node, Phase
+from ..domain.model import Component, EventType, Phase
+from ..domain.nodes import NodeRecord
 from ..store.base import Changes, Store, Tx
 from . import steps
 from .hub import Wakeup
@@ -14,37 +15,41 @@ from .steps import event, save
 log = logging.getLogger(__name__)
 
 
-def schedule_pending(tx: Tx, nodes: list[Node]) -> int:
-    """One pass over the unscheduled instances; returns how many are still waiting."""
+def schedule_pending(tx: Tx) -> int:
+    """One pass over the unscheduled instances; returns how many are still waiting. Only
+    nodes that are ready (alive, not cordoned), carry the workspace's node selector in their
+    labels and have room take new instances."""
     pending = tx.unscheduled_instances()
     if not pending:
         return 0
+    nodes = [record for record in tx.list_nodes() if record.ready]
     usage = {node.id: tx.node_usage(node.id) for node in nodes}
     waiting = 0
     for instance in pending:
         workspace = tx.get_workspace(instance.workspace_id)
         if workspace is None or workspace.instance_id != instance.id:
             continue
+        selected = [node for node in nodes if selects(workspace.node_selector, node)]
         fits = [
             node
-            for node in nodes
+            for node in selected
             if usage[node.id][0] + instance.vcpus <= node.vcpus
             and usage[node.id][1] + instance.memory_mib <= node.memory_mib
         ]
         if not fits:
             waiting += 1
-            reason = f"unschedulable: no node has {instance.vcpus} vCPU and {instance.memory_mib} MiB free"
+            reason = _unschedulable(instance.vcpus, instance.memory_mib, workspace.node_selector, bool(selected))
             if instance.reason != reason:
                 instance.reason = reason
                 event(tx, workspace, EventType.UNSCHEDULABLE, message=reason)
                 save(tx, workspace, instance)
             continue
 
-        def free_share(node: Node) -> float:
+        def free_share(node: NodeRecord) -> float:
             cpu, memory = usage[node.id]
             return min((node.vcpus - cpu) / node.vcpus, (node.memory_mib - memory) / node.memory_mib)
 
-        # Score: the most free share left (spread); ties go to the first node listed.
+        # Score: the most free share left (spread); ties go to the first node by ID.
         node = max(fits, key=free_share)
         cpu, memory = usage[node.id]
         usage[node.id] = (cpu + instance.vcpus, memory + instance.memory_mib)
@@ -59,12 +64,28 @@ def schedule_pending(tx: Tx, nodes: list[Node]) -> int:
     return waiting
 
 
+def selects(selector: dict[str, str], node: NodeRecord) -> bool:
+    """Whether the node's labels include every key and value of the selector."""
+    return all(node.labels.get(key) == value for key, value in selector.items())
+
+
+def _unschedulable(vcpus: int, memory_mib: int, selector: dict[str, str], any_selected: bool) -> str:
+    if selector and not any_selected:
+        wanted = ",".join(f"{k}={v}" for k, v in sorted(selector.items()))
+        return f"unschedulable: no ready node has the labels {wanted}"
+    return f"unschedulable: no ready node has {vcpus} vCPU and {memory_mib} MiB free"
+
+
 class Scheduler:
-    def __init__(self, store: Store, nodes: list[Node]) -> None:
+    def __init__(self, store: Store) -> None:
         self._store = store
-        self._nodes = nodes
         self._wakeup = Wakeup()
         self._waiting = 0
+
+    def nodes_changed(self) -> None:
+        """A node joined, returned, fell silent or was cordoned: instances waiting may fit."""
+        if self._waiting:
+            self._wakeup.set()
 
     def on_changes(self, changes: Changes) -> None:
         for instance in changes.instances.values():
@@ -78,7 +99,7 @@ class Scheduler:
         while True:
             await self._wakeup.wait()
             try:
-                self._waiting = await self._store.transact(schedule_pending, self._nodes)
+                self._waiting = await self._store.transact(schedule_pending)
             except Exception:
                 log.exception("scheduling pass failed; retrying")
                 await asyncio.sleep(1)

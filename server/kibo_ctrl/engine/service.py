@@ -49,6 +49,7 @@ class CreateSpec:
     data_volume_gib: int
     expire_time: float | None = None
     expire_action: ExpirationAction = ExpirationAction.UNSPECIFIED
+    node_selector: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -188,6 +189,7 @@ class Service:
             annotations=spec.annotations,
             network_policy=spec.network_policy,
             expiration=expiration,
+            node_selector=spec.node_selector,
         )
         command = steps.new_command(tx, workspace, request.command_id, CommandKind.CREATE, request.fingerprint)
         instance = steps.new_instance(tx, workspace)

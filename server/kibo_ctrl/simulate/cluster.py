@@ -1,6 +1,6 @@
 """One incarnation of the control plane, wired as app.py wires it (without the servers):
-the store, the hub, the service, the scheduler, the expiry loop, node liveness, one node
-agent and one simulated runtime per node. A crash drops it whole; the next incarnation
+the store, the hub, the service, the scheduler, the expiry loop, the node registry (leases),
+one node agent (on an in-process link) and one simulated runtime per node. A crash drops it whole; the next incarnation
 starts from what the store holds, as a restarted process does."""
 
 from __future__ import annotations
@@ -15,7 +15,9 @@ from ..domain.reports import StorageReleased
 from ..engine import controller
 from ..engine.expiry import ExpiryLoop
 from ..engine.hub import Hub
-from ..engine.node_agent import Liveness, NodeAgent
+from ..engine.local_link import LocalLink
+from ..engine.node_agent import NodeAgent
+from ..engine.node_registry import NodeRegistry
 from ..engine.scheduler import Scheduler
 from ..engine.service import Service, Settings
 from ..runtime.sim.api import SimulatorApi
@@ -52,22 +54,22 @@ class ControlPlane:
         ]
         self.runtimes = {n.id: SimNode(n.id, shape.backend, shape.step_s, board) for n in self.nodes}
         self.sim_api = SimulatorApi(self._find_workspace, board, self.runtimes, self._pool_lost)
-        self.liveness = Liveness(store, [n.id for n in self.nodes], shape.node_timeout_s, clock)
-        # As app.py: the pool's files are deleted by its first node.
+        self.registry = NodeRegistry(store, shape.node_timeout_s, clock)
+        self.hub.listen(self.registry.on_changes)
+        # As app.py: the pool's files are deleted by its first node; each agent on an
+        # in-process link to the registry.
         self.agents = [
-            NodeAgent(n, self.runtimes[n.id], store, self.liveness)
-            if i == 0
-            else NodeAgent(
-                Node(n.id, n.vcpus, n.memory_mib, storage_pool=f"{STORAGE_POOL}-{n.id}"),
+            NodeAgent(
+                Node(n.id, n.vcpus, n.memory_mib, storage_pool=STORAGE_POOL if i == 0 else f"{STORAGE_POOL}-{n.id}"),
                 self.runtimes[n.id],
-                store,
-                self.liveness,
+                LocalLink(self.registry, n.id),
             )
             for i, n in enumerate(self.nodes)
         ]
-        self.scheduler = Scheduler(store, self.nodes)
+        self.scheduler = Scheduler(store)
+        self.registry.on_nodes_changed(self.scheduler.nodes_changed)
         self.expiry = ExpiryLoop(store, self.service, clock)
-        for listener in (self.scheduler.on_changes, self.expiry.on_changes, *(a.on_changes for a in self.agents)):
+        for listener in (self.scheduler.on_changes, self.expiry.on_changes):
             self.hub.listen(listener)
         self.tasks: list[asyncio.Task[None]] = []
 
@@ -75,8 +77,9 @@ class ControlPlane:
     async def boot(cls, path: Path, shape: Shape, board: SimBoard, clock: VirtualClock) -> ControlPlane:
         store = await LoopStore.open_here(path, clock)
         plane = cls(store, shape, board, clock)
-        loops = [plane.scheduler.run(), plane.expiry.run(), plane.liveness.run(), *(a.run() for a in plane.agents)]
-        names = ["scheduler", "expiry", "liveness", *(f"agent {a.node.id}" for a in plane.agents)]
+        await plane.registry.load()
+        loops = [plane.scheduler.run(), plane.expiry.run(), plane.registry.run(), *(a.run() for a in plane.agents)]
+        names = ["scheduler", "expiry", "registry", *(f"agent {a.node.id}" for a in plane.agents)]
         plane.tasks = [asyncio.create_task(loop, name=name) for loop, name in zip(loops, names, strict=True)]
         return plane
 
@@ -95,8 +98,6 @@ class ControlPlane:
                 await task
         for agent in self.agents:
             await agent.stop()
-        for task in list(self.liveness._writes):
-            task.cancel()
         await self.store.close()
 
     async def _find_workspace(self, workspace_id: str) -> Workspace | None:

@@ -13,6 +13,7 @@ from typing import Concatenate, ParamSpec, Protocol, TypeVar
 
 from ..domain.access import TokenRecord
 from ..domain.model import Command, Event, Instance, Volume, Workspace, WorkspaceState
+from ..domain.nodes import NodeRecord
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -31,6 +32,9 @@ class Changes:
     volumes: dict[str, Volume] = field(default_factory=dict)
     # Every snapshot of each workspace, in commit order (a watcher gets one per change).
     workspace_history: list[Workspace] = field(default_factory=list)
+    # Node records written (joins, stored leases, silence, cordons): how every replica's node
+    # registry learns of the nodes that joined, renewed or were cordoned through another one.
+    nodes: dict[str, NodeRecord] = field(default_factory=dict)
 
     def merge(self, other: Changes) -> None:
         self.workspaces.update(other.workspaces)
@@ -39,9 +43,10 @@ class Changes:
         self.events.extend(other.events)
         self.volumes.update(other.volumes)
         self.workspace_history.extend(other.workspace_history)
+        self.nodes.update(other.nodes)
 
     def __bool__(self) -> bool:
-        return bool(self.workspaces or self.commands or self.instances or self.events or self.volumes)
+        return bool(self.workspaces or self.commands or self.instances or self.events or self.volumes or self.nodes)
 
 
 @dataclass(frozen=True)
@@ -104,6 +109,14 @@ class Reader(Protocol):
     def storage_pending(self) -> list[Workspace]: ...
     def integrity_check(self) -> str: ...
 
+    # -- nodes (issue 13; the node registry's): one row per node, its record as JSON ---------
+    def get_node(self, node_id: str) -> NodeRecord | None: ...
+    def list_nodes(self) -> list[NodeRecord]:
+        """Every node that ever joined, by ID."""
+        ...
+
+    # -- end of nodes ---------------------------------------------------------------------------
+
 
 class Tx(Reader, Protocol):
     """One write transaction: the reads of a Reader, plus writes. `now` is the commit's
@@ -119,6 +132,11 @@ class Tx(Reader, Protocol):
     def add_token(self, record: TokenRecord, digest: str) -> None: ...
     def revoke_token(self, token_id: str) -> bool: ...
     def add_event(self, event: Event) -> None: ...
+
+    # -- nodes (issue 13) -----------------------------------------------------------------------
+    def put_node(self, node: NodeRecord) -> None: ...
+
+    # -- end of nodes ---------------------------------------------------------------------------
 
 
 class Store(Protocol):

@@ -109,4 +109,14 @@ MIGRATIONS: tuple[str, ...] = (
         WHERE node_id = OLD.node_id;
     END;
     """,
+    # 4: nodes (issue 13): what each node declared when it joined, its lease, and an
+    # operator's cordon/drain. The record is JSON like the others; lease_expiry is a column
+    # only so that an expired lease can be found without decoding every node.
+    """
+    CREATE TABLE nodes (
+        id TEXT PRIMARY KEY,
+        lease_expiry REAL NOT NULL,
+        data BLOB NOT NULL
+    );
+    """,
 )

@@ -29,9 +29,18 @@ import msgspec
 from ..domain.access import Role, TokenRecord
 from ..domain.clock import SYSTEM_CLOCK, Clock
 from ..domain.errors import StoreError, Unavailable
-from ..domain.model import Command, Event, Instance, Phase, Volume, Workspace, WorkspaceState
+from ..domain.model import Command, Event, Instance, Volume, Workspace, WorkspaceState
+from ..domain.nodes import NodeRecord
 from .base import Changes, CommitObserver, Reader, Tx, WorkspaceQuery, WorkspaceSlice
 from .migrations import MIGRATIONS
+from .records import COMMAND as _COMMAND
+from .records import ENCODER as _ENCODER
+from .records import EVENT as _EVENT
+from .records import INSTANCE as _INSTANCE
+from .records import NODE as _NODE
+from .records import VOLUME as _VOLUME
+from .records import WORKSPACE as _WORKSPACE
+from .records import instance_active, instance_unscheduled, workspace_storage_pending
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -59,14 +68,6 @@ def store_error(error: sqlite3.Error) -> StoreError:
     failure = StoreError(f"{name or type(error).__name__}: {error}", unavailable)
     failure.__cause__ = error
     return failure
-
-
-_ENCODER = msgspec.json.Encoder()
-_WORKSPACE = msgspec.json.Decoder(Workspace)
-_COMMAND = msgspec.json.Decoder(Command)
-_INSTANCE = msgspec.json.Decoder(Instance)
-_EVENT = msgspec.json.Decoder(Event)
-_VOLUME = msgspec.json.Decoder(Volume)
 
 
 class SqliteReader:
@@ -193,6 +194,16 @@ class SqliteReader:
     def integrity_check(self) -> str:
         return str(self._conn.execute("PRAGMA integrity_check").fetchone()[0])
 
+    # -- nodes (issue 13): the node registry's queries (migration 4) ----------------------------
+    def get_node(self, node_id: str) -> NodeRecord | None:
+        data = self._one("SELECT data FROM nodes WHERE id = ?", (node_id,))
+        return None if data is None else _NODE.decode(data)
+
+    def list_nodes(self) -> list[NodeRecord]:
+        return [_NODE.decode(bytes(row[0])) for row in self._conn.execute("SELECT data FROM nodes ORDER BY id")]
+
+    # -- end of nodes ---------------------------------------------------------------------------
+
 
 class SqliteTx(SqliteReader):
     """A transaction on the writer connection (the Tx protocol). Writes are collected into `changes`."""
@@ -220,7 +231,7 @@ class SqliteTx(SqliteReader):
                 int(workspace.state),
                 int(workspace.deleted),
                 workspace.expiration.expire_time,
-                int(bool(workspace.storage.layer or workspace.storage.volume_ids)),
+                int(workspace_storage_pending(workspace)),
                 _ENCODER.encode(workspace),
                 workspace.tenant,
                 workspace.resources.vcpus,
@@ -242,20 +253,8 @@ class SqliteTx(SqliteReader):
         self.changes.commands[command.key] = msgspec.structs.replace(command)
 
     def put_instance(self, instance: Instance) -> None:
-        active = (
-            instance.step != instance.done_step
-            or bool(instance.holds)
-            or instance.phase
-            in (
-                Phase.SCHEDULED,
-                Phase.PROVISIONING,
-                Phase.LAUNCHING,
-                Phase.RUNNING,
-                Phase.RESTARTING,
-                Phase.STOPPING,
-            )
-        )
-        unscheduled = instance.node_id is None and instance.phase is Phase.PENDING
+        active = instance_active(instance)
+        unscheduled = instance_unscheduled(instance)
         self._conn.execute(
             "INSERT INTO instances (id, workspace_id, node_id, unscheduled, reserved, vcpus, memory_mib, "
             "active, data) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO UPDATE SET "
@@ -300,6 +299,17 @@ class SqliteTx(SqliteReader):
         )
         event.seq = int(cursor.lastrowid or 0)
         self.changes.events.append(event)
+
+    # -- nodes (issue 13) -----------------------------------------------------------------------
+    def put_node(self, node: NodeRecord) -> None:
+        self._conn.execute(
+            "INSERT INTO nodes (id, lease_expiry, data) VALUES (?, ?, ?) "
+            "ON CONFLICT(id) DO UPDATE SET lease_expiry = excluded.lease_expiry, data = excluded.data",
+            (node.id, node.lease_expiry, _ENCODER.encode(node)),
+        )
+        self.changes.nodes[node.id] = msgspec.structs.replace(node)
+
+    # -- end of nodes ---------------------------------------------------------------------------
 
 
 def _conditions(query: WorkspaceQuery) -> tuple[str, list[Any]]:

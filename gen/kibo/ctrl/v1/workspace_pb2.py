@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ckibo/ctrl/v1/workspace.proto\x12\x0ckibo.ctrl.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"%\n\x0f\x43ommandMetadata\x12\x12\n\ncommand_id\x18\x01 \x01(\t\"J\n\tResources\x12\r\n\x05vcpus\x18\x01 \x01(\x05\x12\x12\n\nmemory_mib\x18\x02 \x01(\x05\x12\x1a\n\x12writable_layer_gib\x18\x03 \x01(\x05\"\x81\x01\n\rVolumeBinding\x12\x11\n\tvolume_id\x18\x01 \x01(\t\x12\x12\n\nmount_path\x18\x02 \x01(\t\x12\x1d\n\x15\x64\x65lete_with_workspace\x18\x03 \x01(\x08\x12\x14\n\x0cstorage_pool\x18\x04 \x01(\t\x12\x14\n\x0c\x63\x61pacity_gib\x18\x05 \x01(\x05\"S\n\rNetworkPolicy\x12+\n\x06\x65gress\x18\x01 \x01(\x0e\x32\x1b.kibo.ctrl.v1.NetworkEgress\x12\x15\n\rallowed_cidrs\x18\x02 \x03(\t\"\x96\x03\n\rWorkspaceSpec\x12*\n\tresources\x18\x01 \x01(\x0b\x32\x17.kibo.ctrl.v1.Resources\x12\x37\n\x06labels\x18\x02 \x03(\x0b\x32\'.kibo.ctrl.v1.WorkspaceSpec.LabelsEntry\x12\x41\n\x0b\x61nnotations\x18\x03 \x03(\x0b\x32,.kibo.ctrl.v1.WorkspaceSpec.AnnotationsEntry\x12,\n\x07volumes\x18\x04 \x03(\x0b\x32\x1b.kibo.ctrl.v1.VolumeBinding\x12\x33\n\x0enetwork_policy\x18\x05 \x01(\x0b\x32\x1b.kibo.ctrl.v1.NetworkPolicy\x12\x17\n\x0f\x64\x61ta_volume_gib\x18\x06 \x01(\x05\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a\x32\n\x10\x41nnotationsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x7f\n\nExpiration\x12\x10\n\x08revision\x18\x01 \x01(\x03\x12/\n\x0b\x65xpire_time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\x06\x61\x63tion\x18\x03 \x01(\x0e\x32\x1e.kibo.ctrl.v1.ExpirationAction\"x\n\x08LastStop\x12&\n\x05\x63\x61use\x18\x01 \x01(\x0e\x32\x17.kibo.ctrl.v1.StopCause\x12\x12\n\ncommand_id\x18\x02 \x01(\t\x12\x30\n\ndurability\x18\x03 \x01(\x0e\x32\x1c.kibo.ctrl.v1.StopDurability\")\n\x07\x46\x61ilure\x12\r\n\x05stage\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\"k\n\x0bGuestStatus\x12\x13\n\x0breset_count\x18\x01 \x01(\x05\x12\x33\n\x0flast_reset_time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\nresponding\x18\x03 \x01(\x08\"\x84\x01\n\tCondition\x12\x0c\n\x04type\x18\x01 \x01(\t\x12\x0e\n\x06status\x18\x02 \x01(\x08\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x0f\n\x07message\x18\x04 \x01(\t\x12\x38\n\x14last_transition_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"(\n\tDataPlane\x12\x1b\n\x13\x63redential_revision\x18\x01 \x01(\x03\"\xbf\x06\n\tWorkspace\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12+\n\x05state\x18\x02 \x01(\x0e\x32\x1c.kibo.ctrl.v1.WorkspaceState\x12)\n\x04spec\x18\x03 \x01(\x0b\x32\x1b.kibo.ctrl.v1.WorkspaceSpec\x12\x33\n\x06labels\x18\x04 \x03(\x0b\x32#.kibo.ctrl.v1.Workspace.LabelsEntry\x12=\n\x0b\x61nnotations\x18\x05 \x03(\x0b\x32(.kibo.ctrl.v1.Workspace.AnnotationsEntry\x12,\n\nexpiration\x18\x06 \x01(\x0b\x32\x18.kibo.ctrl.v1.Expiration\x12)\n\tlast_stop\x18\x07 \x01(\x0b\x32\x16.kibo.ctrl.v1.LastStop\x12&\n\x07\x66\x61ilure\x18\x08 \x01(\x0b\x32\x15.kibo.ctrl.v1.Failure\x12/\n\x0b\x63reate_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bupdate_time\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x64\x65lete_time\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x1c\n\x14\x65xecution_generation\x18\x0c \x01(\x03\x12\x0f\n\x07node_id\x18\r \x01(\t\x12(\n\x05guest\x18\x0e \x01(\x0b\x32\x19.kibo.ctrl.v1.GuestStatus\x12+\n\nconditions\x18\x0f \x03(\x0b\x32\x17.kibo.ctrl.v1.Condition\x12+\n\ndata_plane\x18\x10 \x01(\x0b\x32\x17.kibo.ctrl.v1.DataPlane\x12\x0c\n\x04\x65tag\x18\x11 \x01(\t\x12\x18\n\x10\x64\x65letion_started\x18\x12 \x01(\x08\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a\x32\n\x10\x41nnotationsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01*\xbb\x02\n\x0eWorkspaceState\x12\x1f\n\x1bWORKSPACE_STATE_UNSPECIFIED\x10\x00\x12\x1c\n\x18WORKSPACE_STATE_CREATING\x10\x01\x12\x1d\n\x19WORKSPACE_STATE_AVAILABLE\x10\x02\x12\x1c\n\x18WORKSPACE_STATE_STOPPING\x10\x03\x12\x1b\n\x17WORKSPACE_STATE_STOPPED\x10\x04\x12\x1c\n\x18WORKSPACE_STATE_STARTING\x10\x05\x12\x1a\n\x16WORKSPACE_STATE_FAILED\x10\x06\x12\x1b\n\x17WORKSPACE_STATE_UNKNOWN\x10\x07\x12\x1c\n\x18WORKSPACE_STATE_DELETING\x10\x08\x12\x1b\n\x17WORKSPACE_STATE_DELETED\x10\t*o\n\x10\x45xpirationAction\x12!\n\x1d\x45XPIRATION_ACTION_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x45XPIRATION_ACTION_STOP\x10\x01\x12\x1c\n\x18\x45XPIRATION_ACTION_DELETE\x10\x02*\x9e\x01\n\tStopCause\x12\x1a\n\x16STOP_CAUSE_UNSPECIFIED\x10\x00\x12\x18\n\x14STOP_CAUSE_REQUESTED\x10\x01\x12\x16\n\x12STOP_CAUSE_EXPIRED\x10\x02\x12\x1d\n\x19STOP_CAUSE_GUEST_SHUTDOWN\x10\x03\x12$\n STOP_CAUSE_HOST_MEMORY_EXHAUSTED\x10\x04*q\n\x0eStopDurability\x12\x1f\n\x1bSTOP_DURABILITY_UNSPECIFIED\x10\x00\x12\x1d\n\x19STOP_DURABILITY_CONFIRMED\x10\x01\x12\x1f\n\x1bSTOP_DURABILITY_UNCONFIRMED\x10\x02*\x8b\x01\n\rNetworkEgress\x12\x1e\n\x1aNETWORK_EGRESS_UNSPECIFIED\x10\x00\x12\x1c\n\x18NETWORK_EGRESS_ALLOW_ALL\x10\x01\x12\x1b\n\x17NETWORK_EGRESS_DENY_ALL\x10\x02\x12\x1f\n\x1bNETWORK_EGRESS_ALLOW_LISTED\x10\x03\x42\x35Z3github.com/kibo-dev/kibo/gen/go/kibo/ctrl/v1;ctrlv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ckibo/ctrl/v1/workspace.proto\x12\x0ckibo.ctrl.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"%\n\x0f\x43ommandMetadata\x12\x12\n\ncommand_id\x18\x01 \x01(\t\"J\n\tResources\x12\r\n\x05vcpus\x18\x01 \x01(\x05\x12\x12\n\nmemory_mib\x18\x02 \x01(\x05\x12\x1a\n\x12writable_layer_gib\x18\x03 \x01(\x05\"\x81\x01\n\rVolumeBinding\x12\x11\n\tvolume_id\x18\x01 \x01(\t\x12\x12\n\nmount_path\x18\x02 \x01(\t\x12\x1d\n\x15\x64\x65lete_with_workspace\x18\x03 \x01(\x08\x12\x14\n\x0cstorage_pool\x18\x04 \x01(\t\x12\x14\n\x0c\x63\x61pacity_gib\x18\x05 \x01(\x05\"S\n\rNetworkPolicy\x12+\n\x06\x65gress\x18\x01 \x01(\x0e\x32\x1b.kibo.ctrl.v1.NetworkEgress\x12\x15\n\rallowed_cidrs\x18\x02 \x03(\t\"\x91\x04\n\rWorkspaceSpec\x12*\n\tresources\x18\x01 \x01(\x0b\x32\x17.kibo.ctrl.v1.Resources\x12\x37\n\x06labels\x18\x02 \x03(\x0b\x32\'.kibo.ctrl.v1.WorkspaceSpec.LabelsEntry\x12\x41\n\x0b\x61nnotations\x18\x03 \x03(\x0b\x32,.kibo.ctrl.v1.WorkspaceSpec.AnnotationsEntry\x12,\n\x07volumes\x18\x04 \x03(\x0b\x32\x1b.kibo.ctrl.v1.VolumeBinding\x12\x33\n\x0enetwork_policy\x18\x05 \x01(\x0b\x32\x1b.kibo.ctrl.v1.NetworkPolicy\x12\x17\n\x0f\x64\x61ta_volume_gib\x18\x06 \x01(\x05\x12\x44\n\rnode_selector\x18\x07 \x03(\x0b\x32-.kibo.ctrl.v1.WorkspaceSpec.NodeSelectorEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a\x32\n\x10\x41nnotationsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a\x33\n\x11NodeSelectorEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x7f\n\nExpiration\x12\x10\n\x08revision\x18\x01 \x01(\x03\x12/\n\x0b\x65xpire_time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\x06\x61\x63tion\x18\x03 \x01(\x0e\x32\x1e.kibo.ctrl.v1.ExpirationAction\"x\n\x08LastStop\x12&\n\x05\x63\x61use\x18\x01 \x01(\x0e\x32\x17.kibo.ctrl.v1.StopCause\x12\x12\n\ncommand_id\x18\x02 \x01(\t\x12\x30\n\ndurability\x18\x03 \x01(\x0e\x32\x1c.kibo.ctrl.v1.StopDurability\")\n\x07\x46\x61ilure\x12\r\n\x05stage\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\"k\n\x0bGuestStatus\x12\x13\n\x0breset_count\x18\x01 \x01(\x05\x12\x33\n\x0flast_reset_time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\nresponding\x18\x03 \x01(\x08\"\x84\x01\n\tCondition\x12\x0c\n\x04type\x18\x01 \x01(\t\x12\x0e\n\x06status\x18\x02 \x01(\x08\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x0f\n\x07message\x18\x04 \x01(\t\x12\x38\n\x14last_transition_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"(\n\tDataPlane\x12\x1b\n\x13\x63redential_revision\x18\x01 \x01(\x03\"\xbf\x06\n\tWorkspace\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12+\n\x05state\x18\x02 \x01(\x0e\x32\x1c.kibo.ctrl.v1.WorkspaceState\x12)\n\x04spec\x18\x03 \x01(\x0b\x32\x1b.kibo.ctrl.v1.WorkspaceSpec\x12\x33\n\x06labels\x18\x04 \x03(\x0b\x32#.kibo.ctrl.v1.Workspace.LabelsEntry\x12=\n\x0b\x61nnotations\x18\x05 \x03(\x0b\x32(.kibo.ctrl.v1.Workspace.AnnotationsEntry\x12,\n\nexpiration\x18\x06 \x01(\x0b\x32\x18.kibo.ctrl.v1.Expiration\x12)\n\tlast_stop\x18\x07 \x01(\x0b\x32\x16.kibo.ctrl.v1.LastStop\x12&\n\x07\x66\x61ilure\x18\x08 \x01(\x0b\x32\x15.kibo.ctrl.v1.Failure\x12/\n\x0b\x63reate_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bupdate_time\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x64\x65lete_time\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x1c\n\x14\x65xecution_generation\x18\x0c \x01(\x03\x12\x0f\n\x07node_id\x18\r \x01(\t\x12(\n\x05guest\x18\x0e \x01(\x0b\x32\x19.kibo.ctrl.v1.GuestStatus\x12+\n\nconditions\x18\x0f \x03(\x0b\x32\x17.kibo.ctrl.v1.Condition\x12+\n\ndata_plane\x18\x10 \x01(\x0b\x32\x17.kibo.ctrl.v1.DataPlane\x12\x0c\n\x04\x65tag\x18\x11 \x01(\t\x12\x18\n\x10\x64\x65letion_started\x18\x12 \x01(\x08\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a\x32\n\x10\x41nnotationsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01*\xbb\x02\n\x0eWorkspaceState\x12\x1f\n\x1bWORKSPACE_STATE_UNSPECIFIED\x10\x00\x12\x1c\n\x18WORKSPACE_STATE_CREATING\x10\x01\x12\x1d\n\x19WORKSPACE_STATE_AVAILABLE\x10\x02\x12\x1c\n\x18WORKSPACE_STATE_STOPPING\x10\x03\x12\x1b\n\x17WORKSPACE_STATE_STOPPED\x10\x04\x12\x1c\n\x18WORKSPACE_STATE_STARTING\x10\x05\x12\x1a\n\x16WORKSPACE_STATE_FAILED\x10\x06\x12\x1b\n\x17WORKSPACE_STATE_UNKNOWN\x10\x07\x12\x1c\n\x18WORKSPACE_STATE_DELETING\x10\x08\x12\x1b\n\x17WORKSPACE_STATE_DELETED\x10\t*o\n\x10\x45xpirationAction\x12!\n\x1d\x45XPIRATION_ACTION_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x45XPIRATION_ACTION_STOP\x10\x01\x12\x1c\n\x18\x45XPIRATION_ACTION_DELETE\x10\x02*\x9e\x01\n\tStopCause\x12\x1a\n\x16STOP_CAUSE_UNSPECIFIED\x10\x00\x12\x18\n\x14STOP_CAUSE_REQUESTED\x10\x01\x12\x16\n\x12STOP_CAUSE_EXPIRED\x10\x02\x12\x1d\n\x19STOP_CAUSE_GUEST_SHUTDOWN\x10\x03\x12$\n STOP_CAUSE_HOST_MEMORY_EXHAUSTED\x10\x04*q\n\x0eStopDurability\x12\x1f\n\x1bSTOP_DURABILITY_UNSPECIFIED\x10\x00\x12\x1d\n\x19STOP_DURABILITY_CONFIRMED\x10\x01\x12\x1f\n\x1bSTOP_DURABILITY_UNCONFIRMED\x10\x02*\x8b\x01\n\rNetworkEgress\x12\x1e\n\x1aNETWORK_EGRESS_UNSPECIFIED\x10\x00\x12\x1c\n\x18NETWORK_EGRESS_ALLOW_ALL\x10\x01\x12\x1b\n\x17NETWORK_EGRESS_DENY_ALL\x10\x02\x12\x1f\n\x1bNETWORK_EGRESS_ALLOW_LISTED\x10\x03\x42\x35Z3github.com/kibo-dev/kibo/gen/go/kibo/ctrl/v1;ctrlv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,20 +37,22 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_WORKSPACESPEC_LABELSENTRY']._serialized_options = b'8\001'
   _globals['_WORKSPACESPEC_ANNOTATIONSENTRY']._loaded_options = None
   _globals['_WORKSPACESPEC_ANNOTATIONSENTRY']._serialized_options = b'8\001'
+  _globals['_WORKSPACESPEC_NODESELECTORENTRY']._loaded_options = None
+  _globals['_WORKSPACESPEC_NODESELECTORENTRY']._serialized_options = b'8\001'
   _globals['_WORKSPACE_LABELSENTRY']._loaded_options = None
   _globals['_WORKSPACE_LABELSENTRY']._serialized_options = b'8\001'
   _globals['_WORKSPACE_ANNOTATIONSENTRY']._loaded_options = None
   _globals['_WORKSPACE_ANNOTATIONSENTRY']._serialized_options = b'8\001'
-  _globals['_WORKSPACESTATE']._serialized_start=2235
-  _globals['_WORKSPACESTATE']._serialized_end=2550
-  _globals['_EXPIRATIONACTION']._serialized_start=2552
-  _globals['_EXPIRATIONACTION']._serialized_end=2663
-  _globals['_STOPCAUSE']._serialized_start=2666
-  _globals['_STOPCAUSE']._serialized_end=2824
-  _globals['_STOPDURABILITY']._serialized_start=2826
-  _globals['_STOPDURABILITY']._serialized_end=2939
-  _globals['_NETWORKEGRESS']._serialized_start=2942
-  _globals['_NETWORKEGRESS']._serialized_end=3081
+  _globals['_WORKSPACESTATE']._serialized_start=2358
+  _globals['_WORKSPACESTATE']._serialized_end=2673
+  _globals['_EXPIRATIONACTION']._serialized_start=2675
+  _globals['_EXPIRATIONACTION']._serialized_end=2786
+  _globals['_STOPCAUSE']._serialized_start=2789
+  _globals['_STOPCAUSE']._serialized_end=2947
+  _globals['_STOPDURABILITY']._serialized_start=2949
+  _globals['_STOPDURABILITY']._serialized_end=3062
+  _globals['_NETWORKEGRESS']._serialized_start=3065
+  _globals['_NETWORKEGRESS']._serialized_end=3204
   _globals['_COMMANDMETADATA']._serialized_start=79
   _globals['_COMMANDMETADATA']._serialized_end=116
   _globals['_RESOURCES']._serialized_start=118
@@ -60,27 +62,29 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_NETWORKPOLICY']._serialized_start=326
   _globals['_NETWORKPOLICY']._serialized_end=409
   _globals['_WORKSPACESPEC']._serialized_start=412
-  _globals['_WORKSPACESPEC']._serialized_end=818
-  _globals['_WORKSPACESPEC_LABELSENTRY']._serialized_start=721
-  _globals['_WORKSPACESPEC_LABELSENTRY']._serialized_end=766
-  _globals['_WORKSPACESPEC_ANNOTATIONSENTRY']._serialized_start=768
-  _globals['_WORKSPACESPEC_ANNOTATIONSENTRY']._serialized_end=818
-  _globals['_EXPIRATION']._serialized_start=820
-  _globals['_EXPIRATION']._serialized_end=947
-  _globals['_LASTSTOP']._serialized_start=949
-  _globals['_LASTSTOP']._serialized_end=1069
-  _globals['_FAILURE']._serialized_start=1071
-  _globals['_FAILURE']._serialized_end=1112
-  _globals['_GUESTSTATUS']._serialized_start=1114
-  _globals['_GUESTSTATUS']._serialized_end=1221
-  _globals['_CONDITION']._serialized_start=1224
-  _globals['_CONDITION']._serialized_end=1356
-  _globals['_DATAPLANE']._serialized_start=1358
-  _globals['_DATAPLANE']._serialized_end=1398
-  _globals['_WORKSPACE']._serialized_start=1401
-  _globals['_WORKSPACE']._serialized_end=2232
-  _globals['_WORKSPACE_LABELSENTRY']._serialized_start=721
-  _globals['_WORKSPACE_LABELSENTRY']._serialized_end=766
-  _globals['_WORKSPACE_ANNOTATIONSENTRY']._serialized_start=768
-  _globals['_WORKSPACE_ANNOTATIONSENTRY']._serialized_end=818
+  _globals['_WORKSPACESPEC']._serialized_end=941
+  _globals['_WORKSPACESPEC_LABELSENTRY']._serialized_start=791
+  _globals['_WORKSPACESPEC_LABELSENTRY']._serialized_end=836
+  _globals['_WORKSPACESPEC_ANNOTATIONSENTRY']._serialized_start=838
+  _globals['_WORKSPACESPEC_ANNOTATIONSENTRY']._serialized_end=888
+  _globals['_WORKSPACESPEC_NODESELECTORENTRY']._serialized_start=890
+  _globals['_WORKSPACESPEC_NODESELECTORENTRY']._serialized_end=941
+  _globals['_EXPIRATION']._serialized_start=943
+  _globals['_EXPIRATION']._serialized_end=1070
+  _globals['_LASTSTOP']._serialized_start=1072
+  _globals['_LASTSTOP']._serialized_end=1192
+  _globals['_FAILURE']._serialized_start=1194
+  _globals['_FAILURE']._serialized_end=1235
+  _globals['_GUESTSTATUS']._serialized_start=1237
+  _globals['_GUESTSTATUS']._serialized_end=1344
+  _globals['_CONDITION']._serialized_start=1347
+  _globals['_CONDITION']._serialized_end=1479
+  _globals['_DATAPLANE']._serialized_start=1481
+  _globals['_DATAPLANE']._serialized_end=1521
+  _globals['_WORKSPACE']._serialized_start=1524
+  _globals['_WORKSPACE']._serialized_end=2355
+  _globals['_WORKSPACE_LABELSENTRY']._serialized_start=791
+  _globals['_WORKSPACE_LABELSENTRY']._serialized_end=836
+  _globals['_WORKSPACE_ANNOTATIONSENTRY']._serialized_start=838
+  _globals['_WORKSPACE_ANNOTATIONSENTRY']._serialized_end=888
 # @@protoc_insertion_point(module_scope)

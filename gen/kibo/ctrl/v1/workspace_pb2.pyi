@@ -114,7 +114,7 @@ class NetworkPolicy(_message.Message):
     def __init__(self, egress: _Optional[_Union[NetworkEgress, str]] = ..., allowed_cidrs: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class WorkspaceSpec(_message.Message):
-    __slots__ = ("resources", "labels", "annotations", "volumes", "network_policy", "data_volume_gib")
+    __slots__ = ("resources", "labels", "annotations", "volumes", "network_policy", "data_volume_gib", "node_selector")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -129,19 +129,28 @@ class WorkspaceSpec(_message.Message):
         key: str
         value: str
         def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    class NodeSelectorEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     RESOURCES_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
     ANNOTATIONS_FIELD_NUMBER: _ClassVar[int]
     VOLUMES_FIELD_NUMBER: _ClassVar[int]
     NETWORK_POLICY_FIELD_NUMBER: _ClassVar[int]
     DATA_VOLUME_GIB_FIELD_NUMBER: _ClassVar[int]
+    NODE_SELECTOR_FIELD_NUMBER: _ClassVar[int]
     resources: Resources
     labels: _containers.ScalarMap[str, str]
     annotations: _containers.ScalarMap[str, str]
     volumes: _containers.RepeatedCompositeFieldContainer[VolumeBinding]
     network_policy: NetworkPolicy
     data_volume_gib: int
-    def __init__(self, resources: _Optional[_Union[Resources, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., annotations: _Optional[_Mapping[str, str]] = ..., volumes: _Optional[_Iterable[_Union[VolumeBinding, _Mapping]]] = ..., network_policy: _Optional[_Union[NetworkPolicy, _Mapping]] = ..., data_volume_gib: _Optional[int] = ...) -> None: ...
+    node_selector: _containers.ScalarMap[str, str]
+    def __init__(self, resources: _Optional[_Union[Resources, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., annotations: _Optional[_Mapping[str, str]] = ..., volumes: _Optional[_Iterable[_Union[VolumeBinding, _Mapping]]] = ..., network_policy: _Optional[_Union[NetworkPolicy, _Mapping]] = ..., data_volume_gib: _Optional[int] = ..., node_selector: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class Expiration(_message.Message):
     __slots__ = ("revision", "expire_time", "action")

@@ -1,0 +1,76 @@
+"""`kibo node list|cordon|uncordon|drain`: the cluster's nodes (an operator token)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from kibo.node.v1 import node_admin_service_pb2 as nodes_pb2
+
+from . import output
+from .output import Format
+from .session import OutputOpt, connect, handle
+
+app = typer.Typer(help="The cluster's nodes: list, cordon, uncordon, drain (an operator token).", no_args_is_help=True)
+NodeId = Annotated[str, typer.Argument(help="The node's ID (kibo node list).", show_default=False)]
+
+
+def _state(node: nodes_pb2.Node) -> str:
+    return nodes_pb2.NodeState.Name(node.state).removeprefix("NODE_STATE_")
+
+
+def _show(node: nodes_pb2.Node, fmt: Format) -> None:
+    if fmt is Format.json:
+        output.emit_json(node)
+    else:
+        output.stdout().print(f"{node.id}: {_state(node)} ({node.instances} instances)", markup=False)
+
+
+@app.command("list")
+@handle
+def node_list(fmt: OutputOpt = Format.text) -> None:
+    """Every node: state (READY, SILENT, CORDONED, DRAINING, DRAINED), vCPU and memory used of
+    what it offers, instances, storage pool and labels."""
+    with connect() as client:
+        nodes = client.list_nodes()
+    if fmt is Format.json:
+        output.emit_json({"nodes": [output.to_dict(node) for node in nodes]})
+        return
+    table = output.table("NODE", "STATE", "VCPU", "MEMORY MIB", "INSTANCES", "POOL", "LABELS")
+    for node in nodes:
+        labels = ",".join(f"{k}={v}" for k, v in sorted(node.labels.items())) or "-"
+        table.add_row(
+            node.id,
+            _state(node),
+            f"{node.used_vcpus}/{node.vcpus}",
+            f"{node.used_memory_mib}/{node.memory_mib}",
+            str(node.instances),
+            node.storage_pool,
+            labels,
+        )
+    output.stdout().print(table)
+
+
+@app.command("cordon")
+@handle
+def node_cordon(node_id: NodeId, fmt: OutputOpt = Format.text) -> None:
+    """No new workspaces are placed on the node; what runs there keeps running."""
+    with connect() as client:
+        _show(client.cordon_node(node_id), fmt)
+
+
+@app.command("uncordon")
+@handle
+def node_uncordon(node_id: NodeId, fmt: OutputOpt = Format.text) -> None:
+    """Place workspaces on the node again (also ends a drain)."""
+    with connect() as client:
+        _show(client.uncordon_node(node_id), fmt)
+
+
+@app.command("drain")
+@handle
+def node_drain(node_id: NodeId, fmt: OutputOpt = Format.text) -> None:
+    """Cordon the node; it is DRAINING until its last instance is gone (its workspaces leave
+    as they are stopped or deleted, and start again on another node), then DRAINED."""
+    with connect() as client:
+        _show(client.drain_node(node_id), fmt)

@@ -1,0 +1,52 @@
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class RunGuestJobRequest(_message.Message):
+    __slots__ = ("instance_id", "job", "stdin", "timeout_seconds")
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    STDIN_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    instance_id: str
+    job: bytes
+    stdin: bytes
+    timeout_seconds: float
+    def __init__(self, instance_id: _Optional[str] = ..., job: _Optional[bytes] = ..., stdin: _Optional[bytes] = ..., timeout_seconds: _Optional[float] = ...) -> None: ...
+
+class GuestOutput(_message.Message):
+    __slots__ = ("stream", "data")
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    stream: str
+    data: bytes
+    def __init__(self, stream: _Optional[str] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class GuestExit(_message.Message):
+    __slots__ = ("code",)
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    code: int
+    def __init__(self, code: _Optional[int] = ...) -> None: ...
+
+class GuestRefusal(_message.Message):
+    __slots__ = ("status", "message", "errno")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    ERRNO_FIELD_NUMBER: _ClassVar[int]
+    status: str
+    message: str
+    errno: str
+    def __init__(self, status: _Optional[str] = ..., message: _Optional[str] = ..., errno: _Optional[str] = ...) -> None: ...
+
+class RunGuestJobResponse(_message.Message):
+    __slots__ = ("output", "exit", "refused")
+    OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    EXIT_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
+    output: GuestOutput
+    exit: GuestExit
+    refused: GuestRefusal
+    def __init__(self, output: _Optional[_Union[GuestOutput, _Mapping]] = ..., exit: _Optional[_Union[GuestExit, _Mapping]] = ..., refused: _Optional[_Union[GuestRefusal, _Mapping]] = ...) -> None: ...

@@ -1,0 +1,176 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class JoinRequest(_message.Message):
+    __slots__ = ("node_id", "vcpus", "memory_mib", "storage_pool", "labels", "capabilities", "data_plane_address", "data_plane_token")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    VCPUS_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_MIB_FIELD_NUMBER: _ClassVar[int]
+    STORAGE_POOL_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    CAPABILITIES_FIELD_NUMBER: _ClassVar[int]
+    DATA_PLANE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    DATA_PLANE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    vcpus: int
+    memory_mib: int
+    storage_pool: str
+    labels: _containers.ScalarMap[str, str]
+    capabilities: _containers.RepeatedScalarFieldContainer[str]
+    data_plane_address: str
+    data_plane_token: str
+    def __init__(self, node_id: _Optional[str] = ..., vcpus: _Optional[int] = ..., memory_mib: _Optional[int] = ..., storage_pool: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., capabilities: _Optional[_Iterable[str]] = ..., data_plane_address: _Optional[str] = ..., data_plane_token: _Optional[str] = ...) -> None: ...
+
+class JoinResponse(_message.Message):
+    __slots__ = ("node_id", "lease_seconds")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    LEASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    lease_seconds: float
+    def __init__(self, node_id: _Optional[str] = ..., lease_seconds: _Optional[float] = ...) -> None: ...
+
+class Cursor(_message.Message):
+    __slots__ = ("epoch", "seq")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    epoch: str
+    seq: int
+    def __init__(self, epoch: _Optional[str] = ..., seq: _Optional[int] = ...) -> None: ...
+
+class WatchStepsRequest(_message.Message):
+    __slots__ = ("node_id", "resume_after")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    RESUME_AFTER_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    resume_after: Cursor
+    def __init__(self, node_id: _Optional[str] = ..., resume_after: _Optional[_Union[Cursor, _Mapping]] = ...) -> None: ...
+
+class InstanceStep(_message.Message):
+    __slots__ = ("instance_id", "step", "done_step", "record")
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    DONE_STEP_FIELD_NUMBER: _ClassVar[int]
+    RECORD_FIELD_NUMBER: _ClassVar[int]
+    instance_id: str
+    step: int
+    done_step: int
+    record: bytes
+    def __init__(self, instance_id: _Optional[str] = ..., step: _Optional[int] = ..., done_step: _Optional[int] = ..., record: _Optional[bytes] = ...) -> None: ...
+
+class StorageRelease(_message.Message):
+    __slots__ = ("workspace_id", "volume_ids")
+    WORKSPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    VOLUME_IDS_FIELD_NUMBER: _ClassVar[int]
+    workspace_id: str
+    volume_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, workspace_id: _Optional[str] = ..., volume_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class VolumeRelease(_message.Message):
+    __slots__ = ("volume_id",)
+    VOLUME_ID_FIELD_NUMBER: _ClassVar[int]
+    volume_id: str
+    def __init__(self, volume_id: _Optional[str] = ...) -> None: ...
+
+class WorkItem(_message.Message):
+    __slots__ = ("instance", "storage", "volume")
+    INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    STORAGE_FIELD_NUMBER: _ClassVar[int]
+    VOLUME_FIELD_NUMBER: _ClassVar[int]
+    instance: InstanceStep
+    storage: StorageRelease
+    volume: VolumeRelease
+    def __init__(self, instance: _Optional[_Union[InstanceStep, _Mapping]] = ..., storage: _Optional[_Union[StorageRelease, _Mapping]] = ..., volume: _Optional[_Union[VolumeRelease, _Mapping]] = ...) -> None: ...
+
+class WatchStepsResponse(_message.Message):
+    __slots__ = ("cursor", "snapshot", "items")
+    CURSOR_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    cursor: Cursor
+    snapshot: bool
+    items: _containers.RepeatedCompositeFieldContainer[WorkItem]
+    def __init__(self, cursor: _Optional[_Union[Cursor, _Mapping]] = ..., snapshot: _Optional[bool] = ..., items: _Optional[_Iterable[_Union[WorkItem, _Mapping]]] = ...) -> None: ...
+
+class GetLaunchSpecRequest(_message.Message):
+    __slots__ = ("node_id", "instance_id", "step")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    instance_id: str
+    step: int
+    def __init__(self, node_id: _Optional[str] = ..., instance_id: _Optional[str] = ..., step: _Optional[int] = ...) -> None: ...
+
+class GetLaunchSpecResponse(_message.Message):
+    __slots__ = ("spec",)
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    spec: bytes
+    def __init__(self, spec: _Optional[bytes] = ...) -> None: ...
+
+class ReportRequest(_message.Message):
+    __slots__ = ("node_id", "instance_id", "step", "kind", "body")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    BODY_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    instance_id: str
+    step: int
+    kind: str
+    body: bytes
+    def __init__(self, node_id: _Optional[str] = ..., instance_id: _Optional[str] = ..., step: _Optional[int] = ..., kind: _Optional[str] = ..., body: _Optional[bytes] = ...) -> None: ...
+
+class ReportResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ReportStorageReleasedRequest(_message.Message):
+    __slots__ = ("node_id", "workspace_id", "volume_ids")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    WORKSPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    VOLUME_IDS_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    workspace_id: str
+    volume_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, node_id: _Optional[str] = ..., workspace_id: _Optional[str] = ..., volume_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ReportStorageReleasedResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ReportVolumeReleasedRequest(_message.Message):
+    __slots__ = ("node_id", "volume_id")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    VOLUME_ID_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    volume_id: str
+    def __init__(self, node_id: _Optional[str] = ..., volume_id: _Optional[str] = ...) -> None: ...
+
+class ReportVolumeReleasedResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class RenewLeaseRequest(_message.Message):
+    __slots__ = ("node_id",)
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    def __init__(self, node_id: _Optional[str] = ...) -> None: ...
+
+class RenewLeaseResponse(_message.Message):
+    __slots__ = ("lease_seconds",)
+    LEASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    lease_seconds: float
+    def __init__(self, lease_seconds: _Optional[float] = ...) -> None: ...

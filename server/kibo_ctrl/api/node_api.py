@@ -1,0 +1,222 @@
+"""The node API (kibo.node.v1), transport-free: NodeService for node agents, and
+NodeAdminService for operators. Both call engine/node_registry.py.
+
+Who may act as which node: a node token acts as the node it was made for (its `tenant`
+field holds the node ID), and only as it; with authentication off (`--insecure-no-auth`,
+the local operator) a caller acts as the node it names. Any other token is refused. Every
+request is checked before the registry is asked, and the registry checks what the node
+names (its instances, its pool) inside the transaction, so a refused call changes nothing."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Sequence
+from typing import TypeVar
+
+import msgspec
+from kibo.node.v1 import node_admin_service_pb2 as admin_pb2
+from kibo.node.v1 import node_service_pb2 as node_pb2
+
+from ..domain.access import LOCAL_OPERATOR, Caller, Role
+from ..domain.errors import InvalidArgument, PermissionDenied
+from ..domain.model import Node
+from ..domain.nodes import NodeRecord, node_id
+from ..domain.reports import Report, StorageReleased
+from ..engine.node_link import REPORT_KINDS, Batch, Cursor, Declaration, InstanceWork, StorageWork, Work
+from ..engine.node_registry import NodeRegistry
+
+T = TypeVar("T")
+
+_ENCODER = msgspec.json.Encoder()
+MAX_IDS = 1024
+
+
+def node_of(caller: Caller, named: str, auth: bool = True) -> str:
+    """The node this caller may act as, given the node the request names. `auth` False:
+    authentication is off (--insecure-no-auth), and the caller acts as the node it names."""
+    if caller.role is Role.NODE:
+        if named and named != caller.tenant:
+            raise PermissionDenied(
+                f"this node token acts as node {caller.tenant}, not as {named[:80]!r}", field="node_id"
+            )
+        return caller.tenant
+    if not auth and caller == LOCAL_OPERATOR:
+        return node_id(named)
+    raise PermissionDenied(
+        "the node API takes a node token",
+        hint="make one on the control plane's machine: kibo-ctrl token create --node NODE_ID",
+    )
+
+
+def decode(data: bytes, kind: type[T], field: str) -> T:
+    try:
+        return msgspec.json.decode(data, type=kind)
+    except (msgspec.ValidationError, msgspec.DecodeError) as error:
+        raise InvalidArgument(f"{field}: not a {kind.__name__} record: {error}", field=field) from None
+
+
+def encode(value: object) -> bytes:
+    return _ENCODER.encode(value)
+
+
+def _ids(values: Sequence[str], field: str) -> tuple[str, ...]:
+    if len(values) > MAX_IDS or any(not value or len(value) > 128 for value in values):
+        raise InvalidArgument(f"{field}: up to {MAX_IDS} IDs of 1 to 128 characters", field=field)
+    return tuple(values)
+
+
+def render_batch(batch: Batch) -> node_pb2.WatchStepsResponse:
+    return node_pb2.WatchStepsResponse(
+        cursor=node_pb2.Cursor(epoch=batch.cursor.epoch, seq=batch.cursor.seq),
+        snapshot=batch.snapshot,
+        items=[_render_item(item) for item in batch.items],
+    )
+
+
+def _render_item(item: Work) -> node_pb2.WorkItem:
+    if isinstance(item, InstanceWork):
+        instance = item.instance
+        return node_pb2.WorkItem(
+            instance=node_pb2.InstanceStep(
+                instance_id=instance.id, step=instance.step, done_step=instance.done_step, record=encode(instance)
+            )
+        )
+    if isinstance(item, StorageWork):
+        return node_pb2.WorkItem(
+            storage=node_pb2.StorageRelease(workspace_id=item.workspace_id, volume_ids=item.volume_ids)
+        )
+    return node_pb2.WorkItem(volume=node_pb2.VolumeRelease(volume_id=item.volume_id))
+
+
+def parse_report(request: node_pb2.ReportRequest) -> Report:
+    kind = REPORT_KINDS.get(request.kind)
+    if kind is None:
+        raise InvalidArgument(f"kind: one of {', '.join(REPORT_KINDS)}", field="kind")
+    report = decode(request.body, kind, "body")
+    step = request.step or None
+    if report.instance_id != request.instance_id or report.step != step:
+        raise InvalidArgument("body: its instance and step differ from the request's", field="body")
+    return report
+
+
+def render_node(record: NodeRecord, instances: int, used: tuple[int, int]) -> admin_pb2.Node:
+    if record.silent:
+        state = admin_pb2.NODE_STATE_SILENT
+    elif record.draining:
+        state = admin_pb2.NODE_STATE_DRAINING if instances else admin_pb2.NODE_STATE_DRAINED
+    elif record.cordoned:
+        state = admin_pb2.NODE_STATE_CORDONED
+    else:
+        state = admin_pb2.NODE_STATE_READY
+    return admin_pb2.Node(
+        id=record.id,
+        state=state,
+        vcpus=record.vcpus,
+        memory_mib=record.memory_mib,
+        storage_pool=record.storage_pool,
+        labels=record.labels,
+        capabilities=record.capabilities,
+        used_vcpus=used[0],
+        used_memory_mib=used[1],
+        instances=instances,
+        cordoned=record.cordoned,
+        silent=record.silent,
+        lease_expire_time=record.lease_expiry,
+        join_time=record.join_time,
+    )
+
+
+class NodeApi:
+    """kibo.node.v1.NodeService: what node agents call."""
+
+    def __init__(self, registry: NodeRegistry, auth: bool) -> None:
+        self._registry = registry
+        self._auth = auth
+
+    async def join(self, request: node_pb2.JoinRequest, caller: Caller) -> node_pb2.JoinResponse:
+        node = node_of(caller, request.node_id, self._auth)
+        if len(request.capabilities) > 64 or any(len(c) > 128 for c in request.capabilities):
+            raise InvalidArgument("capabilities: up to 64, of up to 128 characters", field="capabilities")
+        declaration = Declaration(
+            Node(node, request.vcpus, request.memory_mib, request.storage_pool),
+            dict(request.labels),
+            tuple(request.capabilities),
+            request.data_plane_address,
+            request.data_plane_token,
+        )
+        joined = await self._registry.join(declaration)
+        return node_pb2.JoinResponse(node_id=joined.node_id, lease_seconds=joined.lease_seconds)
+
+    async def watch_steps(
+        self, request: node_pb2.WatchStepsRequest, caller: Caller
+    ) -> AsyncGenerator[node_pb2.WatchStepsResponse, None]:
+        node = node_of(caller, request.node_id, self._auth)
+        cursor = None
+        if request.HasField("resume_after"):
+            cursor = Cursor(request.resume_after.epoch, request.resume_after.seq)
+        async for batch in self._registry.feed(node, cursor):
+            yield render_batch(batch)
+
+    async def get_launch_spec(
+        self, request: node_pb2.GetLaunchSpecRequest, caller: Caller
+    ) -> node_pb2.GetLaunchSpecResponse:
+        node = node_of(caller, request.node_id, self._auth)
+        spec = await self._registry.launch_spec(node, request.instance_id, request.step)
+        return node_pb2.GetLaunchSpecResponse(spec=encode(spec))
+
+    async def report(self, request: node_pb2.ReportRequest, caller: Caller) -> node_pb2.ReportResponse:
+        node = node_of(caller, request.node_id, self._auth)
+        await self._registry.report(node, parse_report(request))
+        return node_pb2.ReportResponse()
+
+    async def report_storage_released(
+        self, request: node_pb2.ReportStorageReleasedRequest, caller: Caller
+    ) -> node_pb2.ReportStorageReleasedResponse:
+        node = node_of(caller, request.node_id, self._auth)
+        report = StorageReleased(request.workspace_id, volume_ids=_ids(request.volume_ids, "volume_ids"))
+        await self._registry.storage_released(node, report)
+        return node_pb2.ReportStorageReleasedResponse()
+
+    async def report_volume_released(
+        self, request: node_pb2.ReportVolumeReleasedRequest, caller: Caller
+    ) -> node_pb2.ReportVolumeReleasedResponse:
+        node = node_of(caller, request.node_id, self._auth)
+        await self._registry.volume_released(node, request.volume_id)
+        return node_pb2.ReportVolumeReleasedResponse()
+
+    async def renew_lease(self, request: node_pb2.RenewLeaseRequest, caller: Caller) -> node_pb2.RenewLeaseResponse:
+        node = node_of(caller, request.node_id, self._auth)
+        await self._registry.renew(node)
+        return node_pb2.RenewLeaseResponse(lease_seconds=self._registry.lease_seconds)
+
+
+class NodeAdminApi:
+    """kibo.node.v1.NodeAdminService: operators list, cordon and drain nodes."""
+
+    def __init__(self, registry: NodeRegistry) -> None:
+        self._registry = registry
+
+    async def list_nodes(self, request: admin_pb2.ListNodesRequest, caller: Caller) -> admin_pb2.ListNodesResponse:
+        caller.require_operator("managing the nodes")
+        nodes = await self._registry.list_nodes()
+        return admin_pb2.ListNodesResponse(nodes=[render_node(r, n, used) for r, n, used in nodes])
+
+    async def cordon_node(self, request: admin_pb2.CordonNodeRequest, caller: Caller) -> admin_pb2.CordonNodeResponse:
+        caller.require_operator("managing the nodes")
+        return admin_pb2.CordonNodeResponse(node=await self._changed(request.node_id, cordoned=True))
+
+    async def uncordon_node(
+        self, request: admin_pb2.UncordonNodeRequest, caller: Caller
+    ) -> admin_pb2.UncordonNodeResponse:
+        caller.require_operator("managing the nodes")
+        return admin_pb2.UncordonNodeResponse(node=await self._changed(request.node_id, cordoned=False))
+
+    async def drain_node(self, request: admin_pb2.DrainNodeRequest, caller: Caller) -> admin_pb2.DrainNodeResponse:
+        caller.require_operator("managing the nodes")
+        return admin_pb2.DrainNodeResponse(node=await self._changed(request.node_id, cordoned=True, drain=True))
+
+    async def _changed(self, node: str, cordoned: bool, drain: bool = False) -> admin_pb2.Node:
+        await self._registry.cordon(node_id(node), cordoned, drain)
+        for record, instances, used in await self._registry.list_nodes():
+            if record.id == node:
+                return render_node(record, instances, used)
+        raise AssertionError("a node changed is listed")

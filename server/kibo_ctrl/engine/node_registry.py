@@ -1,0 +1,459 @@
+"""The control plane's side of the node link: who has joined, their leases, and each
+node's feed of work. Every transport of the link (engine/local_link.py in process,
+api/node_api.py over gRPC) calls this, so they keep the same rules.
+
+The feed is built from the hub's commits (level records, not edges) and numbered per node;
+a recent stretch is kept so a node that reconnects continues after its cursor, and a node
+whose cursor is too old or from another incarnation gets a snapshot read from the store.
+Every call names the node it acts as (a node token is bound to one): an instance, a
+workspace's storage or a volume of another node is refused, and a refused call changes
+nothing.
+
+Several replicas on one database (PostgreSQL) each have a registry; a node may join, renew
+and report through any of them. Each registry learns the others' node records from the
+commits its hub sees (`Changes.nodes`, through the store's change feed): pools, data-plane
+hops, silence, and the stored lease of a node renewed elsewhere. Only the leader's `run()`
+expires leases: a lease stored by another replica (`renewed_by`) counts until its stored
+expiry, one stored here until the renewals seen here stop. A replica that sees a node's
+renewals after a gap (the node came from another replica) stores the lease at once, so the
+stored record always names the replica that sees the node now."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+
+from ..domain.clock import SYSTEM_CLOCK, Clock
+from ..domain.errors import Conflict, InvalidArgument, NotFound, PermissionDenied, StoreError
+from ..domain.model import Instance, Workspace
+from ..domain.nodes import NodeRecord, labels, node_id
+from ..domain.reports import Report, StorageReleased
+from ..runtime.base import LaunchSpec
+from ..store.base import Changes, Reader, Store, Tx
+from . import controller
+from .node_link import Batch, Cursor, Declaration, InstanceWork, Joined, StorageWork, VolumeWork, Work
+
+log = logging.getLogger(__name__)
+
+# Items kept per node for a resume; a node further behind than this gets a snapshot.
+FEED_LOG = 4096
+# How often a live node's stored lease (nodes.lease_expiry) is written, in leases: the
+# registry decides expiry from the renewals it sees (in memory), and the store keeps a
+# lease that outlasts the next write, for a restart and for whoever else reads the store.
+PERSIST_EVERY_LEASES = 1.0
+# A node renews every quarter lease; a pause longer than this fraction of one (it renewed
+# through another replica meanwhile, or reconnected) makes the next renewal here store the lease.
+RENEWAL_GAP_LEASES = 0.5
+
+
+class _Feed:
+    def __init__(self) -> None:
+        self.seq = 0
+        self.log: deque[tuple[int, Work]] = deque(maxlen=FEED_LOG)
+        self.wake = asyncio.Event()
+
+    def append(self, item: Work) -> None:
+        self.seq += 1
+        self.log.append((self.seq, item))
+        wake, self.wake = self.wake, asyncio.Event()
+        wake.set()
+
+    def continues(self, seq: int) -> bool:
+        """Whether everything after `seq` is still here."""
+        oldest = self.log[0][0] if self.log else self.seq + 1
+        return oldest - 1 <= seq <= self.seq
+
+    def after(self, seq: int) -> list[tuple[int, Work]]:
+        return [entry for entry in self.log if entry[0] > seq]
+
+
+def storage_owed(workspace: Workspace) -> bool:
+    """A workspace whose retained layer or volumes some node must still delete."""
+    return bool(workspace.storage.layer or workspace.storage.volume_ids)
+
+
+class NodeRegistry:
+    def __init__(
+        self,
+        store: Store,
+        lease_seconds: float,
+        clock: Clock = SYSTEM_CLOCK,
+        persist_every_leases: float = PERSIST_EVERY_LEASES,
+    ) -> None:
+        self._store = store
+        self._clock = clock
+        self.lease_seconds = lease_seconds
+        self._persist_s = persist_every_leases * lease_seconds
+        # Names this incarnation's feed numbers: a cursor from another one means a snapshot.
+        self.epoch = uuid.uuid4().hex[:16]
+        # By node: when its lease runs out (wall time, from the renewals seen here), whether
+        # it is recorded silent, and the lease expiry last stored. A node known from the
+        # store gets a lease from this start (the time to reconnect after a restart).
+        self._deadlines: dict[str, float] = {}
+        self._silent: dict[str, bool] = {}
+        self._stored: dict[str, float] = {}
+        self._feeds: dict[str, _Feed] = {}
+        self._pools: dict[str, str] = {}
+        self._renewed: dict[str, float] = {}
+        # node ID -> (address, secret) of its data-plane hop, as it declared at its last join.
+        self._data_planes: dict[str, tuple[str, str]] = {}
+        self._listeners: list[Callable[[], None]] = []
+        self._closed = asyncio.Event()
+
+    async def load(self) -> None:
+        """Learn the storage pools of the nodes that joined before (storage work is routed
+        by pool from the first commit on, whoever has reconnected yet)."""
+        now = self._clock.now()
+        for node in await self._store.read(lambda r: r.list_nodes()):
+            # The stored lease, or one lease from this start (the time to reconnect).
+            self._deadlines[node.id] = max(now + self.lease_seconds, node.lease_expiry)
+            self._stored[node.id] = node.lease_expiry
+            self._learn(node)
+
+    def _learn(self, node: NodeRecord) -> None:
+        """What any replica may rely on from a stored node record."""
+        self._silent[node.id] = node.silent
+        self._pools[node.id] = node.storage_pool
+        self._feeds.setdefault(node.id, _Feed())
+        if node.data_plane_address:
+            self._data_planes[node.id] = (node.data_plane_address, node.data_plane_token)
+        else:
+            self._data_planes.pop(node.id, None)
+
+    def on_nodes_changed(self, listener: Callable[[], None]) -> None:
+        """Called when a node joins, returns, falls silent or is cordoned (the scheduler)."""
+        self._listeners.append(listener)
+
+    def close(self) -> None:
+        """End every feed (shutdown)."""
+        self._closed.set()
+        for feed in self._feeds.values():
+            feed.wake.set()
+
+    def data_plane_of(self, node_id: str) -> tuple[str, str] | None:
+        """Where the node serves its guests to the control plane, and the secret it takes."""
+        return self._data_planes.get(node_id)
+
+    def report_age(self, node_id: str) -> float | None:
+        last = self._renewed.get(node_id)
+        return None if last is None else self._clock.monotonic() - last
+
+    # -- joining and leases -------------------------------------------------------------------
+
+    async def join(self, declaration: Declaration) -> Joined:
+        node = declaration.node
+        node_id(node.id)
+        labels(declaration.labels)
+        if node.vcpus <= 0 or node.memory_mib <= 0:
+            raise InvalidArgument("a node declares at least 1 vCPU and 1 MiB of memory", field="vcpus")
+        if not node.storage_pool or len(node.storage_pool) > 63:
+            raise InvalidArgument("a node declares a storage pool (1 to 63 characters)", field="storage_pool")
+        if len(declaration.data_plane_address) > 255 or (
+            bool(declaration.data_plane_address) and not 16 <= len(declaration.data_plane_token) <= 256
+        ):
+            raise InvalidArgument(
+                "a data-plane address (up to 255 characters) comes with a secret of 16 to 256 characters",
+                field="data_plane_token",
+            )
+        returned = await self._store.transact(self._join, declaration)
+        self._renewed_now(node.id)
+        self._pools[node.id] = node.storage_pool
+        self._feeds.setdefault(node.id, _Feed())
+        self._renewed[node.id] = self._clock.monotonic()
+        if declaration.data_plane_address:
+            self._data_planes[node.id] = (declaration.data_plane_address, declaration.data_plane_token)
+        else:
+            self._data_planes.pop(node.id, None)
+        log.info("node %s joined (%d vCPU, %d MiB, pool %s)", node.id, node.vcpus, node.memory_mib, node.storage_pool)
+        if returned:
+            log.info("node %s is back: its workspaces are no longer UNKNOWN", node.id)
+        self._changed()
+        return Joined(node.id, self.lease_seconds)
+
+    def _join(self, tx: Tx, declaration: Declaration) -> bool:
+        node = declaration.node
+        record = tx.get_node(node.id) or NodeRecord(node.id, node.vcpus, node.memory_mib, node.storage_pool)
+        record.vcpus, record.memory_mib, record.storage_pool = node.vcpus, node.memory_mib, node.storage_pool
+        record.labels = dict(declaration.labels)
+        record.capabilities = sorted(declaration.capabilities)
+        record.data_plane_address = declaration.data_plane_address
+        record.data_plane_token = declaration.data_plane_token
+        record.join_time = tx.now
+        return self._renew_record(tx, record)
+
+    def _renew_record(self, tx: Tx, record: NodeRecord) -> bool:
+        """Store a lease that outlasts the next write; a silent node is back (its workspaces
+        leave UNKNOWN)."""
+        record.lease_expiry = tx.now + self._persist_s + self.lease_seconds
+        record.lease_seconds = self.lease_seconds
+        record.renewed_by = self.epoch
+        returned = record.silent
+        if returned:
+            record.silent = False
+            controller.set_node_silent(tx, record.id, False)
+        tx.put_node(record)
+        return returned
+
+    def _renewed_now(self, node: str) -> None:
+        now = self._clock.now()
+        self._deadlines[node] = now + self.lease_seconds
+        self._silent[node] = False
+        self._stored[node] = now + self._persist_s + self.lease_seconds
+        self._renewed[node] = self._clock.monotonic()
+
+    async def renew(self, node: str) -> None:
+        if node not in self._deadlines and await self._store.read(lambda r: r.get_node(node)) is None:
+            raise Conflict(f"node {node} has not joined: call Join first", field="node_id")
+        now = self._clock.now()
+        self._deadlines[node] = now + self.lease_seconds
+        previous = self._renewed.get(node)
+        self._renewed[node] = monotonic = self._clock.monotonic()
+        continued = previous is not None and monotonic - previous <= RENEWAL_GAP_LEASES * self.lease_seconds
+        if continued and not self._silent.get(node, True) and self._stored.get(node, 0.0) - now >= self.lease_seconds:
+            return  # the stored lease outlasts the next renewals: nothing to write
+        returned = await self._store.transact(self._renew, node)
+        self._renewed_now(node)
+        if returned:
+            log.info("node %s is back: its workspaces are no longer UNKNOWN", node)
+            self._changed()
+
+    def _renew(self, tx: Tx, node: str) -> bool:
+        record = tx.get_node(node)
+        if record is None:
+            raise Conflict(f"node {node} has not joined: call Join first", field="node_id")
+        return self._renew_record(tx, record)
+
+    async def run(self) -> None:
+        """Mark the nodes whose lease ran out silent (their workspaces UNKNOWN)."""
+        while not self._closed.is_set():
+            await asyncio.sleep(self.lease_seconds / 4)
+            now = self._clock.now()
+            lapsed = sorted(n for n, d in self._deadlines.items() if d < now and not self._silent.get(n))
+            if not lapsed:
+                continue
+            try:
+                expired, held = await self._store.transact(self._expire, lapsed)
+            except StoreError as error:
+                # E.g. a full disk: the next pass tries again.
+                log.warning("recording expired node leases failed (%s); retrying", error)
+                continue
+            for node, expiry in held.items():
+                # Renewed through another replica: its stored lease holds until then.
+                self._deadlines[node] = max(self._deadlines.get(node, 0.0), expiry)
+            for node in expired:
+                # A renewal that arrived meanwhile wins: it is recorded back at its next write.
+                self._silent[node] = True
+                log.warning("node %s: its lease ran out; its workspaces are UNKNOWN", node)
+            if expired:
+                self._changed()
+
+    def _expire(self, tx: Tx, nodes: list[str]) -> tuple[list[str], dict[str, float]]:
+        """Make silent the nodes whose lease ran out; and the stored leases (by node) of those
+        another replica renewed, which still hold."""
+        expired = []
+        held: dict[str, float] = {}
+        for node in nodes:
+            record = tx.get_node(node)
+            if record is None or record.silent:
+                continue
+            if record.renewed_by != self.epoch and record.lease_expiry >= tx.now:
+                held[node] = record.lease_expiry
+                continue
+            record.silent = True
+            tx.put_node(record)
+            controller.set_node_silent(tx, record.id, True)
+            expired.append(record.id)
+        return expired, held
+
+    def _changed(self) -> None:
+        for listener in self._listeners:
+            listener()
+
+    # -- operators ----------------------------------------------------------------------------
+
+    async def list_nodes(self) -> list[tuple[NodeRecord, int, tuple[int, int]]]:
+        """Every node, with how many instances it still holds or owes work for, and the
+        vCPUs and memory its instances reserve."""
+
+        def read(reader: Reader) -> list[tuple[NodeRecord, int, tuple[int, int]]]:
+            return [(n, len(reader.node_instances(n.id)), reader.node_usage(n.id)) for n in reader.list_nodes()]
+
+        return await self._store.read(read)
+
+    async def cordon(self, node: str, cordoned: bool, drain: bool = False) -> NodeRecord:
+        """Cordon (no new placements), uncordon (also ends a drain), or drain (cordon, and
+        shown DRAINING until its last instance is gone)."""
+
+        def change(tx: Tx) -> NodeRecord:
+            record = tx.get_node(node)
+            if record is None:
+                raise NotFound(f"no node {node}", field="node_id")
+            record.cordoned = cordoned or drain
+            record.draining = drain
+            tx.put_node(record)
+            return record
+
+        record = await self._store.transact(change)
+        self._changed()
+        return record
+
+    # -- the feed -----------------------------------------------------------------------------
+
+    def on_changes(self, changes: Changes) -> None:
+        """Hub listener: learn the nodes recorded (here or through another replica), and route
+        each commit's records to the feeds of the nodes they concern."""
+        for record in changes.nodes.values():
+            self._learn(record)
+            if record.renewed_by != self.epoch:
+                # Renewed through another replica (or another incarnation): its stored lease.
+                self._deadlines[record.id] = max(self._deadlines.get(record.id, 0.0), record.lease_expiry)
+        if changes.nodes:
+            self._changed()
+        for instance in changes.instances.values():
+            feed = self._feeds.get(instance.node_id or "")
+            if feed is not None:
+                feed.append(InstanceWork(instance))
+        for workspace in changes.workspaces.values():
+            if storage_owed(workspace):
+                owner = self._storage_owner(workspace.storage_pool, workspace.node_id)
+                if owner is not None:
+                    item = StorageWork(workspace.id, tuple(workspace.storage.volume_ids))
+                    self._feeds[owner].append(item)
+        for volume in changes.volumes.values():
+            if volume.storage_pending:
+                owner = self._storage_owner(volume.storage_pool, None)
+                if owner is not None:
+                    self._feeds[owner].append(VolumeWork(volume.id))
+
+    def _storage_owner(self, pool: str, ran_on: str | None) -> str | None:
+        """The node that deletes files of `pool`: the one the workspace ran on when it is of
+        that pool, else the pool's first node by ID (so exactly one node does it)."""
+        if ran_on is not None and self._pools.get(ran_on) == pool and ran_on in self._feeds:
+            return ran_on
+        return min((n for n, p in self._pools.items() if p == pool and n in self._feeds), default=None)
+
+    def _feed(self, node: str) -> _Feed:
+        feed = self._feeds.get(node)
+        if feed is None:
+            raise Conflict(f"node {node} has not joined: call Join first", field="node_id")
+        return feed
+
+    async def feed(self, node: str, cursor: Cursor | None) -> AsyncIterator[Batch]:
+        feed = self._feed(node)
+        if self._closed.is_set():
+            return
+        if cursor is not None and cursor.epoch == self.epoch and feed.continues(cursor.seq):
+            at = cursor.seq
+        else:
+            # Mark first, then read: a commit published after the mark is in the log as well
+            # as (maybe) in the snapshot, which is harmless (levels); none falls in between.
+            at = feed.seq
+            items = await self._store.read(self._snapshot, node)
+            yield Batch(tuple(items), Cursor(self.epoch, at), snapshot=True)
+        while not self._closed.is_set():
+            wake = feed.wake
+            if not feed.continues(at):
+                # Fell further behind than the log reaches (a very slow reader): start over.
+                at = feed.seq
+                items = await self._store.read(self._snapshot, node)
+                yield Batch(tuple(items), Cursor(self.epoch, at), snapshot=True)
+                continue
+            entries = feed.after(at)
+            if entries:
+                at = entries[-1][0]
+                yield Batch(tuple(item for _, item in entries), Cursor(self.epoch, at))
+                continue
+            await wake.wait()
+
+    def _snapshot(self, reader: Reader, node: str) -> list[Work]:
+        items: list[Work] = [InstanceWork(i) for i in reader.node_instances(node)]
+        for workspace in reader.storage_pending():
+            if storage_owed(workspace) and self._storage_owner(workspace.storage_pool, workspace.node_id) == node:
+                items.append(StorageWork(workspace.id, tuple(workspace.storage.volume_ids)))
+        for volume in reader.volumes_storage_pending():
+            if self._storage_owner(volume.storage_pool, None) == node:
+                items.append(VolumeWork(volume.id))
+        return items
+
+    # -- what a node asks and tells -----------------------------------------------------------
+
+    async def launch_spec(self, node: str, instance_id: str, step: int) -> LaunchSpec:
+        def read(reader: Reader) -> LaunchSpec:
+            instance = _own_instance(reader, node, instance_id)
+            if instance is None:
+                raise NotFound(f"no instance {instance_id}", field="instance_id")
+            if step != instance.step:
+                raise Conflict(f"step {step} of {instance_id} was superseded by step {instance.step}", field="step")
+            workspace = reader.get_workspace(instance.workspace_id)
+            if workspace is None:
+                raise NotFound(f"instance {instance_id} has no workspace any more", field="instance_id")
+            volumes = tuple(v for b in workspace.bindings if (v := reader.get_volume(b.volume_id)) is not None)
+            return LaunchSpec(
+                instance=instance,
+                resources=workspace.resources,
+                bindings=tuple(workspace.bindings),
+                volumes=volumes,
+                network_policy=workspace.network_policy,
+            )
+
+        self._feed(node)
+        return await self._store.read(read)
+
+    async def report(self, node: str, report: Report) -> None:
+        self._feed(node)
+        await self._store.transact(_apply_report, node, report)
+
+    async def storage_released(self, node: str, report: StorageReleased) -> None:
+        self._feed(node)
+        if report.pool_lost:
+            raise InvalidArgument(
+                "a node reports deleted files; only an operator declares a pool lost", field="pool_lost"
+            )
+
+        def apply(tx: Tx) -> None:
+            workspace = tx.get_workspace(report.workspace_id)
+            if workspace is None or not storage_owed(workspace):
+                return  # released already: a repeated report
+            if workspace.storage_pool != self._pools.get(node):
+                raise PermissionDenied(
+                    f"workspace {report.workspace_id}'s storage is not in node {node}'s pool", field="workspace_id"
+                )
+            controller.apply_storage(tx, report)
+
+        await self._store.transact(apply)
+
+    async def volume_released(self, node: str, volume_id: str) -> None:
+        self._feed(node)
+
+        def apply(tx: Tx) -> None:
+            volume = tx.get_volume(volume_id)
+            if volume is None or not volume.storage_pending:
+                return
+            if volume.storage_pool != self._pools.get(node):
+                raise PermissionDenied(f"volume {volume_id} is not in node {node}'s pool", field="volume_id")
+            controller.apply_volume_released(tx, volume_id)
+
+        await self._store.transact(apply)
+
+
+def _own_instance(reader: Reader, node: str, instance_id: str) -> Instance | None:
+    instance = reader.get_instance(instance_id)
+    if instance is not None and instance.node_id != node:
+        # The same answer whether the instance exists elsewhere or not would leak nothing
+        # more; but a node asking for another's instance is a bug or an attack: say so.
+        raise PermissionDenied(f"instance {instance_id} is not on node {node}", field="instance_id")
+    return instance
+
+
+def _apply_report(tx: Tx, node: str, report: Report) -> None:
+    instance = _own_instance(tx, node, report.instance_id)
+    if instance is None:
+        return  # gone (deleted): a late report, as the controller ignores it
+    if report.step is not None and report.step > instance.step:
+        raise InvalidArgument(
+            f"step {report.step} of {report.instance_id} was never asked (its step is {instance.step})", field="step"
+        )
+    controller.apply(tx, report)

@@ -1,0 +1,180 @@
+"""Wiring for `kibo-ctrl node`: a node agent in its own process, on a host of its own.
+The runtime (process or sim) on this host, the agent (engine/node_agent.py, the same code
+the embedded node runs), and its link to the control plane over gRPC (kibo.node.v1)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import re
+import secrets
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+
+from . import routes
+from .api.node_guest_api import NodeGuestApi, guest_authenticator
+from .domain.model import Backend, Node
+from .engine.node_agent import NodeAgent
+from .runtime.base import Closable, GuestAccess, Runtime
+from .runtime.process.idmap import IdRange
+from .runtime.process.runtime import ProcessOptions, ProcessRuntime
+from .runtime.sim.simulator import SimBoard, SimNode
+from .transport.grpc import service_handler
+from .transport.node_client import GrpcLink, targets
+
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+
+log = logging.getLogger("kibo.node")
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    control_plane: str
+    data_dir: Path
+    runtime: str = "process"
+    node_id: str = ""
+    labels: dict[str, str] = field(default_factory=dict)
+    token: str = ""
+    vcpus: int = 0
+    memory_mib: int = 0
+    storage_pool: str = "local"
+    # TLS to the control plane: its CA (the server's certificate is checked against it).
+    tls_ca: Path | None = None
+    sim_backend: Backend = Backend.FIRECRACKER
+    sim_step_ms: float = 20.0
+    backend: Backend = Backend.FIRECRACKER
+    sandbox: str = "auto"
+    limits: str = "auto"
+    base_image: Path | None = None
+    guest_command: tuple[str, ...] = ()
+    stop_grace_ms: float = 10_000.0
+    guest_id_base: int = 100_000
+    storage_overcommit: float = 1.0
+    # Where this node serves its guests to the control plane (process runtime): the data
+    # plane's last hop. `data_plane_address` is what the control plane dials (default: this
+    # host's address towards the control plane, with the port bound).
+    data_plane_listen: str = "0.0.0.0:50052"
+    data_plane_address: str = ""
+
+
+def default_node_id() -> str:
+    """This host's name as a node ID (lowercase letters, digits and '-')."""
+    name = re.sub(r"[^a-z0-9-]+", "-", socket.gethostname().split(".")[0].lower()).strip("-")
+    return name[:63].strip("-") or "node"
+
+
+def host_capacity() -> tuple[int, int]:
+    """This host's vCPUs and memory (MiB): a node offers them all unless told otherwise."""
+    vcpus = len(os.sched_getaffinity(0))
+    memory_mib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1024 * 1024)
+    return vcpus, int(memory_mib)
+
+
+class NodeHost:
+    """One node agent process. `await NodeHost.start(config)`, then `await host.stop()`."""
+
+    def __init__(self, config: NodeConfig) -> None:
+        self.config = config
+        self._closables: list[Closable] = []
+        self._task: asyncio.Task[None] | None = None
+        self._server: grpc.aio.Server | None = None
+
+    @classmethod
+    async def start(cls, config: NodeConfig) -> NodeHost:
+        host = cls(config)
+        await host._start()
+        return host
+
+    async def _start(self) -> None:
+        config = self.config
+        if config.runtime not in ("sim", "process"):
+            raise ValueError(f"unknown runtime {config.runtime!r}; this build has: sim, process")
+        config.data_dir.mkdir(parents=True, exist_ok=True)
+        node_id = config.node_id or default_node_id()
+        vcpus, memory_mib = host_capacity()
+        node = Node(node_id, config.vcpus or vcpus, config.memory_mib or memory_mib, config.storage_pool)
+        runtime: Runtime
+        data_plane = ("", "")
+        if config.runtime == "process":
+            options = ProcessOptions(
+                data_dir=config.data_dir,
+                backend=config.backend,
+                sandbox=config.sandbox,
+                limits=config.limits,
+                base_image=config.base_image,
+                guest_command=config.guest_command,
+                grace_s=config.stop_grace_ms / 1000,
+                guest_ids=IdRange(base=config.guest_id_base),
+                storage_overcommit=config.storage_overcommit,
+            )
+            process = await asyncio.to_thread(ProcessRuntime, node_id, options)
+            self._closables.append(process)
+            runtime = process
+            data_plane = await self._serve_guests(process)
+        else:
+            runtime = SimNode(node_id, config.sim_backend, config.sim_step_ms / 1000, SimBoard())
+        credentials = None
+        if config.tls_ca is not None:
+            credentials = grpc.ssl_channel_credentials(root_certificates=config.tls_ca.read_bytes())
+        self.link = GrpcLink(config.control_plane, node_id, config.token, credentials)
+        self.agent = NodeAgent(node, runtime, self.link, config.labels, data_plane)
+        self._task = asyncio.create_task(self.agent.run(), name=f"node agent {node_id}")
+        log.info(
+            "node %s: %d vCPU, %d MiB, pool %s, runtime %s; control plane %s",
+            node_id,
+            node.vcpus,
+            node.memory_mib,
+            node.storage_pool,
+            config.runtime,
+            config.control_plane,
+        )
+
+    async def _serve_guests(self, guests: GuestAccess) -> tuple[str, str]:
+        """Serve NodeGuestService for the control plane; the (address, secret) to declare."""
+        secret = secrets.token_urlsafe(32)
+        self._server = grpc.aio.server(options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)])
+        service = routes.node_guest_service(NodeGuestApi(guests))
+        self._server.add_generic_rpc_handlers([service_handler(service, guest_authenticator(secret))])
+        port = self._server.add_insecure_port(self.config.data_plane_listen)
+        if port == 0:
+            raise OSError(f"cannot listen on {self.config.data_plane_listen}")
+        await self._server.start()
+        address = self.config.data_plane_address or f"{_advertised_host(self.config)}:{port}"
+        log.info(
+            "serving the data plane's hop to this node's guests on %s (as %s)", self.config.data_plane_listen, address
+        )
+        return address, secret
+
+    @property
+    def done(self) -> asyncio.Task[None] | None:
+        return self._task
+
+    async def stop(self) -> None:
+        """Stop the agent; the sandboxes keep running (a restarted agent adopts them)."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(BaseException):
+                await self._task
+        await self.agent.stop()
+        if self._server is not None:
+            await self._server.stop(2.0)
+        await self.link.close()
+        for closable in self._closables:
+            await closable.close()
+
+
+def _advertised_host(config: NodeConfig) -> str:
+    """The host part the control plane dials: the listen host, unless it is a wildcard; then
+    this host's address on the route to the control plane."""
+    host = config.data_plane_listen.rpartition(":")[0].strip("[]")
+    if host not in ("", "0.0.0.0", "::"):
+        return host
+    target = targets(config.control_plane)[0].rpartition(":")[0].strip("[]") or "127.0.0.1"
+    with socket.socket(socket.AF_INET6 if ":" in target else socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect((target, 9))  # no packet is sent: this only picks the route
+        return str(probe.getsockname()[0])

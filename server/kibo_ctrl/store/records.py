@@ -1,0 +1,43 @@
+"""How domain records are stored, shared by every store adapter: each record is one msgspec
+JSON document, plus the columns derived from it that queries filter on. Both stores write the
+same bytes, so a record means the same thing whichever database holds it."""
+
+from __future__ import annotations
+
+import msgspec
+
+from ..domain.model import Command, Event, Instance, Phase, Volume, Workspace
+from ..domain.nodes import NodeRecord
+
+ENCODER = msgspec.json.Encoder()
+WORKSPACE = msgspec.json.Decoder(Workspace)
+COMMAND = msgspec.json.Decoder(Command)
+INSTANCE = msgspec.json.Decoder(Instance)
+EVENT = msgspec.json.Decoder(Event)
+VOLUME = msgspec.json.Decoder(Volume)
+NODE = msgspec.json.Decoder(NodeRecord)
+
+# Phases in which a node holds (or is about to hold) an instance's sandbox.
+_ACTIVE_PHASES = (
+    Phase.SCHEDULED,
+    Phase.PROVISIONING,
+    Phase.LAUNCHING,
+    Phase.RUNNING,
+    Phase.RESTARTING,
+    Phase.STOPPING,
+)
+
+
+def instance_active(instance: Instance) -> bool:
+    """A node still has to act on the instance, or still holds parts of it (node_instances)."""
+    return instance.step != instance.done_step or bool(instance.holds) or instance.phase in _ACTIVE_PHASES
+
+
+def instance_unscheduled(instance: Instance) -> bool:
+    """Waiting for the scheduler to place it."""
+    return instance.node_id is None and instance.phase is Phase.PENDING
+
+
+def workspace_storage_pending(workspace: Workspace) -> bool:
+    """The workspace's files (a layer or volumes) may still be on a node."""
+    return bool(workspace.storage.layer or workspace.storage.volume_ids)

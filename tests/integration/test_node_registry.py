@@ -1,0 +1,125 @@
+"""The node registry's feed and leases, in process on a real store: a cursor continues
+where it stood; a cursor of another incarnation, or one the log no longer reaches, gets a
+snapshot; a lease that runs out makes the node silent, and a renewal brings it back."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from kibo_ctrl.domain.errors import Conflict, InvalidArgument
+from kibo_ctrl.domain.model import Instance, Node
+from kibo_ctrl.engine import node_registry
+from kibo_ctrl.engine.node_link import Batch, Cursor, Declaration, InstanceWork
+from kibo_ctrl.engine.node_registry import NodeRegistry
+from kibo_ctrl.store.base import Changes
+from kibo_ctrl.store.sqlite import SqliteStore
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[SqliteStore]:
+    opened = await SqliteStore.open(tmp_path / "kibo.db")
+    yield opened
+    await opened.close()
+
+
+def instance(number: int, node_id: str = "node-1", step: int = 1) -> Instance:
+    return Instance(f"ws-{number}-g1", f"ws-{number}", 1, 1, 128, 0.0, step=step, node_id=node_id)
+
+
+async def next_batch(feed: AsyncIterator[Batch]) -> Batch:
+    return await asyncio.wait_for(anext(feed), 5)
+
+
+async def joined(store: SqliteStore, lease: float = 60.0) -> NodeRegistry:
+    registry = NodeRegistry(store, lease)
+    await registry.load()
+    await registry.join(Declaration(Node("node-1", 8, 8192, "local")))
+    return registry
+
+
+async def test_a_feed_resumes_after_its_cursor_and_a_foreign_cursor_gets_a_snapshot(store: SqliteStore) -> None:
+    registry = await joined(store)
+    feed = registry.feed("node-1", None)
+    first = await next_batch(feed)
+    assert first.snapshot and first.items == ()
+    registry.on_changes(Changes(instances={"a": instance(1)}))
+    registry.on_changes(Changes(instances={"b": instance(2), "c": instance(3, node_id="node-2")}))
+    second = await next_batch(feed)
+    assert not second.snapshot
+    assert [i.instance.id for i in second.items if isinstance(i, InstanceWork)] == ["ws-1-g1", "ws-2-g1"]
+    await feed.aclose()
+
+    # Resumed from the first batch's cursor: exactly what came after it, no snapshot.
+    resumed = registry.feed("node-1", first.cursor)
+    again = await next_batch(resumed)
+    assert not again.snapshot and again.items == second.items
+    await resumed.aclose()
+    # Resumed from the last cursor: nothing is repeated; the next item comes when it is made.
+    latest = registry.feed("node-1", second.cursor)
+    registry.on_changes(Changes(instances={"d": instance(1, step=2)}))
+    (item,) = (await next_batch(latest)).items
+    assert isinstance(item, InstanceWork) and item.instance.step == 2
+    await latest.aclose()
+
+    # Another incarnation's cursor, or one from the future: a snapshot from the store.
+    for cursor in (Cursor("another-epoch", 1), Cursor(registry.epoch, 10_000)):
+        snapshot_feed = registry.feed("node-1", cursor)
+        assert (await next_batch(snapshot_feed)).snapshot
+        await snapshot_feed.aclose()
+
+
+async def test_a_cursor_older_than_the_log_gets_a_snapshot(store: SqliteStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(node_registry, "FEED_LOG", 4)
+    registry = await joined(store)
+    feed = registry.feed("node-1", None)
+    start = (await next_batch(feed)).cursor
+    await feed.aclose()
+    for number in range(10):
+        registry.on_changes(Changes(instances={str(number): instance(number)}))
+    behind = registry.feed("node-1", start)
+    assert (await next_batch(behind)).snapshot
+    await behind.aclose()
+
+
+async def test_calls_before_joining_and_bad_declarations_are_refused(store: SqliteStore) -> None:
+    registry = NodeRegistry(store, 60.0)
+    await registry.load()
+    with pytest.raises(Conflict):
+        await registry.renew("node-9")
+    with pytest.raises(Conflict):
+        await anext(registry.feed("node-9", None))
+    for node, field in ((Node("Bad Id", 8, 8192, "local"), "node_id"), (Node("node-9", 0, 8192, "local"), "vcpus")):
+        with pytest.raises(InvalidArgument) as refused:
+            await registry.join(Declaration(node))
+        assert refused.value.field == field
+    assert await store.read(lambda r: r.list_nodes()) == []
+
+
+async def test_a_lease_that_runs_out_makes_the_node_silent_and_a_renewal_brings_it_back(store: SqliteStore) -> None:
+    registry = await joined(store, lease=0.2)
+    changed: list[None] = []
+    registry.on_nodes_changed(lambda: changed.append(None))
+    loop = asyncio.create_task(registry.run())
+    try:
+
+        async def silent() -> bool:
+            record = await store.read(lambda r: r.get_node("node-1"))
+            return record is not None and record.silent
+
+        deadline = asyncio.get_running_loop().time() + 5
+        while not await silent():
+            assert asyncio.get_running_loop().time() < deadline, "the lease never ran out"
+            await asyncio.sleep(0.02)
+        assert changed
+        await registry.renew("node-1")
+        record = await store.read(lambda r: r.get_node("node-1"))
+        assert record is not None and not record.silent and record.ready
+    finally:
+        registry.close()
+        loop.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await loop
