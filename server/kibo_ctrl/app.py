@@ -37,8 +37,8 @@ from .engine.scheduler import Scheduler
 from .engine.service import Quotas, Service, Settings
 from .runtime.base import Closable, GuestAccess, MachineObserver, Runtime
 from .runtime.process import safepath
-from .runtime.process.idmap import IdRange
-from .runtime.process.runtime import ProcessOptions, ProcessRuntime
+from .runtime.process.options import options_from
+from .runtime.process.runtime import ProcessRuntime
 from .runtime.sim.api import SimulatorApi
 from .runtime.sim.simulator import SimBoard, SimNode
 from .store.base import Reader, Store
@@ -223,17 +223,7 @@ class App:
         # process runtime reaches guests, reads the machine and has connections to close.
         observer: MachineObserver | None = None
         if config.runtime == "process":
-            options = ProcessOptions(
-                data_dir=config.data_dir,
-                backend=config.backend,
-                sandbox=config.sandbox,
-                limits=config.limits,
-                base_image=config.base_image,
-                guest_command=config.guest_command,
-                grace_s=config.stop_grace_ms / 1000,
-                guest_ids=IdRange(base=config.guest_id_base),
-                storage_overcommit=config.storage_overcommit,
-            )
+            options = options_from(config, config.data_dir)
             process = await asyncio.to_thread(ProcessRuntime, nodes[0].id, options)
             self.runtimes[nodes[0].id] = guests[nodes[0].id] = process
             observer = process

@@ -21,8 +21,8 @@ from .api.node_guest_api import NodeGuestApi, guest_authenticator
 from .domain.model import Backend, Node
 from .engine.node_agent import NodeAgent
 from .runtime.base import Closable, GuestAccess, Runtime
-from .runtime.process.idmap import IdRange
-from .runtime.process.runtime import ProcessOptions, ProcessRuntime
+from .runtime.process.options import options_from
+from .runtime.process.runtime import ProcessRuntime
 from .runtime.sim.simulator import SimBoard, SimNode
 from .transport.grpc import service_handler
 from .transport.node_client import GrpcLink, targets
@@ -101,17 +101,7 @@ class NodeHost:
         runtime: Runtime
         data_plane = ("", "")
         if config.runtime == "process":
-            options = ProcessOptions(
-                data_dir=config.data_dir,
-                backend=config.backend,
-                sandbox=config.sandbox,
-                limits=config.limits,
-                base_image=config.base_image,
-                guest_command=config.guest_command,
-                grace_s=config.stop_grace_ms / 1000,
-                guest_ids=IdRange(base=config.guest_id_base),
-                storage_overcommit=config.storage_overcommit,
-            )
+            options = options_from(config, config.data_dir)
             process = await asyncio.to_thread(ProcessRuntime, node_id, options)
             self._closables.append(process)
             runtime = process

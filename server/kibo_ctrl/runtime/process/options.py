@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from ...domain.model import Backend
 from . import image_pool
@@ -39,6 +39,43 @@ class ProcessOptions:
     # from here, timings.json from the supervisor): the benchmark's breakdown
     # (bench/process_runtime.py --breakdown sets KIBO_PROCESS_TIMINGS=1). Off: no cost.
     timings: bool = field(default_factory=lambda: os.environ.get("KIBO_PROCESS_TIMINGS") == "1")
+
+
+class ProcessSettings(Protocol):
+    """What a server's or a node agent's configuration says of its process runtime (the
+    fields `kibo-ctrl serve` and `kibo-ctrl node` share: app.Config, node_host.NodeConfig)."""
+
+    @property
+    def backend(self) -> Backend: ...
+    @property
+    def sandbox(self) -> str: ...
+    @property
+    def limits(self) -> str: ...
+    @property
+    def base_image(self) -> Path | None: ...
+    @property
+    def guest_command(self) -> tuple[str, ...]: ...
+    @property
+    def stop_grace_ms(self) -> float: ...
+    @property
+    def guest_id_base(self) -> int: ...
+    @property
+    def storage_overcommit(self) -> float: ...
+
+
+def options_from(settings: ProcessSettings, data_dir: Path) -> ProcessOptions:
+    """The runtime's options from either command's configuration."""
+    return ProcessOptions(
+        data_dir=data_dir,
+        backend=settings.backend,
+        sandbox=settings.sandbox,
+        limits=settings.limits,
+        base_image=settings.base_image,
+        guest_command=settings.guest_command,
+        grace_s=settings.stop_grace_ms / 1000,
+        guest_ids=IdRange(base=settings.guest_id_base),
+        storage_overcommit=settings.storage_overcommit,
+    )
 
 
 @dataclass
