@@ -44,7 +44,13 @@ import sys
 import threading
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING or __package__:
+    from .guest_start import set_cmdline
+else:  # run as a script (python forkserver.py): its sibling modules
+    sys.path.insert(0, str(Path(__file__).parent))
+    from guest_start import set_cmdline
 
 HERE = Path(__file__).parent
 SCRIPTS = {"supervisor": HERE / "supervisor.py", "guest_exec": HERE / "guest_exec.py"}
@@ -58,22 +64,6 @@ MAX_FD = 1 << 20
 
 
 # -- the server (the warm interpreter) ------------------------------------------------------
-
-
-def _argv_area() -> tuple[int, int]:
-    """Where the kernel reads this process's /proc/PID/cmdline from: [arg_start, arg_end)."""
-    stat = Path("/proc/self/stat").read_text()
-    fields = stat[stat.rindex(")") + 2 :].split()
-    # Fields 48 and 49 of proc(5) (1-based), counted here from field 3.
-    return int(fields[45]), int(fields[46])
-
-
-def set_cmdline(words: list[str]) -> None:
-    """Rewrite this process's command line in place (the argv area the kernel shows as
-    /proc/PID/cmdline): what setproctitle does. Longer titles are cut to the area."""
-    start, end = _argv_area()
-    title = b"".join(os.fsencode(word) + b"\0" for word in words)[: end - start - 1]
-    ctypes.memmove(start, title + b"\0" * (end - start - len(title)), end - start)
 
 
 def _load(name: str) -> Any:

@@ -28,6 +28,7 @@ import json
 import os
 import resource
 import signal
+from pathlib import Path
 from typing import Any, NoReturn
 
 PR_SET_PDEATHSIG = 1
@@ -36,6 +37,29 @@ CLONE_NEWNS = 0x00020000
 MAX_FD = 1 << 20
 
 _libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _argv_area() -> tuple[int, int]:
+    """Where the kernel reads this process's /proc/PID/cmdline from: [arg_start, arg_end)."""
+    stat = Path("/proc/self/stat").read_text()
+    fields = stat[stat.rindex(")") + 2 :].split()
+    # Fields 48 and 49 of proc(5) (1-based), counted here from field 3.
+    return int(fields[45]), int(fields[46])
+
+
+def set_cmdline(words: list[str]) -> None:
+    """Rewrite this process's command line in place (the argv area the kernel shows as
+    /proc/PID/cmdline): what setproctitle does. Longer titles are cut to the area."""
+    start, end = _argv_area()
+    title = b"".join(os.fsencode(word) + b"\0" for word in words)[: end - start - 1]
+    ctypes.memmove(start, title + b"\0" * (end - start - len(title)), end - start)
+
+
+def _supervisor_args() -> list[str]:
+    """The supervisor's arguments after its script (its instance directory first)."""
+    words = Path("/proc/self/cmdline").read_bytes().split(b"\0")
+    script = next((i for i, w in enumerate(words) if w.endswith(b"supervisor.py")), len(words) - 1)
+    return [os.fsdecode(w) for w in words[script + 1 :] if w]
 
 
 class Started:
@@ -82,6 +106,9 @@ class EarlyGuest:
             _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
             if os.getppid() != supervisor:
                 os._exit(1)  # it died before the death signal was set
+            # Not the supervisor: ps, pkill -f and the tests find supervisors by their command
+            # line, so the guest-to-be says what it is until it becomes bwrap.
+            set_cmdline(["kibo-guest-start", *_supervisor_args()])
             pid = str(os.getpid())
             for procs in cgroup_procs:  # the slow part, beside the supervisor's mounts
                 with open(procs, "w") as f:
