@@ -20,7 +20,7 @@ from ..engine.scheduler import Scheduler
 from ..engine.service import Service, Settings
 from ..runtime.sim.api import SimulatorApi
 from ..runtime.sim.simulator import SimBoard, SimNode
-from .loop import VirtualClock
+from .loop import LaggingClock, VirtualClock, VirtualTimeLoop, Warp, periodic_codes
 from .store import LoopStore
 
 STORAGE_POOL = "local"
@@ -52,7 +52,9 @@ class ControlPlane:
         ]
         self.runtimes = {n.id: SimNode(n.id, shape.backend, shape.step_s, board) for n in self.nodes}
         self.sim_api = SimulatorApi(self._find_workspace, board, self.runtimes, self._pool_lost)
-        self.liveness = Liveness(store, [n.id for n in self.nodes], shape.node_timeout_s, clock)
+        # Its own clock, which a warp of the loop does not age (simulate/loop.py).
+        lagging = LaggingClock(clock.loop)
+        self.liveness = Liveness(store, [n.id for n in self.nodes], shape.node_timeout_s, lagging)
         # As app.py: the pool's files are deleted by its first node.
         self.agents = [
             NodeAgent(n, self.runtimes[n.id], store, self.liveness)
@@ -72,13 +74,29 @@ class ControlPlane:
         self.tasks: list[asyncio.Task[None]] = []
 
     @classmethod
-    async def boot(cls, path: Path, shape: Shape, board: SimBoard, clock: VirtualClock) -> ControlPlane:
+    async def boot(
+        cls, path: Path, shape: Shape, board: SimBoard, clock: VirtualClock, warp: bool = True
+    ) -> ControlPlane:
         store = await LoopStore.open_here(path, clock)
         plane = cls(store, shape, board, clock)
+        loop = asyncio.get_running_loop()
+        if isinstance(loop, VirtualTimeLoop):
+            loop.enable_warp(plane.warp() if warp else None)
         loops = [plane.scheduler.run(), plane.expiry.run(), plane.liveness.run(), *(a.run() for a in plane.agents)]
         names = ["scheduler", "expiry", "liveness", *(f"agent {a.node.id}" for a in plane.agents)]
         plane.tasks = [asyncio.create_task(loop, name=name) for loop, name in zip(loops, names, strict=True)]
         return plane
+
+    def warp(self) -> Warp:
+        """The loops that tick whatever happens (simulate/loop.py): the node heartbeats and the
+        liveness check, every `interval`; once a silence timeout and two ticks passed without
+        anything else happening, their ticks change nothing."""
+        interval = self.liveness.interval
+        return Warp(
+            periodic_codes([NodeAgent._heartbeat, Liveness.run]),
+            period_s=interval,
+            quiet_s=self.liveness.timeout + 2 * interval,
+        )
 
     def dead_loops(self) -> list[str]:
         """Engine loops that ended (each runs forever): with the exception that ended them."""

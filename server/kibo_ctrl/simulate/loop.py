@@ -1,12 +1,29 @@
 """An asyncio event loop on virtual time: when nothing is ready to run, time jumps to the
 next timer instead of waiting for it. asyncio.sleep, wait_for and call_later all follow it,
-so a simulated hour takes as long as the work done in it."""
+so a simulated hour takes as long as the work done in it.
+
+Idle time still costs: the node heartbeats and the liveness check tick every 0.75 virtual
+seconds, and a simulated hour holds ~19,000 of their wake-ups. A warp skips them when they
+provably do nothing (see `Warp`): it moves the loop's clock and every periodic timer by the
+same whole number of periods, so the ticks keep their phase, and the clock the liveness
+check reads (`LaggingClock`) does not see the skipped time, so every heartbeat it compares
+is as fresh as it would have been. Every other timer fires at the same virtual time as
+without the warp; `tests/system/test_simulation.py` checks that histories are identical."""
 
 from __future__ import annotations
 
 import asyncio
+import heapq
+import math
 import selectors
+import threading
+from collections.abc import Collection, Coroutine
+from dataclasses import dataclass
+from types import CodeType
 from typing import Any
+
+# The callback of asyncio.sleep's timer.
+_SLEEP_DONE = asyncio.futures._set_result_unless_cancelled  # type: ignore[attr-defined]
 
 # Where the virtual wall clock starts: a fixed date, so records do not depend on when the
 # simulation ran (2026-01-01T00:00:00Z).
@@ -17,9 +34,29 @@ class Deadlock(RuntimeError):
     """Nothing is ready, no timer is set and nothing can arrive: the simulation is stuck."""
 
 
+@dataclass(frozen=True)
+class Warp:
+    """Which loops are periodic, and when skipping their ticks changes nothing.
+
+    A tick of the periodic loops (node heartbeats, the liveness check) only refreshes a
+    node's last-beat time, unless it changes whether a node is silent: then it starts a task
+    (the store write). Everything else the engine does starts from a timer firing (nothing
+    arrives from outside) and runs at that virtual instant. So once `quiet_s` virtual seconds
+    passed in which no other timer fired and no task was started, and `quiet_s` exceeds the silence timeout plus a period, every
+    node's silence is settled (a reachable node beats and is marked reporting; a silent one
+    was marked silent once its timeout passed) and the following ticks change nothing until
+    some other timer fires. The loop then jumps to a whole number of periods before the next
+    such timer."""
+
+    periodic: frozenset[CodeType]  # the code of each periodic loop's coroutine
+    period_s: float
+    quiet_s: float
+
+
 class _VirtualSelector(selectors.BaseSelector):
-    """Polls the real selector without blocking (the loop's self-pipe still works); a wait
-    becomes a jump of the virtual clock by the time the loop would have slept."""
+    """Polls the real selector without blocking when something besides the loop's own
+    self-pipe is registered (nothing is, in a simulation: nothing arrives from outside); a
+    wait becomes a jump of the virtual clock to the next timer."""
 
     def __init__(self, loop: VirtualTimeLoop) -> None:
         self._inner = selectors.DefaultSelector()
@@ -35,12 +72,15 @@ class _VirtualSelector(selectors.BaseSelector):
         return self._inner.modify(fileobj, events, data)
 
     def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
-        ready = self._inner.select(0)
-        if ready or timeout == 0:
-            return ready
+        if len(self._inner.get_map()) > 1:
+            ready = self._inner.select(0)
+            if ready:
+                return ready
+        if timeout == 0:
+            return []
         if timeout is None:
             raise Deadlock("no task can run and no timer is set")
-        self._loop.advance(timeout)
+        self._loop.idle(timeout)
         return []
 
     def close(self) -> None:
@@ -53,23 +93,111 @@ class _VirtualSelector(selectors.BaseSelector):
 class VirtualTimeLoop(asyncio.SelectorEventLoop):
     def __init__(self) -> None:
         self._virtual_now = 0.0
+        # Virtual seconds skipped by warps (the liveness clock lags by this much).
+        self.warped = 0.0
+        self.warps = 0
+        self._warp: Warp | None = None
+        self._last_activity = 0.0
         super().__init__(_VirtualSelector(self))
 
     def time(self) -> float:
         return self._virtual_now
 
-    def advance(self, seconds: float) -> None:
-        self._virtual_now += max(0.0, seconds)
+    def enable_warp(self, warp: Warp | None) -> None:
+        self._warp = warp
+
+    def call_soon_threadsafe(self, callback: Any, *args: Any, context: Any = None) -> asyncio.Handle:
+        # The store calls it on this thread (store/sqlite.py: its writer is a thread there):
+        # no self-pipe write is needed to wake a loop that never waits.
+        if threading.get_ident() == self._thread_id:  # type: ignore[attr-defined]
+            return self.call_soon(callback, *args, context=context)
+        return super().call_soon_threadsafe(callback, *args, context=context)
+
+    def create_task(self, coro: Coroutine[Any, Any, Any], **kwargs: Any) -> asyncio.Task[Any]:  # type: ignore[override]
+        self._last_activity = self._virtual_now
+        return super().create_task(coro, **kwargs)
+
+    def idle(self, timeout: float) -> None:
+        """Nothing is ready: move to the next timer (exactly to its time), or warp."""
+        heap: list[asyncio.TimerHandle] = self._scheduled  # type: ignore[attr-defined]
+        now = self._virtual_now
+        if self._warp is not None and now - self._last_activity >= self._warp.quiet_s and self._try_warp(heap):
+            return
+        target = now + timeout
+        if heap and now <= heap[0]._when <= target:  # type: ignore[attr-defined]
+            target = heap[0]._when  # type: ignore[attr-defined]
+        if self._warp is not None and self._due_other(heap, target + self._clock_resolution):
+            self._last_activity = target
+        self._virtual_now = target
+
+    def _is_periodic(self, handle: asyncio.TimerHandle) -> bool:
+        """Whether the timer is the sleep of a periodic loop: asyncio.sleep's timer resolves a
+        future that the sleeping task (the future's callback's owner) awaits."""
+        warp = self._warp
+        args = handle._args  # type: ignore[attr-defined]
+        if warp is None or handle._callback is not _SLEEP_DONE or not args:  # type: ignore[attr-defined]
+            return False
+        for callback, _ in getattr(args[0], "_callbacks", None) or ():
+            task = getattr(callback, "__self__", None)
+            if isinstance(task, asyncio.Task) and getattr(task.get_coro(), "cr_code", None) in warp.periodic:
+                return True
+        return False
+
+    def _due_other(self, heap: list[asyncio.TimerHandle], before: float) -> bool:
+        """Whether a timer of a non-periodic loop fires before `before` (a walk of the heap's
+        top, which holds the earliest timers)."""
+        todo = [0]
+        while todo:
+            i = todo.pop()
+            if i >= len(heap) or heap[i]._when >= before:  # type: ignore[attr-defined]
+                continue
+            if not heap[i].cancelled() and not self._is_periodic(heap[i]):
+                return True
+            todo.extend((2 * i + 1, 2 * i + 2))
+        return False
+
+    def _try_warp(self, heap: list[asyncio.TimerHandle]) -> bool:
+        warp = self._warp
+        assert warp is not None
+        others = [h.when() for h in heap if not h.cancelled() and not self._is_periodic(h)]
+        if not others:
+            return False
+        # Two periods of ordinary ticks before the next other timer fires.
+        periods = math.floor((min(others) - self._virtual_now) / warp.period_s) - 2
+        if periods < 1:
+            return False
+        skip = periods * warp.period_s
+        for handle in heap:
+            if self._is_periodic(handle):
+                handle._when += skip  # type: ignore[attr-defined]
+        heapq.heapify(heap)
+        self._virtual_now += skip
+        self.warped += skip
+        self.warps += 1
+        return True
+
+
+def periodic_codes(loops: Collection[Any]) -> frozenset[CodeType]:
+    """The code objects of the given coroutine functions (bound or not)."""
+    return frozenset(getattr(f, "__func__", f).__code__ for f in loops)
 
 
 class VirtualClock:
     """The Clock port (domain/clock.py) on the loop's virtual time."""
 
     def __init__(self, loop: VirtualTimeLoop) -> None:
-        self._loop = loop
+        self.loop = loop
 
     def now(self) -> float:
-        return EPOCH + self._loop.time()
+        return EPOCH + self.loop.time()
 
     def monotonic(self) -> float:
-        return self._loop.time()
+        return self.loop.time()
+
+
+class LaggingClock(VirtualClock):
+    """The clock of the liveness check: its monotonic time stops while the loop warps (as
+    CLOCK_MONOTONIC stops while a machine sleeps), so a warp ages no heartbeat."""
+
+    def monotonic(self) -> float:
+        return self.loop.time() - self.loop.warped

@@ -102,8 +102,10 @@ class Simulation:
         data_dir: Path,
         shape: Shape = DEFAULT_SHAPE,
         bug: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
+        warp: bool = True,
     ) -> None:
         self.seed = seed
+        self.warp = warp
         self.steps = steps
         self.path = data_dir / "kibo.db"
         self.shape = shape
@@ -200,7 +202,7 @@ class Simulation:
     async def _boot(self) -> ControlPlane:
         """Start an incarnation, and watch every workspace from what the store holds now
         (a watcher resuming after the restart)."""
-        self.plane = await ControlPlane.boot(self.path, self.shape, self.board, self._clock())
+        self.plane = await ControlPlane.boot(self.path, self.shape, self.board, self._clock(), self.warp)
         self.plane.hub.listen(self._observe)
         self.full_next = True
         # The old watch ended with the crash (it may have missed what was never published):
@@ -533,12 +535,14 @@ def simulate(
     shape: Shape = DEFAULT_SHAPE,
     keep: list[int] | None = None,
     bug: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
+    warp: bool = True,
 ) -> Outcome:
-    """Run `steps` steps drawn from `seed` (only the step numbers in `keep`, if given)."""
+    """Run `steps` steps drawn from `seed` (only the step numbers in `keep`, if given).
+    `warp=False` runs every idle tick of the periodic loops (the history is the same)."""
     full = plan(random.Random(seed), steps)
     chosen = full if keep is None else [full[i] for i in keep]
     with tempfile.TemporaryDirectory(prefix=f"kibo-sim-{seed}-") as tmp:
-        return Simulation(seed, chosen, Path(tmp), shape, bug).run()
+        return Simulation(seed, chosen, Path(tmp), shape, bug, warp).run()
 
 
 def shrink(
