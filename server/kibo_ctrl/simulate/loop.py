@@ -45,8 +45,8 @@ class Warp:
     passed in which no other timer fired and no task was started, and `quiet_s` exceeds the
     silence timeout plus a period, every node's silence is settled (a reachable node beats
     and is marked reporting; a silent one was marked silent once its timeout passed) and the
-    following ticks change nothing until some other timer fires. The loop then jumps to a whole number of periods before the next
-    such timer."""
+    following ticks change nothing until some other timer fires. The loop then jumps to a
+    whole number of periods before the next such timer."""
 
     periodic: frozenset[CodeType]  # the code of each periodic loop's coroutine
     period_s: float
