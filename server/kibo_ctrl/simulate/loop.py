@@ -106,7 +106,7 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
     def enable_warp(self, warp: Warp | None) -> None:
         self._warp = warp
 
-    def call_soon_threadsafe(self, callback: Any, *args: Any, context: Any = None) -> asyncio.Handle:
+    def call_soon_threadsafe(self, callback: Any, *args: Any, context: Any = None) -> asyncio.Handle:  # type: ignore[override]
         # The store calls it on this thread (store/sqlite.py: its writer is a thread there):
         # no self-pipe write is needed to wake a loop that never waits.
         if threading.get_ident() == self._thread_id:  # type: ignore[attr-defined]
@@ -126,7 +126,7 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         target = now + timeout
         if heap and now <= heap[0]._when <= target:  # type: ignore[attr-defined]
             target = heap[0]._when  # type: ignore[attr-defined]
-        if self._warp is not None and self._due_other(heap, target + self._clock_resolution):
+        if self._warp is not None and self._due_other(heap, target + self._clock_resolution):  # type: ignore[attr-defined]
             self._last_activity = target
         self._virtual_now = target
 
@@ -134,7 +134,7 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         """Whether the timer is the sleep of a periodic loop: asyncio.sleep's timer resolves a
         future that the sleeping task (the future's callback's owner) awaits."""
         warp = self._warp
-        args = handle._args  # type: ignore[attr-defined]
+        args = handle._args
         if warp is None or handle._callback is not _SLEEP_DONE or not args:  # type: ignore[attr-defined]
             return False
         for callback, _ in getattr(args[0], "_callbacks", None) or ():
