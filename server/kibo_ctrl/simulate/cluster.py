@@ -89,14 +89,17 @@ class ControlPlane:
 
     def warp(self) -> Warp:
         """The loops that tick whatever happens (simulate/loop.py): the node heartbeats and the
-        liveness check, every `interval`; once a silence timeout and two ticks passed without
-        anything else happening, their ticks change nothing."""
+        liveness check, every `interval`."""
         interval = self.liveness.interval
         return Warp(
             periodic_codes([NodeAgent._heartbeat, Liveness.run]),
             period_s=interval,
-            quiet_s=self.liveness.timeout + 2 * interval,
+            quiet_s=2 * interval,
+            settle_s=self.liveness.timeout + 2 * interval,
         )
+
+    def reachability(self) -> tuple[bool, ...]:
+        return tuple(r.reachable.is_set() for r in self.runtimes.values())
 
     def dead_loops(self) -> list[str]:
         """Engine loops that ended (each runs forever): with the exception that ended them."""

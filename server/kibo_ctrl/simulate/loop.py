@@ -41,16 +41,18 @@ class Warp:
     A tick of the periodic loops (node heartbeats, the liveness check) only refreshes a
     node's last-beat time, unless it changes whether a node is silent: then it starts a task
     (the store write). Everything else the engine does starts from a timer firing (nothing
-    arrives from outside) and runs at that virtual instant. So once `quiet_s` virtual seconds
-    passed in which no other timer fired and no task was started, and `quiet_s` exceeds the
-    silence timeout plus a period, every node's silence is settled (a reachable node beats
-    and is marked reporting; a silent one was marked silent once its timeout passed) and the
-    following ticks change nothing until some other timer fires. The loop then jumps to a
-    whole number of periods before the next such timer."""
+    arrives from outside) and runs at that virtual instant. A reachable node marked silent
+    (or whose mark failed) is marked reporting at its next beat; an unreachable one is marked
+    silent once its silence timeout passed. So once `quiet_s` (more than a period: every node
+    beat since) passed in which no other timer fired and no task was started, and `settle_s`
+    (the silence timeout and more than a period) since a node's reachability last changed
+    (`VirtualTimeLoop.unsettle`), the ticks change nothing until some other timer fires: the
+    loop jumps to a whole number of periods before the next such timer."""
 
     periodic: frozenset[CodeType]  # the code of each periodic loop's coroutine
     period_s: float
     quiet_s: float
+    settle_s: float
 
 
 class _VirtualSelector(selectors.BaseSelector):
@@ -98,6 +100,7 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         self.warps = 0
         self._warp: Warp | None = None
         self._last_activity = 0.0
+        self._unsettled = 0.0
         super().__init__(_VirtualSelector(self))
 
     def time(self) -> float:
@@ -105,6 +108,10 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
 
     def enable_warp(self, warp: Warp | None) -> None:
         self._warp = warp
+
+    def unsettle(self) -> None:
+        """A node's reachability changed: its silence may be decided within a timeout."""
+        self._unsettled = self._virtual_now
 
     def call_soon_threadsafe(self, callback: Any, *args: Any, context: Any = None) -> asyncio.Handle:  # type: ignore[override]
         # The store calls it on this thread (store/sqlite.py: its writer is a thread there):
@@ -121,12 +128,18 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         """Nothing is ready: move to the next timer (exactly to its time), or warp."""
         heap: list[asyncio.TimerHandle] = self._scheduled  # type: ignore[attr-defined]
         now = self._virtual_now
-        if self._warp is not None and now - self._last_activity >= self._warp.quiet_s and self._try_warp(heap):
+        warp = self._warp
+        if (
+            warp is not None
+            and now - self._last_activity >= warp.quiet_s
+            and now - self._unsettled >= warp.settle_s
+            and self._try_warp(heap)
+        ):
             return
         target = now + timeout
         if heap and now <= heap[0]._when <= target:  # type: ignore[attr-defined]
             target = heap[0]._when  # type: ignore[attr-defined]
-        if self._warp is not None and self._due_other(heap, target + self._clock_resolution):  # type: ignore[attr-defined]
+        if warp is not None and self._due_other(heap, target + self._clock_resolution):  # type: ignore[attr-defined]
             self._last_activity = target
         self._virtual_now = target
 

@@ -169,16 +169,21 @@ class Simulation:
             yield
 
     async def _main(self) -> int | None:
+        loop = self.loop
+        assert loop is not None
         await self._boot()
         try:
             for number, step in enumerate(self.steps):
                 self.number = number
                 self._log(step.describe())
+                reachable = self.plane.reachability() if self.plane else ()
                 try:
                     await self._do(step)
                 except Exception as error:
                     # A fault or a call the engine should have answered, not raised from.
                     self.broken.append(f"step {number} ({step.describe()}) raised {error!r}")
+                if self.plane is not None and self.plane.reachability() != reachable:
+                    loop.unsettle()
                 await asyncio.sleep(step.after)
                 self._check()
                 if self.broken:
@@ -451,6 +456,8 @@ class Simulation:
         for runtime in plane.runtimes.values():
             runtime.reachable.set()
             runtime.step_s = self.shape.step_s
+        assert self.loop is not None
+        self.loop.unsettle()
         self.board.armed.clear()
         self.board.next_created.clear()
         for event in list(self.board.unstall.values()):
