@@ -17,7 +17,7 @@ from ..engine.expiry import ExpiryLoop
 from ..engine.hub import Hub
 from ..engine.node_agent import Liveness, NodeAgent
 from ..engine.scheduler import Scheduler
-from ..engine.service import Service, Settings
+from ..engine.service import Quotas, Service, Settings
 from ..runtime.sim.api import SimulatorApi
 from ..runtime.sim.simulator import SimBoard, SimNode
 from .loop import LaggingClock, VirtualClock, VirtualTimeLoop, Warp, periodic_codes
@@ -36,6 +36,9 @@ class Shape:
     step_s: float = 0.02
     node_timeout_s: float = 3.0
     backend: Backend = Backend.FIRECRACKER
+    # Per tenant, workspaces not deleted (the engine's quota): the population stays bounded,
+    # so a long run costs the same per step as a short one, and creates meet the quota.
+    tenant_workspaces: int = 30
 
 
 class ControlPlane:
@@ -45,7 +48,7 @@ class ControlPlane:
         self.board = board
         self.hub = Hub()
         store.subscribe(self.hub.publish)
-        self.service = Service(Settings(storage_pool=STORAGE_POOL))
+        self.service = Service(Settings(storage_pool=STORAGE_POOL, quotas=Quotas(workspaces=shape.tenant_workspaces)))
         self.nodes = [
             Node(f"node-{i + 1}", shape.node_vcpus, shape.node_memory_mib, storage_pool=STORAGE_POOL)
             for i in range(shape.nodes)
