@@ -97,7 +97,7 @@ class ControlPlane:
         return Warp(
             periodic_codes([NodeAgent._heartbeat, Liveness.run]),
             period_s=interval,
-            quiet_s=2 * interval,
+            quiet_s=1.5 * interval,
             settle_s=self.liveness.timeout + 2 * interval,
         )
 

@@ -47,7 +47,7 @@ class Warp:
     beat since) passed in which no other timer fired and no task was started, and `settle_s`
     (the silence timeout and more than a period) since a node's reachability last changed
     (`VirtualTimeLoop.unsettle`), the ticks change nothing until some other timer fires: the
-    loop jumps to a whole number of periods before the next such timer."""
+    loop jumps by the whole number of periods that ends before the next such timer."""
 
     periodic: frozenset[CodeType]  # the code of each periodic loop's coroutine
     period_s: float
@@ -175,8 +175,9 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         others = [h.when() for h in heap if not h.cancelled() and not self._is_periodic(h)]
         if not others:
             return False
-        # Two periods of ordinary ticks before the next other timer fires.
-        periods = math.floor((min(others) - self._virtual_now) / warp.period_s) - 2
+        # Skip the ticks strictly before the next other timer, and keep their phase: the
+        # ticks that follow fire at the times they would have fired at.
+        periods = math.ceil((min(others) - self._virtual_now) / warp.period_s - 1e-9) - 1
         if periods < 1:
             return False
         skip = periods * warp.period_s
