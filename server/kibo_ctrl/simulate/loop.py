@@ -63,18 +63,23 @@ class _VirtualSelector(selectors.BaseSelector):
     def __init__(self, loop: VirtualTimeLoop) -> None:
         self._inner = selectors.DefaultSelector()
         self._loop = loop
+        self._registered = 0
 
     def register(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
-        return self._inner.register(fileobj, events, data)
+        key = self._inner.register(fileobj, events, data)
+        self._registered += 1
+        return key
 
     def unregister(self, fileobj: Any) -> selectors.SelectorKey:
-        return self._inner.unregister(fileobj)
+        key = self._inner.unregister(fileobj)
+        self._registered -= 1
+        return key
 
     def modify(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
         return self._inner.modify(fileobj, events, data)
 
     def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
-        if len(self._inner.get_map()) > 1:
+        if self._registered > 1:
             ready = self._inner.select(0)
             if ready:
                 return ready
@@ -101,6 +106,7 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         self._warp: Warp | None = None
         self._last_activity = 0.0
         self._unsettled = 0.0
+        self._periodic_tasks: set[asyncio.Task[Any]] = set()
         super().__init__(_VirtualSelector(self))
 
     def time(self) -> float:
@@ -122,7 +128,11 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
 
     def create_task(self, coro: Coroutine[Any, Any, Any], **kwargs: Any) -> asyncio.Task[Any]:  # type: ignore[override]
         self._last_activity = self._virtual_now
-        return super().create_task(coro, **kwargs)
+        task = super().create_task(coro, **kwargs)
+        if self._warp is not None and getattr(coro, "cr_code", None) in self._warp.periodic:
+            self._periodic_tasks.add(task)
+            task.add_done_callback(self._periodic_tasks.discard)
+        return task
 
     def idle(self, timeout: float) -> None:
         """Nothing is ready: move to the next timer (exactly to its time), or warp."""
@@ -145,21 +155,20 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
 
     def _is_periodic(self, handle: asyncio.TimerHandle) -> bool:
         """Whether the timer is the sleep of a periodic loop: asyncio.sleep's timer resolves a
-        future that the sleeping task (the future's callback's owner) awaits."""
-        warp = self._warp
-        args = handle._args
-        if warp is None or handle._callback is not _SLEEP_DONE or not args:  # type: ignore[attr-defined]
+        future that the sleeping task awaits (the future's callback is the task's)."""
+        if handle._callback is not _SLEEP_DONE:  # type: ignore[attr-defined]
             return False
-        for callback, _ in getattr(args[0], "_callbacks", None) or ():
-            task = getattr(callback, "__self__", None)
-            if isinstance(task, asyncio.Task) and getattr(task.get_coro(), "cr_code", None) in warp.periodic:
-                return True
-        return False
+        callbacks = handle._args[0]._callbacks
+        return bool(callbacks) and getattr(callbacks[0][0], "__self__", None) in self._periodic_tasks
 
     def _due_other(self, heap: list[asyncio.TimerHandle], before: float) -> bool:
         """Whether a timer of a non-periodic loop fires before `before` (a walk of the heap's
         top, which holds the earliest timers)."""
-        todo = [0]
+        if not heap:
+            return False
+        if not self._is_periodic(heap[0]):
+            return True
+        todo = [1, 2]
         while todo:
             i = todo.pop()
             if i >= len(heap) or heap[i]._when >= before:  # type: ignore[attr-defined]
