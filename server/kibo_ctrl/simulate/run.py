@@ -60,6 +60,8 @@ class Outcome:
     violation: str | None
     failed_step: int | None
     virtual_s: float
+    # Virtual seconds of idle heartbeat ticks the loop skipped (simulate/loop.py).
+    warped_s: float = 0.0
 
     @property
     def ok(self) -> bool:
@@ -163,7 +165,9 @@ class Simulation:
             loop.close()
         digest = hashlib.sha256("\n".join(self.history).encode()).hexdigest()[:16]
         violation = "; ".join(self.broken) if self.broken else None
-        return Outcome(self.seed, len(self.steps), self.history, digest, violation, failed_step, loop.time())
+        return Outcome(
+            self.seed, len(self.steps), self.history, digest, violation, failed_step, loop.time(), loop.warped
+        )
 
     @contextlib.contextmanager
     def _seeded_ids(self) -> Iterator[None]:
@@ -587,6 +591,7 @@ def shrink(
     shape: Shape = DEFAULT_SHAPE,
     bug: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
     budget: int = 200,
+    warp: bool = True,
 ) -> tuple[list[int], Outcome]:
     """Drop steps while the run still fails (delta debugging over the plan): the steps kept."""
     last = failed.failed_step if failed.failed_step is not None else steps - 1
@@ -600,7 +605,7 @@ def shrink(
         while start < len(keep) and runs < budget:
             trial = keep[:start] + keep[start + chunk :]
             runs += 1
-            outcome = simulate(seed, steps, shape, trial, bug)
+            outcome = simulate(seed, steps, shape, trial, bug, warp)
             if not outcome.ok:
                 keep, best, changed = trial, outcome, True
             else:
