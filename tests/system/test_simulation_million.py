@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 from kibo_ctrl.simulate.run import simulate
 
-STEPS = 10_000
-SEEDS = range(10_000, 10_100)
+STEPS = 12_500
+SEEDS = range(10_000, 10_080)
 # A seed takes 4-8 s of CPU; on a machine shared by several suites a worker may get a tenth of
 # a core, and the default 120 s (pyproject.toml) then cuts a seed that is merely waiting for
 # the CPU. The simulator finds its own hangs (a deadlock is a violation).
