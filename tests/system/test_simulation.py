@@ -62,6 +62,16 @@ def test_same_seed_same_history() -> None:
     assert other.digest != first.digest
 
 
+@pytest.mark.parametrize("seed", [5, 2043])
+def test_warp_skips_idle_ticks_and_changes_nothing(seed: int) -> None:
+    """The loop skips heartbeat ticks that provably change nothing (simulate/loop.py): the
+    history, every virtual time in it, is the one a run of every tick writes."""
+    warped, ticked = simulate(seed, 1000), simulate(seed, 1000, warp=False)
+    assert warped.ok and ticked.ok
+    assert warped.warped_s > 0.5 * warped.virtual_s and ticked.warped_s == 0
+    assert warped.history == ticked.history
+
+
 @contextlib.contextmanager
 def _leaky_destroy() -> Iterator[None]:
     """The bug put in on purpose: every third Destroyed report leaves the reservation held
