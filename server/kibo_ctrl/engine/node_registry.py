@@ -104,6 +104,10 @@ class NodeRegistry:
         # node ID -> (address, secret) of its data-plane hop, as it declared at its last join.
         self._data_planes: dict[str, tuple[str, str]] = {}
         self._listeners: list[Callable[[], None]] = []
+        # Where a store write failed (a full disk), the stretch it failed in: retried in the
+        # next one, not at every pass. By node for leases; for the expiry check.
+        self._lease_unstored: dict[str, int] = {}
+        self._expiry_unstored: int | None = None
         # By node: what of its last record seen in a commit matters for placement.
         self._placements: dict[str, NodeRecord] = {}
         self._closed = asyncio.Event()
@@ -190,13 +194,17 @@ class NodeRegistry:
         record.join_time = tx.now
         return self._renew_record(tx, record, now)
 
+    def stretch(self, now: float) -> int:
+        """Which stretch of `persist_s` (counted from time 0) `now` is in."""
+        return math.floor(now / self.persist_s)
+
     def stored_lease(self, now: float) -> float:
         """The lease stored for a renewal at `now`: the end of the current stretch of
         `persist_every_leases` (stretches counted from time 0), plus one lease. At least one
         lease from now and outlasting the next write, which is the first renewal of the next
         stretch; every renewal within a stretch stores the same value, so which of them
         writes it makes no difference (the simulator's warp relies on it, simulate/loop.py)."""
-        return (math.floor(now / self.persist_s) + 1) * self.persist_s + self.lease_seconds
+        return (self.stretch(now) + 1) * self.persist_s + self.lease_seconds
 
     def _renew_record(self, tx: Tx, record: NodeRecord, now: float) -> bool:
         """Store a lease that outlasts the next write; a silent node is back (its workspaces
@@ -225,9 +233,23 @@ class NodeRegistry:
         previous = self._renewed.get(node)
         self._renewed[node] = monotonic = self._clock.monotonic()
         continued = previous is not None and monotonic - previous <= RENEWAL_GAP_LEASES * self.lease_seconds
-        if continued and not self._silent.get(node, True) and self._stored.get(node) == self.stored_lease(now):
+        silent = self._silent.get(node, True)
+        if continued and not silent and self._stored.get(node) == self.stored_lease(now):
             return  # this stretch's lease is stored already: nothing to write
-        returned = await self._store.transact(self._renew, node, now)
+        if continued and not silent and self._lease_unstored.get(node) == self.stretch(now):
+            return  # storing it failed in this stretch (a full disk): the next stretch tries again
+        try:
+            returned = await self._store.transact(self._renew, node, now)
+        except StoreError as error:
+            if silent:
+                raise  # the node is back only once that is stored: the agent retries
+            # The renewal counts (in memory); only its stored copy waits. Said once per outage.
+            if node not in self._lease_unstored:
+                log.warning("node %s: storing its lease failed (%s); retrying once a lease", node, error)
+            self._lease_unstored[node] = self.stretch(now)
+            return
+        if self._lease_unstored.pop(node, None) is not None:
+            log.info("node %s: its lease is stored again", node)
         self._renewed_now(node, now)
         if returned:
             log.info("node %s is back: its workspaces are no longer UNKNOWN", node)
@@ -245,14 +267,20 @@ class NodeRegistry:
             await asyncio.sleep(self.lease_seconds / 4)
             now = self._clock.now()
             lapsed = sorted(n for n, d in self._deadlines.items() if d < now and not self._silent.get(n))
-            if not lapsed:
+            if not lapsed or self._expiry_unstored == self.stretch(now):
                 continue
             try:
                 expired, held = await self._store.transact(self._expire, lapsed, now)
             except StoreError as error:
-                # E.g. a full disk: the next pass tries again.
-                log.warning("recording expired node leases failed (%s); retrying", error)
+                # E.g. a full disk: the lapsed nodes stay not silent here, so a later pass
+                # tries again, once a lease (not at every pass); said once per outage.
+                if self._expiry_unstored is None:
+                    log.warning("recording expired node leases failed (%s); retrying once a lease", error)
+                self._expiry_unstored = self.stretch(now)
                 continue
+            if self._expiry_unstored is not None:
+                log.info("expired node leases are recorded again")
+                self._expiry_unstored = None
             for node, expiry in held.items():
                 # Renewed through another replica: its stored lease holds until then.
                 self._deadlines[node] = max(self._deadlines.get(node, 0.0), expiry)

@@ -102,7 +102,9 @@ class ControlPlane:
         return Warp(
             periodic_codes([NodeAgent._renew_lease, NodeRegistry.run]),
             period_s=period,
-            quiet_s=1.5 * period,
+            # A store write that failed is retried in the next stretch: a warp waits that long
+            # after any other event (a full disk ending), so such a retry is never skipped.
+            quiet_s=self.registry.persist_s + 1.5 * period,
             settle_s=lease + 2 * period,
             cycle_s=self.registry.persist_s,
         )
