@@ -87,6 +87,8 @@ class ControlPlane:
         loop = asyncio.get_running_loop()
         if isinstance(loop, VirtualTimeLoop):
             loop.enable_warp(plane.warp() if warp else None)
+            # Every node's silence is decided again: a lease from this start, or the stored one.
+            loop.unsettle()
         loops = [plane.scheduler.run(), plane.expiry.run(), plane.registry.run(), *(a.run() for a in plane.agents)]
         names = ["scheduler", "expiry", "registry", *(f"agent {a.node.id}" for a in plane.agents)]
         plane.tasks = [asyncio.create_task(loop, name=name) for loop, name in zip(loops, names, strict=True)]
@@ -105,7 +107,8 @@ class ControlPlane:
             # A store write that failed is retried in the next stretch: a warp waits that long
             # after any other event (a full disk ending), so such a retry is never skipped.
             quiet_s=self.registry.persist_s + 1.5 * period,
-            settle_s=lease + 2 * period,
+            # A lease stored before a restart may hold a stretch longer than a lease.
+            settle_s=lease + self.registry.persist_s + 2 * period,
             cycle_s=self.registry.persist_s,
         )
 

@@ -134,6 +134,10 @@ class Simulation:
         self.instances_changed = False
         self.full_next = True
         self.checks = 0
+        # By node: since when it is cut off; and since when the store takes writes and this
+        # control plane runs (for the silence invariant, `_silent_due`).
+        self.cut_off: dict[str, float] = {}
+        self.writable_since = 0.0
         # What a watcher of the hub saw of each workspace (consecutive repeats folded).
         self.watched: dict[str, list[WorkspaceState]] = {}
 
@@ -193,6 +197,7 @@ class Simulation:
                     self.broken.append(f"step {number} ({step.describe()}) raised {error!r}")
                 if self.plane is not None and self.plane.reachability() != reachable:
                     loop.unsettle()
+                    self._note_reachability()
                 await asyncio.sleep(step.after)
                 self._check()
                 if self.broken:
@@ -218,6 +223,8 @@ class Simulation:
         (a watcher resuming after the restart)."""
         self.plane = await ControlPlane.boot(self.path, self.shape, self.board, self._clock(), self.warp)
         self.plane.hub.listen(self._observe)
+        assert self.loop is not None
+        self.writable_since = self.loop.time()
         self.full_next = True
         # The old watch ended with the crash (it may have missed what was never published):
         # the new one starts from the store, as a client's watch resumes.
@@ -287,6 +294,8 @@ class Simulation:
                     await asyncio.sleep(0.01)
             await self._restart()
         elif act in (Act.DISK_FULL, Act.DISK_OK):
+            if plane.store.disk_full and act is Act.DISK_OK and self.loop is not None:
+                self.writable_since = self.loop.time()
             plane.store.set_disk_full(act is Act.DISK_FULL)
         elif act is Act.SLOW:
             node = plane.runtimes[plane.nodes[step.ref % len(plane.nodes)].id]
@@ -462,6 +471,9 @@ class Simulation:
         self.commands_written, self.instances_changed = set(), False
         found = plane.store.check(lambda r: invariants.check_store(r, nodes, self.seen, acknowledged, only))
         self.broken.extend(found)
+        due = self._silent_due()
+        if due:
+            self.broken.extend(plane.store.check(lambda r: invariants.check_silent(r, due)))
         if plane.store.published_mark() is not None:
             watched = self.watched if only is None else only & self.watched.keys()
             self.broken.extend(invariants.check_watch(self.seen, self.watched, watched))
@@ -471,16 +483,42 @@ class Simulation:
                 if vm.alive and running.setdefault(vm.workspace_id, node_id) != node_id:
                     self.broken.append(f"{vm.workspace_id} runs on {running[vm.workspace_id]} and {node_id}")
 
+    def _note_reachability(self) -> None:
+        plane = self.plane
+        assert plane is not None and self.loop is not None
+        for node_id, runtime in plane.runtimes.items():
+            if runtime.reachable.is_set():
+                self.cut_off.pop(node_id, None)
+            else:
+                self.cut_off.setdefault(node_id, self.loop.time())
+
+    def _silent_due(self) -> list[str]:
+        """The nodes that must be recorded silent by now: cut off for longer than a lease,
+        plus a stretch (a stored lease outlasts the last renewal by up to one more; a failed
+        write is retried in the next stretch) and two renewal periods, counted from when the
+        store took writes and the control plane ran again."""
+        plane = self.plane
+        assert plane is not None and self.loop is not None
+        if plane.store.disk_full or not self.cut_off:
+            return []
+        registry = plane.registry
+        slack = registry.persist_s + registry.lease_seconds / 2
+        now, bound = self.loop.time(), registry.lease_seconds + slack
+        return sorted(n for n, since in self.cut_off.items() if now - max(since, self.writable_since) > bound)
+
     async def _calm(self) -> None:
         """Every fault ends: nodes report, the disk has room, stalls end, steps are quick."""
         plane = self.plane
         assert plane is not None
+        if plane.store.disk_full and self.loop is not None:
+            self.writable_since = self.loop.time()
         plane.store.set_disk_full(False)
         for runtime in plane.runtimes.values():
             runtime.reachable.set()
             runtime.step_s = self.shape.step_s
         assert self.loop is not None
         self.loop.unsettle()
+        self.cut_off.clear()
         self.board.armed.clear()
         self.board.next_created.clear()
         for event in list(self.board.unstall.values()):
