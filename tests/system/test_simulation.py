@@ -20,6 +20,7 @@ from kibo_ctrl.domain.model import Component, Event, EventType, WorkspaceState
 from kibo_ctrl.domain.reports import Destroyed, Report
 from kibo_ctrl.engine import controller
 from kibo_ctrl.engine.hub import Hub
+from kibo_ctrl.engine.node_registry import NodeRegistry
 from kibo_ctrl.simulate.__main__ import main
 from kibo_ctrl.simulate.loop import VirtualClock, VirtualTimeLoop
 from kibo_ctrl.simulate.run import shrink, simulate
@@ -60,6 +61,16 @@ def test_same_seed_same_history() -> None:
     assert first.history == second.history
     assert first.digest == second.digest
     assert other.digest != first.digest
+
+
+@pytest.mark.parametrize("seed", [5, 2043])
+def test_warp_skips_idle_ticks_and_changes_nothing(seed: int) -> None:
+    """The loop skips heartbeat ticks that provably change nothing (simulate/loop.py): the
+    history, every virtual time in it, is the one a run of every tick writes."""
+    warped, ticked = simulate(seed, 1000), simulate(seed, 1000, warp=False)
+    assert warped.ok and ticked.ok
+    assert warped.warped_s > 0.5 * warped.virtual_s and ticked.warped_s == 0
+    assert warped.history == ticked.history
 
 
 @contextlib.contextmanager
@@ -113,6 +124,30 @@ def test_a_watch_that_misses_a_change_is_found() -> None:
     found = simulate(1, 120, bug=_watchers_miss_stopped)
     assert not found.ok
     assert found.violation is not None and "a watcher saw" in found.violation and "STOPPED" in found.violation
+
+
+@contextlib.contextmanager
+def _silent_mark_forgotten_on_full_disk() -> Iterator[None]:
+    """The bug the old in-memory Liveness had (reports/sim.md): a node is taken as marked
+    silent before its mark is stored, so a mark that fails on a full disk is never retried
+    and the node's workspaces stay AVAILABLE while it is cut off."""
+    real = NodeRegistry._expire
+
+    def expire(self: NodeRegistry, tx: Tx, nodes: list[str], now: float) -> tuple[list[str], dict[str, float]]:
+        for node in nodes:
+            self._silent[node] = True
+        return real(self, tx, nodes, now)
+
+    with mock.patch.object(NodeRegistry, "_expire", expire):
+        yield
+
+
+def test_a_silent_mark_lost_to_a_full_disk_is_found() -> None:
+    # Seed 25 cuts a node off while the disk is full (found at step 504 with the bug).
+    found = simulate(25, 600, bug=_silent_mark_forgotten_on_full_disk)
+    assert not found.ok
+    assert found.violation is not None and "cut off past its lease but not recorded silent" in found.violation
+    assert simulate(25, 600).ok
 
 
 def test_command_line_prints_the_hash_line() -> None:

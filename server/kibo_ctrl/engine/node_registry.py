@@ -22,9 +22,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Callable
+
+import msgspec
 
 from ..domain.clock import SYSTEM_CLOCK, Clock
 from ..domain.errors import Conflict, InvalidArgument, NotFound, PermissionDenied, StoreError
@@ -86,7 +89,7 @@ class NodeRegistry:
         self._store = store
         self._clock = clock
         self.lease_seconds = lease_seconds
-        self._persist_s = persist_every_leases * lease_seconds
+        self.persist_s = persist_every_leases * lease_seconds
         # Names this incarnation's feed numbers: a cursor from another one means a snapshot.
         self.epoch = uuid.uuid4().hex[:16]
         # By node: when its lease runs out (wall time, from the renewals seen here), whether
@@ -101,6 +104,12 @@ class NodeRegistry:
         # node ID -> (address, secret) of its data-plane hop, as it declared at its last join.
         self._data_planes: dict[str, tuple[str, str]] = {}
         self._listeners: list[Callable[[], None]] = []
+        # Where a store write failed (a full disk), the stretch it failed in: retried in the
+        # next one, not at every pass. By node for leases; for the expiry check.
+        self._lease_unstored: dict[str, int] = {}
+        self._expiry_unstored: int | None = None
+        # By node: what of its last record seen in a commit matters for placement.
+        self._placements: dict[str, NodeRecord] = {}
         self._closed = asyncio.Event()
 
     async def load(self) -> None:
@@ -158,8 +167,9 @@ class NodeRegistry:
                 "a data-plane address (up to 255 characters) comes with a secret of 16 to 256 characters",
                 field="data_plane_token",
             )
-        returned = await self._store.transact(self._join, declaration)
-        self._renewed_now(node.id)
+        now = self._clock.now()
+        returned = await self._store.transact(self._join, declaration, now)
+        self._renewed_now(node.id, now)
         self._pools[node.id] = node.storage_pool
         self._feeds.setdefault(node.id, _Feed())
         self._renewed[node.id] = self._clock.monotonic()
@@ -173,7 +183,7 @@ class NodeRegistry:
         self._changed()
         return Joined(node.id, self.lease_seconds)
 
-    def _join(self, tx: Tx, declaration: Declaration) -> bool:
+    def _join(self, tx: Tx, declaration: Declaration, now: float) -> bool:
         node = declaration.node
         record = tx.get_node(node.id) or NodeRecord(node.id, node.vcpus, node.memory_mib, node.storage_pool)
         record.vcpus, record.memory_mib, record.storage_pool = node.vcpus, node.memory_mib, node.storage_pool
@@ -182,12 +192,24 @@ class NodeRegistry:
         record.data_plane_address = declaration.data_plane_address
         record.data_plane_token = declaration.data_plane_token
         record.join_time = tx.now
-        return self._renew_record(tx, record)
+        return self._renew_record(tx, record, now)
 
-    def _renew_record(self, tx: Tx, record: NodeRecord) -> bool:
+    def stretch(self, now: float) -> int:
+        """Which stretch of `persist_s` (counted from time 0) `now` is in."""
+        return math.floor(now / self.persist_s)
+
+    def stored_lease(self, now: float) -> float:
+        """The lease stored for a renewal at `now`: the end of the current stretch of
+        `persist_every_leases` (stretches counted from time 0), plus one lease. At least one
+        lease from now and outlasting the next write, which is the first renewal of the next
+        stretch; every renewal within a stretch stores the same value, so which of them
+        writes it makes no difference (the simulator's warp relies on it, simulate/loop.py)."""
+        return (self.stretch(now) + 1) * self.persist_s + self.lease_seconds
+
+    def _renew_record(self, tx: Tx, record: NodeRecord, now: float) -> bool:
         """Store a lease that outlasts the next write; a silent node is back (its workspaces
-        leave UNKNOWN)."""
-        record.lease_expiry = tx.now + self._persist_s + self.lease_seconds
+        leave UNKNOWN). Lease times are the registry's clock's (`now`), as its deadlines are."""
+        record.lease_expiry = self.stored_lease(now)
         record.lease_seconds = self.lease_seconds
         record.renewed_by = self.epoch
         returned = record.silent
@@ -197,11 +219,10 @@ class NodeRegistry:
         tx.put_node(record)
         return returned
 
-    def _renewed_now(self, node: str) -> None:
-        now = self._clock.now()
+    def _renewed_now(self, node: str, now: float) -> None:
         self._deadlines[node] = now + self.lease_seconds
         self._silent[node] = False
-        self._stored[node] = now + self._persist_s + self.lease_seconds
+        self._stored[node] = self.stored_lease(now)
         self._renewed[node] = self._clock.monotonic()
 
     async def renew(self, node: str) -> None:
@@ -212,19 +233,33 @@ class NodeRegistry:
         previous = self._renewed.get(node)
         self._renewed[node] = monotonic = self._clock.monotonic()
         continued = previous is not None and monotonic - previous <= RENEWAL_GAP_LEASES * self.lease_seconds
-        if continued and not self._silent.get(node, True) and self._stored.get(node, 0.0) - now >= self.lease_seconds:
-            return  # the stored lease outlasts the next renewals: nothing to write
-        returned = await self._store.transact(self._renew, node)
-        self._renewed_now(node)
+        silent = self._silent.get(node, True)
+        if continued and not silent and self._stored.get(node) == self.stored_lease(now):
+            return  # this stretch's lease is stored already: nothing to write
+        if continued and not silent and self._lease_unstored.get(node) == self.stretch(now):
+            return  # storing it failed in this stretch (a full disk): the next stretch tries again
+        try:
+            returned = await self._store.transact(self._renew, node, now)
+        except StoreError as error:
+            if silent:
+                raise  # the node is back only once that is stored: the agent retries
+            # The renewal counts (in memory); only its stored copy waits. Said once per outage.
+            if node not in self._lease_unstored:
+                log.warning("node %s: storing its lease failed (%s); retrying once a lease", node, error)
+            self._lease_unstored[node] = self.stretch(now)
+            return
+        if self._lease_unstored.pop(node, None) is not None:
+            log.info("node %s: its lease is stored again", node)
+        self._renewed_now(node, now)
         if returned:
             log.info("node %s is back: its workspaces are no longer UNKNOWN", node)
             self._changed()
 
-    def _renew(self, tx: Tx, node: str) -> bool:
+    def _renew(self, tx: Tx, node: str, now: float) -> bool:
         record = tx.get_node(node)
         if record is None:
             raise Conflict(f"node {node} has not joined: call Join first", field="node_id")
-        return self._renew_record(tx, record)
+        return self._renew_record(tx, record, now)
 
     async def run(self) -> None:
         """Mark the nodes whose lease ran out silent (their workspaces UNKNOWN)."""
@@ -232,14 +267,20 @@ class NodeRegistry:
             await asyncio.sleep(self.lease_seconds / 4)
             now = self._clock.now()
             lapsed = sorted(n for n, d in self._deadlines.items() if d < now and not self._silent.get(n))
-            if not lapsed:
+            if not lapsed or self._expiry_unstored == self.stretch(now):
                 continue
             try:
-                expired, held = await self._store.transact(self._expire, lapsed)
+                expired, held = await self._store.transact(self._expire, lapsed, now)
             except StoreError as error:
-                # E.g. a full disk: the next pass tries again.
-                log.warning("recording expired node leases failed (%s); retrying", error)
+                # E.g. a full disk: the lapsed nodes stay not silent here, so a later pass
+                # tries again, once a lease (not at every pass); said once per outage.
+                if self._expiry_unstored is None:
+                    log.warning("recording expired node leases failed (%s); retrying once a lease", error)
+                self._expiry_unstored = self.stretch(now)
                 continue
+            if self._expiry_unstored is not None:
+                log.info("expired node leases are recorded again")
+                self._expiry_unstored = None
             for node, expiry in held.items():
                 # Renewed through another replica: its stored lease holds until then.
                 self._deadlines[node] = max(self._deadlines.get(node, 0.0), expiry)
@@ -250,7 +291,7 @@ class NodeRegistry:
             if expired:
                 self._changed()
 
-    def _expire(self, tx: Tx, nodes: list[str]) -> tuple[list[str], dict[str, float]]:
+    def _expire(self, tx: Tx, nodes: list[str], now: float) -> tuple[list[str], dict[str, float]]:
         """Make silent the nodes whose lease ran out; and the stored leases (by node) of those
         another replica renewed, which still hold."""
         expired = []
@@ -259,7 +300,7 @@ class NodeRegistry:
             record = tx.get_node(node)
             if record is None or record.silent:
                 continue
-            if record.renewed_by != self.epoch and record.lease_expiry >= tx.now:
+            if record.renewed_by != self.epoch and record.lease_expiry >= now:
                 held[node] = record.lease_expiry
                 continue
             record.silent = True
@@ -305,12 +346,17 @@ class NodeRegistry:
     def on_changes(self, changes: Changes) -> None:
         """Hub listener: learn the nodes recorded (here or through another replica), and route
         each commit's records to the feeds of the nodes they concern."""
+        placement_changed = False
         for record in changes.nodes.values():
+            # A renewal that only moved the stored lease changes no placement: the scheduler
+            # is not woken for it (a lease is stored about once a lease per node).
+            placement_changed = placement_changed or _placement(record) != self._placements.get(record.id)
+            self._placements[record.id] = _placement(record)
             self._learn(record)
             if record.renewed_by != self.epoch:
                 # Renewed through another replica (or another incarnation): its stored lease.
                 self._deadlines[record.id] = max(self._deadlines.get(record.id, 0.0), record.lease_expiry)
-        if changes.nodes:
+        if placement_changed:
             self._changed()
         for instance in changes.instances.values():
             feed = self._feeds.get(instance.node_id or "")
@@ -437,6 +483,11 @@ class NodeRegistry:
             controller.apply_volume_released(tx, volume_id)
 
         await self._store.transact(apply)
+
+
+def _placement(record: NodeRecord) -> NodeRecord:
+    """The record without what a renewal rewrites (its stored lease)."""
+    return msgspec.structs.replace(record, lease_expiry=0.0, renewed_by="", lease_seconds=0.0)
 
 
 def _own_instance(reader: Reader, node: str, instance_id: str) -> Instance | None:

@@ -17,8 +17,18 @@ from .run import shrink, simulate
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kibo_ctrl.simulate", description=__doc__)
     parser.add_argument("--seed", type=int, default=None, help="the seed (default: a random one, printed)")
-    parser.add_argument("--steps", type=int, default=1000)
-    parser.add_argument("--seeds", type=int, default=1, help="run this many seeds from --seed on (a soak)")
+    parser.add_argument("--steps", type=int, default=1000, help="steps of workload and faults per seed")
+    parser.add_argument(
+        "--seeds",
+        type=int,
+        default=1,
+        help="run this many seeds from --seed on, stopping at the first failure (a soak)",
+    )
+    parser.add_argument(
+        "--no-warp",
+        action="store_true",
+        help="run every idle heartbeat tick instead of skipping them (the same history, slower)",
+    )
     parser.add_argument("--no-shrink", action="store_true", help="print the full failing history")
     parser.add_argument("--shrink-runs", type=int, default=200, help="at most this many reruns to shrink a failure")
     args = parser.parse_args(argv)
@@ -27,13 +37,15 @@ def main(argv: list[str] | None = None) -> int:
     status = 0
     for seed in range(first, first + args.seeds):
         began = time.perf_counter()
-        outcome = simulate(seed, args.steps)
+        outcome = simulate(seed, args.steps, warp=not args.no_warp)
         took = time.perf_counter() - began
         if not outcome.ok:
             status = 1
+            where = "the final settle" if outcome.failed_step == args.steps else f"step {outcome.failed_step}"
+            print(f"failed at {where} of {args.steps} ({took:.1f} s)")
             history = outcome.history
             if not args.no_shrink:
-                keep, shrunk = shrink(seed, args.steps, outcome, budget=args.shrink_runs)
+                keep, shrunk = shrink(seed, args.steps, outcome, budget=args.shrink_runs, warp=not args.no_warp)
                 print(f"shrunk to {len(keep)} of {args.steps} steps: {keep}")
                 history = shrunk.history
                 print(f"violation (shrunk run): {shrunk.violation}")

@@ -19,10 +19,10 @@ from ..engine.local_link import LocalLink
 from ..engine.node_agent import NodeAgent
 from ..engine.node_registry import NodeRegistry
 from ..engine.scheduler import Scheduler
-from ..engine.service import Service, Settings
+from ..engine.service import Quotas, Service, Settings
 from ..runtime.sim.api import SimulatorApi
 from ..runtime.sim.simulator import SimBoard, SimNode
-from .loop import VirtualClock
+from .loop import LaggingClock, VirtualClock, VirtualTimeLoop, Warp, periodic_codes
 from .store import LoopStore
 
 STORAGE_POOL = "local"
@@ -38,6 +38,9 @@ class Shape:
     step_s: float = 0.02
     node_timeout_s: float = 3.0
     backend: Backend = Backend.FIRECRACKER
+    # Per tenant, workspaces not deleted (the engine's quota): the population stays bounded,
+    # so a long run costs the same per step as a short one, and creates meet the quota.
+    tenant_workspaces: int = 30
 
 
 class ControlPlane:
@@ -47,14 +50,15 @@ class ControlPlane:
         self.board = board
         self.hub = Hub()
         store.subscribe(self.hub.publish)
-        self.service = Service(Settings(storage_pool=STORAGE_POOL))
+        self.service = Service(Settings(storage_pool=STORAGE_POOL, quotas=Quotas(workspaces=shape.tenant_workspaces)))
         self.nodes = [
             Node(f"node-{i + 1}", shape.node_vcpus, shape.node_memory_mib, storage_pool=STORAGE_POOL)
             for i in range(shape.nodes)
         ]
         self.runtimes = {n.id: SimNode(n.id, shape.backend, shape.step_s, board) for n in self.nodes}
         self.sim_api = SimulatorApi(self._find_workspace, board, self.runtimes, self._pool_lost)
-        self.registry = NodeRegistry(store, shape.node_timeout_s, clock)
+        # Its own clock, which a warp of the loop does not age (simulate/loop.py).
+        self.registry = NodeRegistry(store, shape.node_timeout_s, LaggingClock(clock.loop))
         self.hub.listen(self.registry.on_changes)
         # As app.py: the pool's files are deleted by its first node; each agent on an
         # in-process link to the registry.
@@ -74,14 +78,42 @@ class ControlPlane:
         self.tasks: list[asyncio.Task[None]] = []
 
     @classmethod
-    async def boot(cls, path: Path, shape: Shape, board: SimBoard, clock: VirtualClock) -> ControlPlane:
+    async def boot(
+        cls, path: Path, shape: Shape, board: SimBoard, clock: VirtualClock, warp: bool = True
+    ) -> ControlPlane:
         store = await LoopStore.open_here(path, clock)
         plane = cls(store, shape, board, clock)
         await plane.registry.load()
+        loop = asyncio.get_running_loop()
+        if isinstance(loop, VirtualTimeLoop):
+            loop.enable_warp(plane.warp() if warp else None)
+            # Every node's silence is decided again: a lease from this start, or the stored one.
+            loop.unsettle()
         loops = [plane.scheduler.run(), plane.expiry.run(), plane.registry.run(), *(a.run() for a in plane.agents)]
         names = ["scheduler", "expiry", "registry", *(f"agent {a.node.id}" for a in plane.agents)]
         plane.tasks = [asyncio.create_task(loop, name=name) for loop, name in zip(loops, names, strict=True)]
         return plane
+
+    def warp(self) -> Warp:
+        """The loops that tick whatever happens (simulate/loop.py): the agents' lease renewals
+        and the registry's expiry check, every quarter lease. The registry stores a lease
+        per stretch of `persist_s` (NodeRegistry.stored_lease): a warp skips whole stretches,
+        so the renewals that write fall at the same phase as without it."""
+        lease = self.registry.lease_seconds
+        period = lease / 4
+        return Warp(
+            periodic_codes([NodeAgent._renew_lease, NodeRegistry.run]),
+            period_s=period,
+            # A store write that failed is retried in the next stretch: a warp waits that long
+            # after any other event (a full disk ending), so such a retry is never skipped.
+            quiet_s=self.registry.persist_s + 1.5 * period,
+            # A lease stored before a restart may hold a stretch longer than a lease.
+            settle_s=lease + self.registry.persist_s + 2 * period,
+            cycle_s=self.registry.persist_s,
+        )
+
+    def reachability(self) -> tuple[bool, ...]:
+        return tuple(r.reachable.is_set() for r in self.runtimes.values())
 
     def dead_loops(self) -> list[str]:
         """Engine loops that ended (each runs forever): with the exception that ended them."""

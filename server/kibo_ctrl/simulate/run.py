@@ -41,7 +41,9 @@ from .workload import Act, Step, plan
 SIZES = {1: (1, 512), 2: (2, 2048), 3: (4, 4096), 4: (8, 8192)}
 # Virtual seconds the final phase gives the system to settle, per round.
 SETTLE_S = 120.0
-FULL_CHECK_EVERY = 50
+# Each step checks what its commits changed (as published); this often (and after every
+# restart, where a commit may not have been published) everything the store holds.
+FULL_CHECK_EVERY = 500
 DEFAULT_SHAPE = Shape()
 
 
@@ -58,6 +60,8 @@ class Outcome:
     violation: str | None
     failed_step: int | None
     virtual_s: float
+    # Virtual seconds of idle heartbeat ticks the loop skipped (simulate/loop.py).
+    warped_s: float = 0.0
 
     @property
     def ok(self) -> bool:
@@ -102,8 +106,10 @@ class Simulation:
         data_dir: Path,
         shape: Shape = DEFAULT_SHAPE,
         bug: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
+        warp: bool = True,
     ) -> None:
         self.seed = seed
+        self.warp = warp
         self.steps = steps
         self.path = data_dir / "kibo.db"
         self.shape = shape
@@ -123,8 +129,15 @@ class Simulation:
         # Workspaces changed and commands acknowledged since the last check.
         self.dirty: set[str] = set()
         self.fresh: dict[tuple[str, str], Command] = {}
+        # Command rows written and whether any instance changed, since the last check.
+        self.commands_written: set[str] = set()
+        self.instances_changed = False
         self.full_next = True
         self.checks = 0
+        # By node: since when it is cut off; and since when the store takes writes and this
+        # control plane runs (for the silence invariant, `_silent_due`).
+        self.cut_off: dict[str, float] = {}
+        self.writable_since = 0.0
         # What a watcher of the hub saw of each workspace (consecutive repeats folded).
         self.watched: dict[str, list[WorkspaceState]] = {}
 
@@ -141,7 +154,7 @@ class Simulation:
         engine_log.addHandler(self.errors)
         failed_step: int | None = None
         try:
-            with self._seeded_ids(), self.bug() if self.bug else contextlib.nullcontext():
+            with self._seeded_ids(), _lean_log_records(), self.bug() if self.bug else contextlib.nullcontext():
                 try:
                     failed_step = loop.run_until_complete(self._main())
                 except Deadlock as stuck:
@@ -156,7 +169,9 @@ class Simulation:
             loop.close()
         digest = hashlib.sha256("\n".join(self.history).encode()).hexdigest()[:16]
         violation = "; ".join(self.broken) if self.broken else None
-        return Outcome(self.seed, len(self.steps), self.history, digest, violation, failed_step, loop.time())
+        return Outcome(
+            self.seed, len(self.steps), self.history, digest, violation, failed_step, loop.time(), loop.warped
+        )
 
     @contextlib.contextmanager
     def _seeded_ids(self) -> Iterator[None]:
@@ -167,16 +182,22 @@ class Simulation:
             yield
 
     async def _main(self) -> int | None:
+        loop = self.loop
+        assert loop is not None
         await self._boot()
         try:
             for number, step in enumerate(self.steps):
                 self.number = number
                 self._log(step.describe())
+                reachable = self.plane.reachability() if self.plane else ()
                 try:
                     await self._do(step)
                 except Exception as error:
                     # A fault or a call the engine should have answered, not raised from.
                     self.broken.append(f"step {number} ({step.describe()}) raised {error!r}")
+                if self.plane is not None and self.plane.reachability() != reachable:
+                    loop.unsettle()
+                    self._note_reachability()
                 await asyncio.sleep(step.after)
                 self._check()
                 if self.broken:
@@ -200,8 +221,10 @@ class Simulation:
     async def _boot(self) -> ControlPlane:
         """Start an incarnation, and watch every workspace from what the store holds now
         (a watcher resuming after the restart)."""
-        self.plane = await ControlPlane.boot(self.path, self.shape, self.board, self._clock())
+        self.plane = await ControlPlane.boot(self.path, self.shape, self.board, self._clock(), self.warp)
         self.plane.hub.listen(self._observe)
+        assert self.loop is not None
+        self.writable_since = self.loop.time()
         self.full_next = True
         # The old watch ended with the crash (it may have missed what was never published):
         # the new one starts from the store, as a client's watch resumes.
@@ -214,6 +237,8 @@ class Simulation:
     def _observe(self, changes: Changes) -> None:
         self.dirty.update(changes.workspaces)
         self.dirty.update(i.workspace_id for i in changes.instances.values())
+        self.commands_written.update(changes.commands)
+        self.instances_changed = self.instances_changed or bool(changes.instances)
         for snapshot in changes.workspace_history:
             invariants.fold(self.watched.setdefault(snapshot.id, []), snapshot.state)
 
@@ -269,6 +294,8 @@ class Simulation:
                     await asyncio.sleep(0.01)
             await self._restart()
         elif act in (Act.DISK_FULL, Act.DISK_OK):
+            if plane.store.disk_full and act is Act.DISK_OK and self.loop is not None:
+                self.writable_since = self.loop.time()
             plane.store.set_disk_full(act is Act.DISK_FULL)
         elif act is Act.SLOW:
             node = plane.runtimes[plane.nodes[step.ref % len(plane.nodes)].id]
@@ -428,10 +455,25 @@ class Simulation:
         full = self.full_next or self.checks % FULL_CHECK_EVERY == 0
         self.checks += 1
         only = None if full else set(self.dirty)
-        acknowledged = self.state.acknowledged if full else self.fresh
+        if full:
+            acknowledged = self.state.acknowledged
+        else:
+            # The new ones, and those whose row a commit wrote again (a reused ID must not
+            # overwrite it).
+            acknowledged = dict(self.fresh)
+            for key in self.commands_written:
+                tenant, _, command_id = key.partition("\x00")  # domain/model.py command_key
+                if (command := self.state.acknowledged.get((tenant, command_id))) is not None:
+                    acknowledged[(tenant, command_id)] = command
+        # Reservations change only with instances.
+        nodes = plane.nodes if full or self.instances_changed else []
         self.dirty, self.fresh, self.full_next = set(), {}, False
-        found = plane.store.check(lambda r: invariants.check_store(r, plane.nodes, self.seen, acknowledged, only))
+        self.commands_written, self.instances_changed = set(), False
+        found = plane.store.check(lambda r: invariants.check_store(r, nodes, self.seen, acknowledged, only))
         self.broken.extend(found)
+        due = self._silent_due()
+        if due:
+            self.broken.extend(plane.store.check(lambda r: invariants.check_silent(r, due)))
         if plane.store.published_mark() is not None:
             watched = self.watched if only is None else only & self.watched.keys()
             self.broken.extend(invariants.check_watch(self.seen, self.watched, watched))
@@ -441,14 +483,42 @@ class Simulation:
                 if vm.alive and running.setdefault(vm.workspace_id, node_id) != node_id:
                     self.broken.append(f"{vm.workspace_id} runs on {running[vm.workspace_id]} and {node_id}")
 
+    def _note_reachability(self) -> None:
+        plane = self.plane
+        assert plane is not None and self.loop is not None
+        for node_id, runtime in plane.runtimes.items():
+            if runtime.reachable.is_set():
+                self.cut_off.pop(node_id, None)
+            else:
+                self.cut_off.setdefault(node_id, self.loop.time())
+
+    def _silent_due(self) -> list[str]:
+        """The nodes that must be recorded silent by now: cut off for longer than a lease,
+        plus a stretch (a stored lease outlasts the last renewal by up to one more; a failed
+        write is retried in the next stretch) and two renewal periods, counted from when the
+        store took writes and the control plane ran again."""
+        plane = self.plane
+        assert plane is not None and self.loop is not None
+        if plane.store.disk_full or not self.cut_off:
+            return []
+        registry = plane.registry
+        slack = registry.persist_s + registry.lease_seconds / 2
+        now, bound = self.loop.time(), registry.lease_seconds + slack
+        return sorted(n for n, since in self.cut_off.items() if now - max(since, self.writable_since) > bound)
+
     async def _calm(self) -> None:
         """Every fault ends: nodes report, the disk has room, stalls end, steps are quick."""
         plane = self.plane
         assert plane is not None
+        if plane.store.disk_full and self.loop is not None:
+            self.writable_since = self.loop.time()
         plane.store.set_disk_full(False)
         for runtime in plane.runtimes.values():
             runtime.reachable.set()
             runtime.step_s = self.shape.step_s
+        assert self.loop is not None
+        self.loop.unsettle()
+        self.cut_off.clear()
         self.board.armed.clear()
         self.board.next_created.clear()
         for event in list(self.board.unstall.values()):
@@ -521,6 +591,15 @@ class Simulation:
         return broken
 
 
+@contextlib.contextmanager
+def _lean_log_records() -> Iterator[None]:
+    """Records without the caller's frame, thread or process (logging's documented switches):
+    a full disk has the engine log an error per failed retry, and the checker reads only the
+    record's logger, message and exception."""
+    with mock.patch.multiple(logging, _srcfile=None, logThreads=False, logProcesses=False, logMultiprocessing=False):
+        yield
+
+
 def _where(task: asyncio.Task[Any]) -> str:
     stack = task.get_stack(limit=1)
     frame = stack[-1] if stack else None
@@ -533,12 +612,14 @@ def simulate(
     shape: Shape = DEFAULT_SHAPE,
     keep: list[int] | None = None,
     bug: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
+    warp: bool = True,
 ) -> Outcome:
-    """Run `steps` steps drawn from `seed` (only the step numbers in `keep`, if given)."""
+    """Run `steps` steps drawn from `seed` (only the step numbers in `keep`, if given).
+    `warp=False` runs every idle tick of the periodic loops (the history is the same)."""
     full = plan(random.Random(seed), steps)
     chosen = full if keep is None else [full[i] for i in keep]
     with tempfile.TemporaryDirectory(prefix=f"kibo-sim-{seed}-") as tmp:
-        return Simulation(seed, chosen, Path(tmp), shape, bug).run()
+        return Simulation(seed, chosen, Path(tmp), shape, bug, warp).run()
 
 
 def shrink(
@@ -548,6 +629,7 @@ def shrink(
     shape: Shape = DEFAULT_SHAPE,
     bug: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
     budget: int = 200,
+    warp: bool = True,
 ) -> tuple[list[int], Outcome]:
     """Drop steps while the run still fails (delta debugging over the plan): the steps kept."""
     last = failed.failed_step if failed.failed_step is not None else steps - 1
@@ -561,7 +643,7 @@ def shrink(
         while start < len(keep) and runs < budget:
             trial = keep[:start] + keep[start + chunk :]
             runs += 1
-            outcome = simulate(seed, steps, shape, trial, bug)
+            outcome = simulate(seed, steps, shape, trial, bug, warp)
             if not outcome.ok:
                 keep, best, changed = trial, outcome, True
             else:

@@ -80,7 +80,10 @@ WEIGHTS: tuple[tuple[int, Act], ...] = (
     (3, Act.BACK),
     (1, Act.CRASH),
     (1, Act.DISK_FULL),
-    (2, Act.DISK_OK),
+    # A full disk lasts ~17 steps (minutes of virtual time, past every retry's backoff cap).
+    # At 2 it lasted ~50 and covered a third of the virtual time, half of the run's cost (the
+    # liveness check retries a failing write at every heartbeat while the disk is full).
+    (6, Act.DISK_OK),
     (2, Act.SLOW),
     (10, Act.WAIT),
 )
