@@ -81,10 +81,20 @@ def _alive(pid: int) -> bool:
     return stat[stat.rindex(")") + 2] != "Z"
 
 
+def _parent(pid: int) -> int:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0
+    return int(stat[stat.rindex(")") + 2 :].split()[1])
+
+
 def processes(needle: str) -> list[int]:
-    """Live processes whose command line contains `needle`."""
+    """Live processes whose command line contains `needle`, without their children that
+    carry it only between a fork and an exec (a supervisor starting mount, bwrap...)."""
     pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
-    return [pid for pid in pids if needle in _cmdline(pid) and _alive(pid)]
+    found = {pid for pid in pids if needle in _cmdline(pid) and _alive(pid)}
+    return sorted(pid for pid in found if _parent(pid) not in found)
 
 
 def instance_dir(server: ServerProcess, workspace: wp.Workspace) -> Path:
