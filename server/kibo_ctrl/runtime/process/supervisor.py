@@ -371,6 +371,10 @@ class Supervisor:
         return write
 
     def drain_output(self) -> None:
+        # One select() batch can hold the guest's exit and its output: the exit drains the
+        # pipe to its end and closes it, and the output event that follows finds it gone.
+        if self.output_fd < 0:
+            return
         try:
             chunk = os.read(self.output_fd, 65536)
         except BlockingIOError:
