@@ -25,6 +25,7 @@ from tests.system.test_process_runtime import (
     agent_pid,
     processes,
     reap,
+    supervisor_processes,
     supervisors,
 )
 
@@ -92,7 +93,7 @@ async def test_a_process_node_readopts_its_sandbox_after_kill9(
             # Adopted, not started again: the same supervisor and guest, and only them.
             assert supervisors(host, kept) == [supervisor]
             assert agent_pid(host, kept) == guest
-            assert len(processes(f"supervisor.py {node.data_dir}")) == 1
+            assert len(supervisor_processes(f"supervisor.py {node.data_dir}")) == 1
             # The new agent made a new secret: the data plane follows it.
             credential = await plane.credential(kept.workspace_id)
             assert (await plane.exec(credential, "cat", "/data/note"))[1] == b"through the node"

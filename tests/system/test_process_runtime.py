@@ -90,10 +90,15 @@ def _parent(pid: int) -> int:
 
 
 def processes(needle: str) -> list[int]:
-    """Live processes whose command line contains `needle`, without their children that
-    carry it only between a fork and an exec (a supervisor starting mount, bwrap...)."""
+    """Live processes whose command line contains `needle`."""
     pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
-    found = {pid for pid in pids if needle in _cmdline(pid) and _alive(pid)}
+    return [pid for pid in pids if needle in _cmdline(pid) and _alive(pid)]
+
+
+def supervisor_processes(needle: str) -> list[int]:
+    """The supervisors among processes(needle): not their children, which carry the same
+    command line between a fork and an exec (the guest-to-be, mount, mkfs...)."""
+    found = set(processes(needle))
     return sorted(pid for pid in found if _parent(pid) not in found)
 
 
@@ -113,7 +118,7 @@ def agent_pid(server: ServerProcess, workspace: wp.Workspace) -> int:
 
 
 def supervisors(server: ServerProcess, workspace: wp.Workspace) -> list[int]:
-    return processes(f"supervisor.py {instance_dir(server, workspace)}")
+    return supervisor_processes(f"supervisor.py {instance_dir(server, workspace)}")
 
 
 def guest_path(server: ServerProcess, workspace: wp.Workspace, path: str) -> Path:
@@ -511,7 +516,7 @@ async def test_control_plane_kill9_readopts_without_orphans(server_factory: Call
             assert supervisors(server, kept) == [kept_supervisor]
             assert agent_pid(server, kept) == kept_guest
             assert not supervisors(server, crashed) and not supervisors(server, stopped)
-            assert len(processes(f"supervisor.py {server.data_dir}")) == 1
+            assert len(supervisor_processes(f"supervisor.py {server.data_dir}")) == 1
             # The re-adopted sandbox is fully controllable: a graceful stop syncs and confirms.
             response = await client.stop(kept.workspace_id)
             assert response.workspace.state == S.WORKSPACE_STATE_STOPPED

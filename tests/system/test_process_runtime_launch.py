@@ -26,6 +26,7 @@ from tests.system.test_process_runtime import (
     processes,
     reap,
     refused,
+    supervisor_processes,
     volume_dir,
     wait_until,
 )
@@ -91,15 +92,15 @@ async def test_control_plane_kill9_during_a_launch_starts_nothing_twice(
             created = (await client.ws.CreateWorkspace(request)).workspace
             assert created.state == S.WORKSPACE_STATE_CREATING
             needle = f"supervisor.py {server.data_dir}/instances/{created.workspace_id}-g1"
-            await wait_until(lambda: len(processes(needle)) == 1)
-            [supervisor] = processes(needle)
+            await wait_until(lambda: len(supervisor_processes(needle)) == 1)
+            [supervisor] = supervisor_processes(needle)
         server.kill()
         server.start()
         async with Client.connect(server.address) as client:
             available = await client.wait_for(created.workspace_id, S.WORKSPACE_STATE_AVAILABLE)
             assert available.execution_generation == 1
             # The launch was re-driven: it attached to the sandbox that was starting.
-            assert processes(needle) == [supervisor]
+            assert supervisor_processes(needle) == [supervisor]
             await delete(client, available, server)
         server.stop()
     finally:
