@@ -166,7 +166,7 @@ class App:
         await self.registry.load()
         self.hub.listen(self.registry.on_changes)
         scheduler = Scheduler(self.store)
-        self.registry.on_nodes_changed(scheduler.nodes_changed)
+        self.registry.on_room(scheduler.room_on_nodes)
         self.runtimes: dict[str, Runtime] = {}
         self.sim_api: SimulatorApi | None = None
         self._closables: list[Closable] = []

@@ -1,6 +1,7 @@
 """The node registry's feed and leases, in process on a real store: a cursor continues
 where it stood; a cursor of another incarnation, or one the log no longer reaches, gets a
-snapshot; a lease that runs out makes the node silent, and a renewal brings it back."""
+snapshot; a lease that runs out makes the node silent, and a renewal brings it back (which,
+unlike the silence, tells the scheduler there may be room)."""
 
 from __future__ import annotations
 
@@ -101,8 +102,9 @@ async def test_calls_before_joining_and_bad_declarations_are_refused(store: Sqli
 
 async def test_a_lease_that_runs_out_makes_the_node_silent_and_a_renewal_brings_it_back(store: SqliteStore) -> None:
     registry = await joined(store, lease=0.2)
-    changed: list[None] = []
-    registry.on_nodes_changed(lambda: changed.append(None))
+    store.subscribe(registry.on_changes)  # as the hub does in app.py
+    room: list[None] = []
+    registry.on_room(lambda: room.append(None))
     loop = asyncio.create_task(registry.run())
     try:
 
@@ -114,10 +116,12 @@ async def test_a_lease_that_runs_out_makes_the_node_silent_and_a_renewal_brings_
         while not await silent():
             assert asyncio.get_running_loop().time() < deadline, "the lease never ran out"
             await asyncio.sleep(0.02)
-        assert changed
+        # A node falling silent takes nothing new: the scheduler is not woken for it.
+        assert not room
         await registry.renew("node-1")
         record = await store.read(lambda r: r.get_node("node-1"))
         assert record is not None and not record.silent and record.ready
+        assert room  # back: it may take instances again
     finally:
         registry.close()
         loop.cancel()

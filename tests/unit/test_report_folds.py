@@ -5,9 +5,12 @@ from __future__ import annotations
 
 from kibo.ctrl.v1 import workspace_service_pb2 as ws
 from kibo_ctrl.domain import reports
-from kibo_ctrl.domain.model import CommandState, Instance, Phase, StopDurability, WorkspaceState
+from kibo_ctrl.domain.model import CommandState, Component, Instance, Phase, StopDurability, WorkspaceState
+from kibo_ctrl.domain.nodes import NodeRecord
 from kibo_ctrl.domain.reports import (
+    Destroyed,
     GuestReset,
+    GuestResponding,
     Launched,
     LaunchFailed,
     Report,
@@ -17,6 +20,7 @@ from kibo_ctrl.domain.reports import (
     VmmExited,
 )
 from kibo_ctrl.engine import controller
+from kibo_ctrl.store.base import Tx
 
 from tests.unit.engine_harness import Engine, engine
 
@@ -144,3 +148,60 @@ async def test_a_fourth_guest_reset_within_the_window_fails_the_workspace(engine
     assert failed.state is WorkspaceState.FAILED and failed.release_pending_since is not None
     assert failed.failure is not None and "resets within 10 minutes" in failed.failure.message
     assert (await _instance(engine, instance_id)).phase is Phase.EXITED
+
+
+async def _on_silent_node(engine: Engine) -> tuple[str, str]:
+    """A running workspace on node-1, then node-1's lease lapsed: recorded silent, the
+    workspace UNKNOWN (as NodeRegistry._expire does)."""
+    workspace, _ = await engine.create()
+    instance_id = workspace.instance_id or ""
+
+    def place(tx: Tx) -> None:
+        tx.put_node(NodeRecord("node-1", 8, 8192, "local"))
+        instance = tx.get_instance(instance_id)
+        assert instance is not None
+        instance.node_id, instance.phase, instance.holds = "node-1", Phase.SCHEDULED, [Component.RESERVATION]
+        tx.put_instance(instance)
+
+    def lapse(tx: Tx) -> None:
+        record = tx.get_node("node-1")
+        assert record is not None
+        record.silent = True
+        tx.put_node(record)
+        controller.set_node_silent(tx, "node-1", True)
+
+    await engine.store.transact(place)
+    await engine.store.transact(controller.apply, Launched(instance_id=instance_id))
+    await engine.store.transact(lapse)
+    assert (await engine.workspace(workspace.id)).state is WorkspaceState.UNKNOWN
+    return workspace.id, instance_id
+
+
+async def test_a_report_from_a_node_recorded_silent_leaves_its_workspace_unknown(engine: Engine) -> None:
+    """Simulation seed 10074: node-3 was back for a moment, its report went through before
+    its lease was renewed, and it fell silent again. The report ended the workspace's
+    UNKNOWN while the node stayed recorded silent: AVAILABLE on a silent node. The node's
+    record decides; its renewal ends every UNKNOWN of the node together."""
+    workspace_id, instance_id = await _on_silent_node(engine)
+    await engine.store.transact(controller.apply, GuestResponding(instance_id=instance_id, responding=True))
+    after = await engine.workspace(workspace_id)
+    assert after.node_silent and after.state is WorkspaceState.UNKNOWN
+    # Its renewal (NodeRegistry._renew_record): the node is back, and so is the workspace.
+    await engine.store.transact(controller.set_node_silent, "node-1", False)
+    assert (await engine.workspace(workspace_id)).state is WorkspaceState.AVAILABLE
+
+
+async def test_a_report_that_leaves_nothing_on_a_silent_node_ends_the_unknown(engine: Engine) -> None:
+    """The one report from a node recorded silent that settles its workspace: the instance
+    has nothing left on the node (the node's return would not find it among the node's
+    instances), and the report confirms the state. Here: deleted while its node is silent,
+    and the node's Destroyed report came through."""
+    workspace_id, instance_id = await _on_silent_node(engine)
+    message = ws.DeleteWorkspaceRequest(workspace_id=workspace_id)
+    message.metadata.command_id = "delete-1"
+    await engine.command("DeleteWorkspace", message)
+    assert (await engine.workspace(workspace_id)).node_silent
+    await engine.store.transact(controller.apply, Destroyed(instance_id=instance_id))
+    after = await engine.workspace(workspace_id)
+    assert not (await _instance(engine, instance_id)).active
+    assert not after.node_silent and after.state is WorkspaceState.DELETED

@@ -323,6 +323,12 @@ class Command(msgspec.Struct):
         return self.state in (CommandState.SUCCEEDED, CommandState.FAILED)
 
 
+# Phases in which a node holds (or is about to hold) an instance's sandbox.
+ACTIVE_PHASES = frozenset(
+    {Phase.SCHEDULED, Phase.PROVISIONING, Phase.LAUNCHING, Phase.RUNNING, Phase.RESTARTING, Phase.STOPPING}
+)
+
+
 class Instance(msgspec.Struct):
     id: str
     workspace_id: str
@@ -349,6 +355,12 @@ class Instance(msgspec.Struct):
     @property
     def holds_execution(self) -> bool:
         return bool(self.holds)
+
+    @property
+    def active(self) -> bool:
+        """A node still has to act on the instance, or still holds parts of it (the store's
+        node_instances): what a node falling silent leaves unconfirmed."""
+        return self.step != self.done_step or bool(self.holds) or self.phase in ACTIVE_PHASES
 
 
 class Volume(msgspec.Struct):

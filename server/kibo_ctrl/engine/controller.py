@@ -80,18 +80,34 @@ def apply(tx: Tx, report: Report) -> None:
     current = workspace.instance_id == instance.id
     # A transition this report causes by finishing a command is recorded with that command.
     finishing = workspace.active_command or ""
-    if current and workspace.node_silent:
+    recorded_silent = current and workspace.node_silent and _recorded_silent(tx, instance.node_id)
+    if current and workspace.node_silent and not recorded_silent:
         # A report from the node proves it answers, even before liveness notices; without
         # this, an instance that stops or is released here is no longer among the node's
         # active instances, and the workspace would stay UNKNOWN after the node is back.
         steps.set_node_silent(tx, workspace, instance.node_id, False)
     FOLDS[type(report)](tx, workspace, instance, report, current)
+    if recorded_silent and not instance.active:
+        # Recorded silent, the node is back only once its lease is renewed (and then every
+        # workspace still on it leaves UNKNOWN together); but this instance now has nothing
+        # on the node, so that return would not find it, and its state is confirmed.
+        steps.set_node_silent(tx, workspace, instance.node_id, False)
     if current:
         steps.observe_holds(workspace, instance)
         steps.start_owed_stop(tx, workspace, instance)
         save(tx, workspace, instance, command_id=finishing)
     else:
         tx.put_instance(instance)
+
+
+def _recorded_silent(tx: Tx, node_id: str | None) -> bool:
+    """Whether the node's record says it is silent. The record decides, not a report: a
+    report that slipped through (sent in a moment of reachability, or queued while the node
+    was silent) must not end a workspace's UNKNOWN while its node's lease is still lapsed,
+    or the workspace would run on a node recorded silent and show AVAILABLE (simulation
+    seed 10074)."""
+    record = tx.get_node(node_id) if node_id else None
+    return record is not None and record.silent
 
 
 # Each fold: what one report type means for its instance and (when `current`, the report is

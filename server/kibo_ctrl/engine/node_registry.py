@@ -27,8 +27,6 @@ import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 
-import msgspec
-
 from ..domain.clock import SYSTEM_CLOCK, Clock
 from ..domain.errors import Conflict, InvalidArgument, NotFound, PermissionDenied, StoreError
 from ..domain.model import Instance, Workspace
@@ -109,7 +107,7 @@ class NodeRegistry:
         self._lease_unstored: dict[str, int] = {}
         self._expiry_unstored: int | None = None
         # By node: what of its last record seen in a commit matters for placement.
-        self._placements: dict[str, NodeRecord] = {}
+        self._placements: dict[str, Placement] = {}
         self._closed = asyncio.Event()
 
     async def load(self) -> None:
@@ -120,6 +118,7 @@ class NodeRegistry:
             # The stored lease, or one lease from this start (the time to reconnect).
             self._deadlines[node.id] = max(now + self.lease_seconds, node.lease_expiry)
             self._stored[node.id] = node.lease_expiry
+            self._placements[node.id] = _placement(node)
             self._learn(node)
 
     def _learn(self, node: NodeRecord) -> None:
@@ -132,8 +131,10 @@ class NodeRegistry:
         else:
             self._data_planes.pop(node.id, None)
 
-    def on_nodes_changed(self, listener: Callable[[], None]) -> None:
-        """Called when a node joins, returns, falls silent or is cordoned (the scheduler)."""
+    def on_room(self, listener: Callable[[], None]) -> None:
+        """Called, after the commit, when a node may take more than before: it joined or
+        returned, was uncordoned, grew or changed its labels (the scheduler). A node falling
+        silent or cordoned takes nothing new: that calls no one."""
         self._listeners.append(listener)
 
     def close(self) -> None:
@@ -180,7 +181,6 @@ class NodeRegistry:
         log.info("node %s joined (%d vCPU, %d MiB, pool %s)", node.id, node.vcpus, node.memory_mib, node.storage_pool)
         if returned:
             log.info("node %s is back: its workspaces are no longer UNKNOWN", node.id)
-        self._changed()
         return Joined(node.id, self.lease_seconds)
 
     def _join(self, tx: Tx, declaration: Declaration, now: float) -> bool:
@@ -253,7 +253,6 @@ class NodeRegistry:
         self._renewed_now(node, now)
         if returned:
             log.info("node %s is back: its workspaces are no longer UNKNOWN", node)
-            self._changed()
 
     def _renew(self, tx: Tx, node: str, now: float) -> bool:
         record = tx.get_node(node)
@@ -288,8 +287,6 @@ class NodeRegistry:
                 # A renewal that arrived meanwhile wins: it is recorded back at its next write.
                 self._silent[node] = True
                 log.warning("node %s: its lease ran out; its workspaces are UNKNOWN", node)
-            if expired:
-                self._changed()
 
     def _expire(self, tx: Tx, nodes: list[str], now: float) -> tuple[list[str], dict[str, float]]:
         """Make silent the nodes whose lease ran out; and the stored leases (by node) of those
@@ -337,26 +334,25 @@ class NodeRegistry:
             tx.put_node(record)
             return record
 
-        record = await self._store.transact(change)
-        self._changed()
-        return record
+        return await self._store.transact(change)
 
     # -- the feed -----------------------------------------------------------------------------
 
     def on_changes(self, changes: Changes) -> None:
         """Hub listener: learn the nodes recorded (here or through another replica), and route
         each commit's records to the feeds of the nodes they concern."""
-        placement_changed = False
+        room = False
         for record in changes.nodes.values():
-            # A renewal that only moved the stored lease changes no placement: the scheduler
-            # is not woken for it (a lease is stored about once a lease per node).
-            placement_changed = placement_changed or _placement(record) != self._placements.get(record.id)
-            self._placements[record.id] = _placement(record)
+            # A renewal that only moved the stored lease, a rejoin that changed nothing and a
+            # node falling silent give no room: the scheduler is not woken for them.
+            placement = _placement(record)
+            room = room or _more_room(self._placements.get(record.id), placement)
+            self._placements[record.id] = placement
             self._learn(record)
             if record.renewed_by != self.epoch:
                 # Renewed through another replica (or another incarnation): its stored lease.
                 self._deadlines[record.id] = max(self._deadlines.get(record.id, 0.0), record.lease_expiry)
-        if placement_changed:
+        if room:
             self._changed()
         for instance in changes.instances.values():
             feed = self._feeds.get(instance.node_id or "")
@@ -485,9 +481,20 @@ class NodeRegistry:
         await self._store.transact(apply)
 
 
-def _placement(record: NodeRecord) -> NodeRecord:
-    """The record without what a renewal rewrites (its stored lease)."""
-    return msgspec.structs.replace(record, lease_expiry=0.0, renewed_by="", lease_seconds=0.0)
+Placement = tuple[bool, int, int, dict[str, str]]
+
+
+def _placement(record: NodeRecord) -> Placement:
+    """What of a node record the scheduler looks at (not its stored lease, nor when it joined)."""
+    return record.ready, record.vcpus, record.memory_mib, record.labels
+
+
+def _more_room(before: Placement | None, after: Placement) -> bool:
+    """Whether the node may take an instance it could not take before."""
+    ready, vcpus, memory_mib, labels = after
+    if before is None or not before[0]:
+        return ready
+    return ready and (vcpus > before[1] or memory_mib > before[2] or labels != before[3])
 
 
 def _own_instance(reader: Reader, node: str, instance_id: str) -> Instance | None:

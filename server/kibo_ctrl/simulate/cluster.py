@@ -71,7 +71,7 @@ class ControlPlane:
             for i, n in enumerate(self.nodes)
         ]
         self.scheduler = Scheduler(store)
-        self.registry.on_nodes_changed(self.scheduler.nodes_changed)
+        self.registry.on_room(self.scheduler.room_on_nodes)
         self.expiry = ExpiryLoop(store, self.service, clock)
         for listener in (self.scheduler.on_changes, self.expiry.on_changes):
             self.hub.listen(listener)

@@ -164,12 +164,18 @@ def check_cleaned(reader: Reader, workspace: Workspace) -> list[str]:
 
 def check_silent(reader: Reader, due: Collection[str]) -> list[str]:
     """Each node in `due` (cut off for longer than its lease and the registry's slack, with
-    the store writable and the control plane up all that time) is recorded silent (the
-    commit that records it makes the workspaces it then holds UNKNOWN). Not stated: that
-    every workspace it holds later shows it (see reports/simint.md)."""
+    the store writable and the control plane up all that time) is recorded silent, and each
+    workspace whose current instance it holds shows its node silent (UNKNOWN)."""
     broken = []
     for node_id in due:
         record = reader.get_node(node_id)
-        if record is None or not record.silent:
+        if record is None:
+            continue  # cut off before it ever joined: nothing is placed on it
+        if not record.silent:
             broken.append(f"node {node_id} is cut off past its lease but not recorded silent")
+            continue
+        for instance in reader.node_instances(node_id):
+            workspace = reader.get_workspace(instance.workspace_id)
+            if workspace is not None and workspace.instance_id == instance.id and not workspace.node_silent:
+                broken.append(f"{workspace.id} runs on silent node {node_id} but does not show it silent")
     return broken

@@ -7,7 +7,9 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import os
 import random
+import re
 import tempfile
 import uuid
 from collections.abc import Callable, Iterator
@@ -134,6 +136,10 @@ class Simulation:
         self.instances_changed = False
         self.full_next = True
         self.checks = 0
+        # Change sets seen (published, or withheld by a crash), and the nodes and count the
+        # silence invariant last held for.
+        self.changes_seen = 0
+        self.silent_checked: tuple[list[str], int] = ([], -1)
         # By node: since when it is cut off; and since when the store takes writes and this
         # control plane runs (for the silence invariant, `_silent_due`).
         self.cut_off: dict[str, float] = {}
@@ -218,14 +224,20 @@ class Simulation:
             with contextlib.suppress(BaseException):
                 await task
 
-    async def _boot(self) -> ControlPlane:
+    async def _boot(self, withheld: Changes | None = None) -> ControlPlane:
         """Start an incarnation, and watch every workspace from what the store holds now
-        (a watcher resuming after the restart)."""
+        (a watcher resuming after the restart). `withheld`: what the crashed incarnation
+        committed but never published; the first check reads it, with what changed since the
+        last check (nothing else can have changed: a full check, every FULL_CHECK_EVERY
+        checks, reads all the same). The first boot checks everything."""
         self.plane = await ControlPlane.boot(self.path, self.shape, self.board, self._clock(), self.warp)
         self.plane.hub.listen(self._observe)
         assert self.loop is not None
         self.writable_since = self.loop.time()
-        self.full_next = True
+        if withheld is None:
+            self.full_next = True
+        else:
+            self._mark_dirty(withheld)
         # The old watch ended with the crash (it may have missed what was never published):
         # the new one starts from the store, as a client's watch resumes.
         self.watched = {}
@@ -235,12 +247,17 @@ class Simulation:
         return self.plane
 
     def _observe(self, changes: Changes) -> None:
-        self.dirty.update(changes.workspaces)
-        self.dirty.update(i.workspace_id for i in changes.instances.values())
-        self.commands_written.update(changes.commands)
-        self.instances_changed = self.instances_changed or bool(changes.instances)
+        self._mark_dirty(changes)
         for snapshot in changes.workspace_history:
             invariants.fold(self.watched.setdefault(snapshot.id, []), snapshot.state)
+
+    def _mark_dirty(self, changes: Changes) -> None:
+        self.changes_seen += 1
+        self.dirty.update(changes.workspaces)
+        self.dirty.update(i.workspace_id for i in changes.instances.values())
+        self.dirty.update(e.workspace_id for e in changes.events)
+        self.commands_written.update(changes.commands)
+        self.instances_changed = self.instances_changed or bool(changes.instances)
 
     def _clock(self) -> VirtualClock:
         assert self.loop is not None
@@ -308,7 +325,7 @@ class Simulation:
         unpublished = plane.store.crashed or plane.store.published_mark() is None
         await self._drop_clients()
         await plane.crash()
-        restarted = await self._boot()
+        restarted = await self._boot(plane.store.withheld)
         if disk_full:
             restarted.store.set_disk_full(True)
         self._log(f"restarted from the store{' (a commit was not yet published)' if unpublished else ''}")
@@ -472,7 +489,9 @@ class Simulation:
         found = plane.store.check(lambda r: invariants.check_store(r, nodes, self.seen, acknowledged, only))
         self.broken.extend(found)
         due = self._silent_due()
-        if due:
+        # The store changes only by commits: one checked against the same nodes holds still.
+        if due and (due, self.changes_seen) != self.silent_checked:
+            self.silent_checked = (due, self.changes_seen)
             self.broken.extend(plane.store.check(lambda r: invariants.check_silent(r, due)))
         if plane.store.published_mark() is not None:
             watched = self.watched if only is None else only & self.watched.keys()
@@ -618,8 +637,21 @@ def simulate(
     `warp=False` runs every idle tick of the periodic loops (the history is the same)."""
     full = plan(random.Random(seed), steps)
     chosen = full if keep is None else [full[i] for i in keep]
-    with tempfile.TemporaryDirectory(prefix=f"kibo-sim-{seed}-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=f"kibo-sim-{seed}-", dir=_scratch()) as tmp:
         return Simulation(seed, chosen, Path(tmp), shape, bug, warp).run()
+
+
+def _scratch() -> str | None:
+    """Where the store's file goes: memory (tmpfs) where there is one, as nothing of it must
+    outlive the run and a crash here loses no OS buffers; else the temp directory."""
+    shm = "/dev/shm"
+    return shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else None
+
+
+def violation_kind(outcome: Outcome) -> str:
+    """The first violation with its IDs and numbers left out: what shrinking must keep."""
+    first = (outcome.violation or "").split("; ")[0]
+    return re.sub(r"[0-9a-f]{6,}|\d+", "#", first)
 
 
 def shrink(
@@ -631,7 +663,9 @@ def shrink(
     budget: int = 200,
     warp: bool = True,
 ) -> tuple[list[int], Outcome]:
-    """Drop steps while the run still fails (delta debugging over the plan): the steps kept."""
+    """Drop steps while the run still fails the same way (delta debugging over the plan; a
+    trial that breaks another invariant is not kept): the steps kept."""
+    kind = violation_kind(failed)
     last = failed.failed_step if failed.failed_step is not None else steps - 1
     keep = list(range(min(steps, last + 1)))
     best = failed
@@ -644,7 +678,7 @@ def shrink(
             trial = keep[:start] + keep[start + chunk :]
             runs += 1
             outcome = simulate(seed, steps, shape, trial, bug, warp)
-            if not outcome.ok:
+            if not outcome.ok and violation_kind(outcome) == kind:
                 keep, best, changed = trial, outcome, True
             else:
                 start += chunk

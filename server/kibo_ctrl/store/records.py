@@ -17,20 +17,10 @@ EVENT = msgspec.json.Decoder(Event)
 VOLUME = msgspec.json.Decoder(Volume)
 NODE = msgspec.json.Decoder(NodeRecord)
 
-# Phases in which a node holds (or is about to hold) an instance's sandbox.
-_ACTIVE_PHASES = (
-    Phase.SCHEDULED,
-    Phase.PROVISIONING,
-    Phase.LAUNCHING,
-    Phase.RUNNING,
-    Phase.RESTARTING,
-    Phase.STOPPING,
-)
-
 
 def instance_active(instance: Instance) -> bool:
     """A node still has to act on the instance, or still holds parts of it (node_instances)."""
-    return instance.step != instance.done_step or bool(instance.holds) or instance.phase in _ACTIVE_PHASES
+    return instance.active
 
 
 def instance_unscheduled(instance: Instance) -> bool:
