@@ -7,7 +7,6 @@ import asyncio
 import contextlib
 import hashlib
 import logging
-import os
 import random
 import re
 import tempfile
@@ -38,6 +37,7 @@ from ..store.base import Changes
 from . import invariants
 from .cluster import ControlPlane, Shape
 from .loop import Deadlock, VirtualClock, VirtualTimeLoop
+from .store import MemoryDatabase
 from .workload import Act, Step, plan
 
 SIZES = {1: (1, 512), 2: (2, 2048), 3: (4, 4096), 4: (8, 8192)}
@@ -131,9 +131,9 @@ class Simulation:
         # Workspaces changed and commands acknowledged since the last check.
         self.dirty: set[str] = set()
         self.fresh: dict[tuple[str, str], Command] = {}
-        # Command rows written and whether any instance changed, since the last check.
+        # Command rows written, and the nodes of the instances written, since the last check.
         self.commands_written: set[str] = set()
-        self.instances_changed = False
+        self.nodes_touched: set[str] = set()
         self.full_next = True
         self.checks = 0
         # Change sets seen (published, or withheld by a crash), and the nodes and count the
@@ -160,7 +160,12 @@ class Simulation:
         engine_log.addHandler(self.errors)
         failed_step: int | None = None
         try:
-            with self._seeded_ids(), _lean_log_records(), self.bug() if self.bug else contextlib.nullcontext():
+            with (
+                contextlib.closing(MemoryDatabase(self.path)),
+                self._seeded_ids(),
+                _lean_log_records(),
+                self.bug() if self.bug else contextlib.nullcontext(),
+            ):
                 try:
                     failed_step = loop.run_until_complete(self._main())
                 except Deadlock as stuck:
@@ -257,7 +262,7 @@ class Simulation:
         self.dirty.update(i.workspace_id for i in changes.instances.values())
         self.dirty.update(e.workspace_id for e in changes.events)
         self.commands_written.update(changes.commands)
-        self.instances_changed = self.instances_changed or bool(changes.instances)
+        self.nodes_touched.update(i.node_id for i in changes.instances.values() if i.node_id)
 
     def _clock(self) -> VirtualClock:
         assert self.loop is not None
@@ -482,10 +487,10 @@ class Simulation:
                 tenant, _, command_id = key.partition("\x00")  # domain/model.py command_key
                 if (command := self.state.acknowledged.get((tenant, command_id))) is not None:
                     acknowledged[(tenant, command_id)] = command
-        # Reservations change only with instances.
-        nodes = plane.nodes if full or self.instances_changed else []
+        # A node's reservations change only with its instances.
+        nodes = plane.nodes if full else [node for node in plane.nodes if node.id in self.nodes_touched]
         self.dirty, self.fresh, self.full_next = set(), {}, False
-        self.commands_written, self.instances_changed = set(), False
+        self.commands_written, self.nodes_touched = set(), set()
         found = plane.store.check(lambda r: invariants.check_store(r, nodes, self.seen, acknowledged, only))
         self.broken.extend(found)
         due = self._silent_due()
@@ -637,15 +642,9 @@ def simulate(
     `warp=False` runs every idle tick of the periodic loops (the history is the same)."""
     full = plan(random.Random(seed), steps)
     chosen = full if keep is None else [full[i] for i in keep]
-    with tempfile.TemporaryDirectory(prefix=f"kibo-sim-{seed}-", dir=_scratch()) as tmp:
+    # The database is in memory (simulate/store.py); the directory makes its name unique.
+    with tempfile.TemporaryDirectory(prefix=f"kibo-sim-{seed}-") as tmp:
         return Simulation(seed, chosen, Path(tmp), shape, bug, warp).run()
-
-
-def _scratch() -> str | None:
-    """Where the store's file goes: memory (tmpfs) where there is one, as nothing of it must
-    outlive the run and a crash here loses no OS buffers; else the temp directory."""
-    shm = "/dev/shm"
-    return shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else None
 
 
 def violation_kind(outcome: Outcome) -> str:

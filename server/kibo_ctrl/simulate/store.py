@@ -6,7 +6,8 @@ commit (all jobs queued in one loop iteration share one transaction, each in its
 and the gap between a commit and its publication (published by a callback of the loop, as
 the writer thread does), but runs them as loop callbacks: the order is the loop's, which is
 deterministic. It adds the faults a disk has: full (a real SQLITE_FULL, from a page cap) and
-a crash between a commit and its publication."""
+a crash between a commit and its publication. The database is in memory (`MemoryDatabase`
+keeps it across the simulated crashes)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,26 @@ from ..store.sqlite import SqliteReader, SqliteStore, _Job, _read_transaction, _
 
 T = TypeVar("T")
 P = ParamSpec("P")
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    # In memory, not a file: the simulated crash loses no OS buffers (the process lives on),
+    # so a file would add only system calls (a write per page and commit, a read per page a
+    # new incarnation touches) and change nothing the invariants can see. The same queries,
+    # transactions, savepoints and page cap (a full disk) apply; a rollback journal in memory
+    # takes the place of the WAL (no other connection reads while the writer writes).
+    return sqlite3.connect(f"file:{path}?mode=memory&cache=shared", isolation_level=None, uri=True)
+
+
+class MemoryDatabase:
+    """Keeps the in-memory database named `path` while the simulation runs: an incarnation's
+    crash closes its store's connection, and the next one finds the database as it was."""
+
+    def __init__(self, path: Path) -> None:
+        self._conn = _connect(path)
+
+    def close(self) -> None:
+        self._conn.close()
 
 
 class LoopStore(SqliteStore):
@@ -42,24 +63,17 @@ class LoopStore(SqliteStore):
 
     @classmethod
     async def open_here(cls, path: Path, clock: Clock) -> LoopStore:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        """The database named `path`, in memory: it lasts while a connection to it is open
+        (this store's, or a `MemoryDatabase`'s across the simulated crashes)."""
         store = cls(path, asyncio.get_running_loop(), clock)
-        store._migrate()
         # One connection for writes and reads: both run on this thread, and never while a
         # batch is open, so a read sees what a reader connection would (the last commit).
         store._write_conn = store._read_conn = store._connect()
+        store._migrate_on(store._write_conn)
         return store
 
     def _connect(self) -> sqlite3.Connection:
-        conn = sqlite3.connect(self.path, isolation_level=None)
-        # Nothing else opens the file while the incarnation runs: no file locks, and the WAL
-        # index in the process's memory (set before the first access), a few system calls
-        # fewer per transaction. The simulated crash loses no OS buffers (the process lives
-        # on): an fsync per commit would cost time and change nothing the invariants can see.
-        conn.execute("PRAGMA locking_mode=EXCLUSIVE")
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=OFF")
-        return conn
+        return _connect(self.path)
 
     def set_disk_full(self, full: bool) -> None:
         """A full disk: the database may not grow past its current pages (SQLITE_FULL)."""

@@ -390,15 +390,16 @@ class SqliteStore:
     def _migrate(self) -> None:
         conn = self._connect()
         try:
-            version = int(conn.execute("PRAGMA user_version").fetchone()[0])
-            if version > len(MIGRATIONS):
-                raise RuntimeError(
-                    f"{self.path} has schema version {version}, newer than this kibo ({len(MIGRATIONS)})"
-                )
-            for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
-                conn.executescript(f"BEGIN IMMEDIATE; {script}; PRAGMA user_version = {number}; COMMIT;")
+            self._migrate_on(conn)
         finally:
             conn.close()
+
+    def _migrate_on(self, conn: sqlite3.Connection) -> None:
+        version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+        if version > len(MIGRATIONS):
+            raise RuntimeError(f"{self.path} has schema version {version}, newer than this kibo ({len(MIGRATIONS)})")
+        for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
+            conn.executescript(f"BEGIN IMMEDIATE; {script}; PRAGMA user_version = {number}; COMMIT;")
 
     def subscribe(self, listener: Callable[[Changes], None]) -> None:
         self._listeners.append(listener)
