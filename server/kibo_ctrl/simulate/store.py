@@ -58,7 +58,8 @@ class LoopStore(SqliteStore):
         self.disk_full = False
         # Crash right after the next commit: on disk, answered to nobody, published to nobody.
         self.crash_after_commit = False
-        # What it committed after its crash: on disk, published to nobody.
+        # What it committed but, crashed, never published (the checker of the next
+        # incarnation reads these records: no listener was told of them).
         self.withheld = Changes()
 
     @classmethod
