@@ -31,6 +31,14 @@ from tests.server import ServerProcess
 
 S = wp.WorkspaceState
 KIBO = [sys.executable, "-c", "from kibo_cli.main import main; main()"]
+# As at a terminal, where Ctrl-C is not ignored. A suite started in the background (`nohup ...
+# &`) hands its processes SIGINT ignored, and a new Python keeps it ignored: the tests that
+# press Ctrl-C would wait for nothing (found when the suite was run that way).
+KIBO_AT_A_TERMINAL = [
+    sys.executable,
+    "-c",
+    "import signal; signal.signal(signal.SIGINT, signal.default_int_handler); from kibo_cli.main import main; main()",
+]
 runner = CliRunner()
 
 
@@ -509,7 +517,7 @@ def test_giving_up_the_delete_wait_cancels_nothing(firecracker: ServerProcess, s
 
 def _spawn(server: ServerProcess, *args: str, stdin: int | None = None) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [*KIBO, "--server", server.address, *args],
+        [*KIBO_AT_A_TERMINAL, "--server", server.address, *args],
         stdin=stdin,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

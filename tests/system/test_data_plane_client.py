@@ -29,6 +29,14 @@ from tests.system.test_process_runtime import processes, reap, sandbox_server, s
 FLAGS = ("--runtime", "process", "--sandbox", "bwrap", "--settle-ms", "3000", "--stop-grace-ms", "2000")
 SMALL = wp.WorkspaceSpec(resources=wp.Resources(vcpus=1, memory_mib=64))
 KIBO = [sys.executable, "-c", "from kibo_cli.main import main; main()"]
+# As at a terminal, where Ctrl-C is not ignored. A suite started in the background (`nohup ...
+# &`) hands its processes SIGINT ignored, and a new Python keeps it ignored: the tests that
+# press Ctrl-C would wait for nothing (found when the suite was run that way).
+KIBO_AT_A_TERMINAL = [
+    sys.executable,
+    "-c",
+    "import signal; signal.signal(signal.SIGINT, signal.default_int_handler); from kibo_cli.main import main; main()",
+]
 runner = CliRunner()
 
 
@@ -213,7 +221,16 @@ def test_cli_exec(server: ServerProcess, workspace: str) -> None:
     assert (piped.returncode, piped.stdout.strip()) == (42, b"200000"), piped.stderr
     # Ctrl-C stops the command in the workspace and exits 130.
     running = subprocess.Popen(
-        [*KIBO, "--server", server.address, *exec_, "--", "sh", "-c", "echo started; sleep 26 & sleep 26"],
+        [
+            *KIBO_AT_A_TERMINAL,
+            "--server",
+            server.address,
+            *exec_,
+            "--",
+            "sh",
+            "-c",
+            "echo started; sleep 26 & sleep 26",
+        ],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
