@@ -172,6 +172,26 @@ async def test_a_failing_job_rolls_back_alone_in_its_batch(place: Place) -> None
     assert place.raw_count("tokens") == 3
 
 
+async def test_a_failing_job_alone_in_its_commit_leaves_nothing_and_the_writer_goes_on(place: Place) -> None:
+    """A batch of one (SQLite runs it without a savepoint): its write is rolled back with it,
+    it is answered with its own error, no commit is counted, and the next job commits."""
+    store = await place.open()
+    batches: list[int] = []
+    store.observe_commits(lambda seconds, jobs: batches.append(jobs))
+
+    def write_then_fail(tx: Tx) -> None:
+        tx.add_token(*_token("rolled-back"))
+        raise ValueError("the job's own error")
+
+    with pytest.raises(ValueError, match="own error"):
+        await store.transact(write_then_fail)
+    assert place.raw_count("tokens") == 0
+    record, digest = _token("after")
+    assert await store.transact(_add_token, record, digest) == record.id
+    assert place.raw_count("tokens") == 1
+    assert batches and all(jobs == 1 for jobs in batches)
+
+
 async def test_one_command_id_raced_from_two_stores_makes_one_workspace(place: Place) -> None:
     """Two store instances on one database (two replicas) get the same CreateWorkspace at
     once, many times: one workspace per command ID, and both answer it."""

@@ -498,31 +498,27 @@ class SqliteStore:
         alone = len(batch) == 1
         try:
             conn.execute("BEGIN IMMEDIATE")
-            if alone:
-                try:
-                    result = batch[0].fn(tx := SqliteTx(conn, now))
-                except BaseException as error:
-                    if conn.in_transaction:
-                        conn.execute("ROLLBACK")
-                    outcomes.append((batch[0], None, error))
-                else:
-                    outcomes.append((batch[0], result, None))
-                    changes = tx.changes
-            for job in batch if not alone else ():
+            for job in batch:
                 tx = SqliteTx(conn, now)
-                conn.execute("SAVEPOINT job")
+                if not alone:
+                    conn.execute("SAVEPOINT job")
                 try:
                     result = job.fn(tx)
                 except BaseException as error:
-                    if isinstance(error, sqlite3.Error) and not conn.in_transaction:
+                    if alone:
+                        if conn.in_transaction:
+                            conn.execute("ROLLBACK")
+                    elif isinstance(error, sqlite3.Error) and not conn.in_transaction:
                         # SQLite rolled the whole transaction back (it may on SQLITE_FULL): the
                         # savepoint is gone, and the batch fails with this job's own error.
                         raise
-                    conn.execute("ROLLBACK TO job")
-                    conn.execute("RELEASE job")
+                    else:
+                        conn.execute("ROLLBACK TO job")
+                        conn.execute("RELEASE job")
                     outcomes.append((job, None, error))
                 else:
-                    conn.execute("RELEASE job")
+                    if not alone:
+                        conn.execute("RELEASE job")
                     outcomes.append((job, result, None))
                     changes.merge(tx.changes)
             took: float | None = None
