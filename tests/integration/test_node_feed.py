@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
+from kibo.ctrl.v1 import workspace_service_pb2 as ws
 from kibo_ctrl.domain.model import Backend, Instance, Node, Phase, StopDurability
 from kibo_ctrl.engine.node_agent import NodeAgent
 from kibo_ctrl.engine.node_link import Batch, Cursor, LinkDown
@@ -119,3 +120,70 @@ async def test_a_resumed_feed_loses_no_step_and_applies_none_twice(
     assert link.opened[0] is None
     assert all(cursor is not None for cursor in link.opened[1:])
     assert link.snapshots == 1
+
+
+class HaltingSim(SimNode):
+    """The simulator, halting every launch once LAUNCHING is reported (as a node agent
+    killed there would leave it)."""
+
+    def __init__(self, node_id: str) -> None:
+        super().__init__(node_id, Backend.FIRECRACKER, 0.005, SimBoard())
+        self.launching = asyncio.Event()
+
+    async def launch(
+        self, spec: LaunchSpec, progress: Callable[[Phase, tuple[str, ...]], Awaitable[None]]
+    ) -> tuple[str, ...]:
+        async def halted(phase: Phase, volumes: tuple[str, ...]) -> None:
+            await progress(phase, volumes)
+            if phase is Phase.LAUNCHING:
+                self.launching.set()
+                await asyncio.Event().wait()
+
+        return await super().launch(spec, halted)
+
+
+async def test_a_launch_driven_again_after_its_node_agent_restarts_says_so_and_is_one_launch(
+    server_factory: Factory,
+) -> None:
+    """The cluster test's kill -9 of a node agent caught between LAUNCHING and Launched: the
+    restarted agent drives the same step again, from PROVISIONING. Its event says that this is
+    the same launch resumed, not a second one (a failover launching an instance twice)."""
+    server = server_factory("--no-local-node", "--node-timeout-ms", "60000")
+    node = Node("node-k", 64, 65536, "local")
+    halting = HaltingSim("node-k")
+    links = [GrpcLink(server.address, "node-k") for _ in range(2)]
+    first = NodeAgent(node, halting, links[0])
+    second = NodeAgent(node, SimNode("node-k", Backend.FIRECRACKER, 0.005, SimBoard()), links[1])
+    tasks = [asyncio.create_task(first.run())]
+    try:
+        await asyncio.wait_for(first.ready.wait(), 20)
+        async with Client.connect(server.address) as client:
+            created = asyncio.create_task(client.create())
+            await asyncio.wait_for(halting.launching.wait(), 20)
+
+            async def launching() -> bool:
+                listed = await client.ws.ListWorkspaces(ws.ListWorkspacesRequest(page_size=10))
+                events = [await client.events(w.workspace_id) for w in listed.workspaces]
+                return any(": launching on node-k" in e.message for found in events for e in found)
+
+            await eventually(launching, what="LAUNCHING recorded")
+            tasks[0].cancel()  # the agent dies here, its launch unfinished
+            await first.stop()
+            tasks.append(asyncio.create_task(second.run()))
+            workspace = await asyncio.wait_for(created, 30)
+            assert workspace.state == S.WORKSPACE_STATE_AVAILABLE
+            events = await client.events(workspace.workspace_id)
+            phases = [e.message for e in events if ": provisioning on" in e.message]
+    finally:
+        for task in tasks:
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+        for agent, link in zip((first, second), links, strict=True):
+            await agent.stop()
+            await link.close()
+    instance = f"{workspace.workspace_id}-g1"
+    assert phases == [
+        f"instance {instance}: provisioning on node-k",
+        f"instance {instance}: provisioning on node-k again (its node agent restarted during the launch)",
+    ], phases

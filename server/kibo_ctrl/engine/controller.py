@@ -123,6 +123,10 @@ def _progress(tx: Tx, workspace: Workspace, instance: Instance, report: Progress
     )
     if applies and instance.phase is not report.phase:
         message = f"instance {instance.id}: {report.phase.name.lower()} on {instance.node_id}"
+        if report.phase is Phase.PROVISIONING and instance.phase is Phase.LAUNCHING:
+            # The node agent restarted in the middle of this launch and drives it again (in-flight
+            # work resumes): the same instance and step, not a second launch.
+            message += " again (its node agent restarted during the launch)"
         event(tx, workspace, EventType.INSTANCE_PHASE, message=message)
         instance.phase = report.phase
     _volumes_created(tx, report.volumes_created)

@@ -7,7 +7,9 @@ One task per instance at a time; when the control plane changes what it wants of
 instance (a new `step`), the task for the old step is cancelled and a new one starts. Each
 (instance, step) is started at most once per agent: a feed item seen again (a resumed feed,
 a snapshot) starts nothing. Reports wait while the node is unreachable (a silent node
-reports nothing) and are retried while the control plane cannot take them."""
+reports nothing) and are retried while the control plane cannot take them. An instance's
+reports are sent one after another, in order; the progress of a step is sent without holding
+up the runtime."""
 
 from __future__ import annotations
 
@@ -70,6 +72,9 @@ class NodeAgent:
         self._tasks: dict[str, _Task] = {}
         # The highest step started per instance: a repeated feed item starts nothing.
         self._started: dict[str, int] = {}
+        # Reports being sent, and per instance the last one: each goes after the one before.
+        self._sending: set[asyncio.Task[None]] = set()
+        self._last_sent: dict[str, asyncio.Task[None]] = {}
         self._storage: dict[str, asyncio.Task[None]] = {}
         # Deleted volumes whose files this node's storage pool may hold.
         self._volumes: dict[str, asyncio.Task[None]] = {}
@@ -87,6 +92,7 @@ class NodeAgent:
 
     async def stop(self) -> None:
         tasks = [t.task for t in self._tasks.values()] + list(self._storage.values()) + list(self._volumes.values())
+        tasks += self._sending
         for task in tasks:
             task.cancel()
         for task in tasks:
@@ -151,7 +157,7 @@ class NodeAgent:
         step = instance.step
         try:
             report = await self._drive(instance)
-            await self._report(report)
+            await self._send_in_order(report)
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -173,7 +179,9 @@ class NodeAgent:
             spec = await self._retrying(lambda: self._link.launch_spec(instance.id, step), "reading a launch spec")
 
             async def progress(phase: Phase, volumes: tuple[str, ...]) -> None:
-                await self._report(Progress(instance.id, None, phase=phase, volumes_created=volumes))
+                # Not waited for: the launch goes on while the control plane records the phase
+                # (a round trip and a commit each, on the path of every create).
+                self._send_in_order(Progress(instance.id, step, phase=phase, volumes_created=volumes))
 
             # The phases before the runtime's own (LAUNCHING...): visible while it provisions.
             await progress(Phase.PROVISIONING, ())
@@ -184,7 +192,7 @@ class NodeAgent:
             return Launched(instance.id, step, volumes)
         if instance.desired in (Desired.STOPPED, Desired.FORCE_STOPPED):
             force = instance.desired is Desired.FORCE_STOPPED
-            await self._report(Progress(instance.id, None, phase=Phase.STOPPING))
+            self._send_in_order(Progress(instance.id, step, phase=Phase.STOPPING))
             try:
                 durability = await self.runtime.stop(instance, force=force)
             except SyncError as error:
@@ -249,6 +257,33 @@ class NodeAgent:
                 delay = min(delay * 2, 30.0)
         finally:
             self._volumes.pop(volume_id, None)
+
+    def _send_in_order(self, report: Report) -> asyncio.Task[None]:
+        """Send a report of an instance once its earlier ones were taken (or given up): the
+        control plane folds a step's progress before its answer. Progress carries its step, so
+        one that arrives after the control plane moved to another step is dropped there."""
+        before = self._last_sent.get(report.instance_id)
+        task = asyncio.create_task(self._report_after(before, report))
+        self._sending.add(task)
+        self._last_sent[report.instance_id] = task
+
+        def sent(done: asyncio.Task[None]) -> None:
+            self._sending.discard(done)
+            if self._last_sent.get(report.instance_id) is done:
+                del self._last_sent[report.instance_id]
+
+        task.add_done_callback(sent)
+        return task
+
+    async def _report_after(self, before: asyncio.Task[None] | None, report: Report) -> None:
+        if before is not None:
+            await asyncio.wait([before])  # after it, and not cancelled with this one
+        try:
+            await self._report(report)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("node %s: sending %s failed", self.node.id, report)
 
     async def _report(self, report: Report) -> None:
         """Send a report; while the control plane cannot take it (down, disk full), keep
