@@ -62,6 +62,8 @@ class Server:
     settle_ms: float | None = None
     # --store: a postgresql:// URL (bench/stores.py); None: the embedded SQLite under data_dir.
     store: str | None = None
+    # Another checkout to run instead of this one (same-run A/B): its server/ and gen/.
+    code: Path | None = None
     port: int = field(default_factory=free_port)
     http_port: int = field(default_factory=free_port)
     process: subprocess.Popen[bytes] | None = None
@@ -123,7 +125,9 @@ class Server:
         """Start and wait for grpc.health.v1 SERVING; returns the seconds that took."""
         with open(self.log_path, "ab") as log:
             began = time.monotonic()
-            self.process = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+            paths = [] if self.code is None else [str(self.code / "server"), str(self.code / "gen")]
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)} if paths else None
+            self.process = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
         try:
             wait_serving(self.address, timeout, self.process)
         except BaseException:

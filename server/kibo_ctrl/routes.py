@@ -137,6 +137,7 @@ def node_service(nodes: NodeApi) -> Service:
             ServerStream("WatchSteps", nd.WatchStepsRequest, nd.WatchStepsResponse, nodes.watch_steps),
             Unary("GetLaunchSpec", nd.GetLaunchSpecRequest, nd.GetLaunchSpecResponse, nodes.get_launch_spec),
             Unary("Report", nd.ReportRequest, nd.ReportResponse, nodes.report),
+            Unary("ReportBatch", nd.ReportBatchRequest, nd.ReportBatchResponse, nodes.report_batch),
             Unary(
                 "ReportStorageReleased",
                 nd.ReportStorageReleasedRequest,

@@ -185,12 +185,40 @@ async def test_a_node_token_acts_as_its_own_node_only(
         assert error.code == grpc.StatusCode.INVALID_ARGUMENT and error.field == "volume_ids"
         assert (await client.get(workspace_id)).state == S.WORKSPACE_STATE_CREATING
 
+        # Batches: refused as a whole, and a refused one changes nothing, not even the reports
+        # in it that were fine (they are folded in one transaction).
+        def batch(*reports: nd.ReportRequest, node: str = "node-b") -> nd.ReportBatchRequest:
+            return nd.ReportBatchRequest(node_id=node, reports=reports)
+
+        progress = _report("", instance_id, step, "Progress", {"instance_id": instance_id, "step": step, "phase": 4})
+        error = await refused(intruder.call("ReportBatch", batch(progress, node="node-a")))
+        assert error.code == grpc.StatusCode.PERMISSION_DENIED
+        events = len(await client.events(workspace_id))
+        too_far = _report("", instance_id, step, "Launched", {"instance_id": instance_id, "step": step + 5})
+        too_far.step = step + 5
+        bad_batches = [
+            (batch(), "reports"),
+            (batch(*[progress] * 65), "reports"),
+            (batch(progress, _report("node-a", instance_id, step, "Launched", {})), "reports.node_id"),
+            (batch(progress, _report("", instance_id, step, "Exploded", {})), "kind"),
+            (batch(progress, too_far), "step"),
+        ]
+        for request, field in bad_batches:
+            error = await refused(owner.call("ReportBatch", request))
+            assert error.code == grpc.StatusCode.INVALID_ARGUMENT, (field, error)
+            assert error.field == field
+        assert len(await client.events(workspace_id)) == events, "a refused batch changed something"
+        assert (await client.get(workspace_id)).state == S.WORKSPACE_STATE_CREATING
+
         # The owner's own report lands, once: a repeat is harmless.
         spec_response = await owner.call("GetLaunchSpec", nd.GetLaunchSpecRequest(instance_id=instance_id, step=step))
         assert msgspec.json.decode(spec_response.spec)["instance"]["id"] == instance_id
         ok = _report("node-b", instance_id, step, "Launched", {"instance_id": instance_id, "step": step})
-        await owner.call("Report", ok)
-        events = len(await client.events(workspace_id))
+        await owner.call("ReportBatch", batch(progress, ok))
+        assert (await client.get(workspace_id)).state == S.WORKSPACE_STATE_AVAILABLE
+        messages = [e.message for e in await client.events(workspace_id)]
+        assert any(": launching on node-b" in m for m in messages), messages
+        events = len(messages)
         await owner.call("Report", ok)
         assert (await client.get(workspace_id)).state == S.WORKSPACE_STATE_AVAILABLE
         assert len(await client.events(workspace_id)) == events

@@ -176,6 +176,12 @@ class Api:
                     await asyncio.wait_for(asyncio.shield(done), self._settle)
         finally:
             self._hub.forget(command.key, done)
+        if done.done() and not done.cancelled():
+            finished = done.result()
+            # The commit that finished the command, as published: no read on the answer's path
+            # when the store vouches that what it published is what it stores.
+            if finished.workspace is not None and self._store.published_mark() is not None:
+                return finished.workspace, finished.command
 
         def both(reader: Reader) -> tuple[Workspace, Command]:
             ws, cmd = reader.get_workspace(workspace.id), reader.get_command(command.tenant, command.id)

@@ -21,7 +21,16 @@ from ..domain.errors import InvalidArgument, PermissionDenied
 from ..domain.model import Node
 from ..domain.nodes import NodeRecord, node_id
 from ..domain.reports import Report, StorageReleased
-from ..engine.node_link import REPORT_KINDS, Batch, Cursor, Declaration, InstanceWork, StorageWork, Work
+from ..engine.node_link import (
+    MAX_BATCH_REPORTS,
+    REPORT_KINDS,
+    Batch,
+    Cursor,
+    Declaration,
+    InstanceWork,
+    StorageWork,
+    Work,
+)
 from ..engine.node_registry import NodeRegistry
 
 T = TypeVar("T")
@@ -167,6 +176,16 @@ class NodeApi:
         node = node_of(caller, request.node_id, self._auth)
         await self._registry.report(node, parse_report(request))
         return node_pb2.ReportResponse()
+
+    async def report_batch(self, request: node_pb2.ReportBatchRequest, caller: Caller) -> node_pb2.ReportBatchResponse:
+        node = node_of(caller, request.node_id, self._auth)
+        if not 1 <= len(request.reports) <= MAX_BATCH_REPORTS:
+            raise InvalidArgument(f"reports: 1 to {MAX_BATCH_REPORTS}", field="reports")
+        for report in request.reports:
+            if report.node_id not in ("", request.node_id):
+                raise InvalidArgument("reports: each of this request's node or none", field="reports.node_id")
+        await self._registry.report_batch(node, [parse_report(report) for report in request.reports])
+        return node_pb2.ReportBatchResponse()
 
     async def report_storage_released(
         self, request: node_pb2.ReportStorageReleasedRequest, caller: Caller

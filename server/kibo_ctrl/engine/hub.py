@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 from collections import defaultdict
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from enum import Enum
 
 from ..domain.model import Command, Workspace
@@ -23,10 +24,19 @@ class Signal(Enum):
     CLOSED = "closed"
 
 
+@dataclass(frozen=True)
+class Finished:
+    """A command published in a terminal state, and its workspace as the same commit left it
+    (None when that commit did not change the workspace)."""
+
+    command: Command
+    workspace: Workspace | None
+
+
 class Hub:
     def __init__(self) -> None:
         self._watchers: dict[str, set[asyncio.Queue[Workspace | Signal]]] = defaultdict(set)
-        self._waiters: dict[str, list[asyncio.Future[Command]]] = defaultdict(list)
+        self._waiters: dict[str, list[asyncio.Future[Finished]]] = defaultdict(list)
         self._listeners: list[Callable[[Changes], None]] = []
 
     def close(self) -> None:
@@ -50,9 +60,10 @@ class Hub:
                     watcher.put_nowait(Signal.RESYNC)
         for command in changes.commands.values():
             if command.terminal:
+                finished = Finished(command, changes.workspaces.get(command.workspace_id))
                 for waiter in self._waiters.pop(command.key, ()):
                     if not waiter.done():
-                        waiter.set_result(command)
+                        waiter.set_result(finished)
         for listener in self._listeners:
             listener(changes)
 
@@ -74,13 +85,13 @@ class Hub:
     def watcher_count(self) -> int:
         return sum(len(w) for w in self._watchers.values())
 
-    def command_done(self, command_key: str) -> asyncio.Future[Command]:
+    def command_done(self, command_key: str) -> asyncio.Future[Finished]:
         """A future resolved when the command is next published in a terminal state."""
-        future: asyncio.Future[Command] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[Finished] = asyncio.get_running_loop().create_future()
         self._waiters[command_key].append(future)
         return future
 
-    def forget(self, command_key: str, future: asyncio.Future[Command]) -> None:
+    def forget(self, command_key: str, future: asyncio.Future[Finished]) -> None:
         waiters = self._waiters.get(command_key)
         if waiters and future in waiters:
             waiters.remove(future)

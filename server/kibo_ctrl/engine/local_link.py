@@ -4,7 +4,7 @@ node's identity is fixed when the link is made, as a node token fixes it over gR
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 from ..domain.reports import Report, StorageReleased
 from ..runtime.base import LaunchSpec
@@ -30,6 +30,9 @@ class LocalLink:
 
     async def report(self, report: Report) -> None:
         await self._registry.report(self.node_id, report)
+
+    async def report_batch(self, reports: Sequence[Report]) -> None:
+        await self._registry.report_batch(self.node_id, reports)
 
     async def storage_released(self, report: StorageReleased) -> None:
         await self._registry.storage_released(self.node_id, report)

@@ -36,7 +36,17 @@ from ..domain.reports import (
     StorageReleased,
 )
 from ..runtime.base import DestroyError, LaunchError, RestartError, Runtime, SyncError
-from .node_link import ControlPlaneLink, Cursor, Declaration, InstanceWork, LinkDown, StorageWork, VolumeWork, Work
+from .node_link import (
+    MAX_BATCH_REPORTS,
+    ControlPlaneLink,
+    Cursor,
+    Declaration,
+    InstanceWork,
+    LinkDown,
+    StorageWork,
+    VolumeWork,
+    Work,
+)
 
 log = logging.getLogger(__name__)
 
@@ -72,9 +82,9 @@ class NodeAgent:
         self._tasks: dict[str, _Task] = {}
         # The highest step started per instance: a repeated feed item starts nothing.
         self._started: dict[str, int] = {}
-        # Reports being sent, and per instance the last one: each goes after the one before.
-        self._sending: set[asyncio.Task[None]] = set()
-        self._last_sent: dict[str, asyncio.Task[None]] = {}
+        # Per instance, its reports not sent yet and the task sending them, in order.
+        self._outbox: dict[str, list[tuple[Report, asyncio.Future[None]]]] = {}
+        self._senders: dict[str, asyncio.Task[None]] = {}
         self._storage: dict[str, asyncio.Task[None]] = {}
         # Deleted volumes whose files this node's storage pool may hold.
         self._volumes: dict[str, asyncio.Task[None]] = {}
@@ -92,7 +102,7 @@ class NodeAgent:
 
     async def stop(self) -> None:
         tasks = [t.task for t in self._tasks.values()] + list(self._storage.values()) + list(self._volumes.values())
-        tasks += self._sending
+        tasks += self._senders.values()
         for task in tasks:
             task.cancel()
         for task in tasks:
@@ -157,7 +167,7 @@ class NodeAgent:
         step = instance.step
         try:
             report = await self._drive(instance)
-            await self._send_in_order(report)
+            await self._send(report)
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -176,15 +186,16 @@ class NodeAgent:
                 return RestartFailed(instance.id, step, str(error))
             return Restarted(instance.id, step)
         if instance.desired is Desired.RUNNING:
-            spec = await self._retrying(lambda: self._link.launch_spec(instance.id, step), "reading a launch spec")
 
             async def progress(phase: Phase, volumes: tuple[str, ...]) -> None:
                 # Not waited for: the launch goes on while the control plane records the phase
                 # (a round trip and a commit each, on the path of every create).
-                self._send_in_order(Progress(instance.id, step, phase=phase, volumes_created=volumes))
+                self._send(Progress(instance.id, step, phase=phase, volumes_created=volumes))
 
             # The phases before the runtime's own (LAUNCHING...): visible while it provisions.
+            # Announced first, so that its commit and the spec's read go side by side.
             await progress(Phase.PROVISIONING, ())
+            spec = await self._retrying(lambda: self._link.launch_spec(instance.id, step), "reading a launch spec")
             try:
                 volumes = await self.runtime.launch(spec, progress)
             except LaunchError as error:
@@ -192,7 +203,7 @@ class NodeAgent:
             return Launched(instance.id, step, volumes)
         if instance.desired in (Desired.STOPPED, Desired.FORCE_STOPPED):
             force = instance.desired is Desired.FORCE_STOPPED
-            self._send_in_order(Progress(instance.id, step, phase=Phase.STOPPING))
+            self._send(Progress(instance.id, step, phase=Phase.STOPPING))
             try:
                 durability = await self.runtime.stop(instance, force=force)
             except SyncError as error:
@@ -258,32 +269,54 @@ class NodeAgent:
         finally:
             self._volumes.pop(volume_id, None)
 
-    def _send_in_order(self, report: Report) -> asyncio.Task[None]:
-        """Send a report of an instance once its earlier ones were taken (or given up): the
-        control plane folds a step's progress before its answer. Progress carries its step, so
-        one that arrives after the control plane moved to another step is dropped there."""
-        before = self._last_sent.get(report.instance_id)
-        task = asyncio.create_task(self._report_after(before, report))
-        self._sending.add(task)
-        self._last_sent[report.instance_id] = task
+    def _send(self, report: Report) -> asyncio.Future[None]:
+        """Queue a report of an instance; resolved once the control plane took it. An
+        instance's reports go in order, and those queued while one is under way go together
+        (a launch's last progress and its answer: one round trip, one transaction). Progress
+        carries its step, so one that arrives after the control plane moved on is dropped."""
+        sent: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._outbox.setdefault(report.instance_id, []).append((report, sent))
+        if report.instance_id not in self._senders:
+            task = asyncio.create_task(self._send_queued(report.instance_id))
+            self._senders[report.instance_id] = task
+        return sent
 
-        def sent(done: asyncio.Task[None]) -> None:
-            self._sending.discard(done)
-            if self._last_sent.get(report.instance_id) is done:
-                del self._last_sent[report.instance_id]
-
-        task.add_done_callback(sent)
-        return task
-
-    async def _report_after(self, before: asyncio.Task[None] | None, report: Report) -> None:
-        if before is not None:
-            await asyncio.wait([before])  # after it, and not cancelled with this one
+    async def _send_queued(self, instance_id: str) -> None:
+        queued: list[tuple[Report, asyncio.Future[None]]] = []
         try:
-            await self._report(report)
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            log.exception("node %s: sending %s failed", self.node.id, report)
+            while queued := self._outbox.pop(instance_id, []):
+                if len(queued) > MAX_BATCH_REPORTS:
+                    self._outbox[instance_id] = queued[MAX_BATCH_REPORTS:]
+                    queued = queued[:MAX_BATCH_REPORTS]
+                await self._report_all([report for report, _ in queued])
+                for _, sent in queued:
+                    if not sent.done():
+                        sent.set_result(None)
+        finally:
+            del self._senders[instance_id]
+            for _, sent in queued + self._outbox.pop(instance_id, []):
+                sent.cancel()
+
+    async def _report_all(self, reports: list[Report]) -> None:
+        """Send reports in order: together, or one by one if the batch was refused (it then
+        changed nothing) or is just one. A report refused alone is logged and dropped."""
+        if len(reports) > 1:
+            try:
+                await self._retrying(lambda: self._link.report_batch(reports), f"reporting {len(reports)} reports")
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:
+                log.warning(
+                    "node %s: a batch of reports was refused (%s); sending them one by one", self.node.id, error
+                )
+        for report in reports:
+            try:
+                await self._report(report)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("node %s: sending %s failed", self.node.id, report)
 
     async def _report(self, report: Report) -> None:
         """Send a report; while the control plane cannot take it (down, disk full), keep

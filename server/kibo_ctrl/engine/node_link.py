@@ -13,13 +13,14 @@ on the same event loop: the embedded node and the simulator) and transport/node_
   so a repeated one is harmless, and the agent starts each (instance, step) at most once.
 - `report` is idempotent: a report answers one step of one instance, and the controller
   folds only the answer to the current step (a repeated report changes nothing).
+  `report_batch` folds several in order in one transaction, all or none.
 - `renew` keeps the node's lease; a node whose lease runs out has its workspaces UNKNOWN
   until it renews again.
 - A link that cannot reach the control plane now raises `LinkDown`: the agent retries."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -128,6 +129,10 @@ class Batch:
     snapshot: bool = False
 
 
+# The most reports one `report_batch` may hold.
+MAX_BATCH_REPORTS = 64
+
+
 class ControlPlaneLink(Protocol):
     async def join(self, declaration: Declaration) -> Joined: ...
 
@@ -137,6 +142,7 @@ class ControlPlaneLink(Protocol):
 
     async def launch_spec(self, instance_id: str, step: int) -> LaunchSpec: ...
     async def report(self, report: Report) -> None: ...
+    async def report_batch(self, reports: Sequence[Report]) -> None: ...
     async def storage_released(self, report: StorageReleased) -> None: ...
     async def volume_released(self, volume_id: str) -> None: ...
     async def renew(self) -> None: ...

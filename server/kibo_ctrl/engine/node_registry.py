@@ -25,7 +25,7 @@ import logging
 import math
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 
 from ..domain.clock import SYSTEM_CLOCK, Clock
 from ..domain.errors import Conflict, InvalidArgument, NotFound, PermissionDenied, StoreError
@@ -35,7 +35,17 @@ from ..domain.reports import Report, StorageReleased
 from ..runtime.base import LaunchSpec
 from ..store.base import Changes, Reader, Store, Tx
 from . import controller
-from .node_link import Batch, Cursor, Declaration, InstanceWork, Joined, StorageWork, VolumeWork, Work
+from .node_link import (
+    MAX_BATCH_REPORTS,
+    Batch,
+    Cursor,
+    Declaration,
+    InstanceWork,
+    Joined,
+    StorageWork,
+    VolumeWork,
+    Work,
+)
 
 log = logging.getLogger(__name__)
 
@@ -447,6 +457,18 @@ class NodeRegistry:
     async def report(self, node: str, report: Report) -> None:
         self._feed(node)
         await self._store.transact(_apply_report, node, report)
+
+    async def report_batch(self, node: str, reports: Sequence[Report]) -> None:
+        """Reports folded in order in one transaction: all or none (one refused, none is)."""
+        if not reports or len(reports) > MAX_BATCH_REPORTS:
+            raise InvalidArgument(f"a batch holds 1 to {MAX_BATCH_REPORTS} reports", field="reports")
+        self._feed(node)
+
+        def apply(tx: Tx) -> None:
+            for report in reports:
+                _apply_report(tx, node, report)
+
+        await self._store.transact(apply)
 
     async def storage_released(self, node: str, report: StorageReleased) -> None:
         self._feed(node)

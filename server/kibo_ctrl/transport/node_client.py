@@ -12,7 +12,7 @@ next one (the agent rejoins there, and its feed resumes or starts from a snapsho
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import grpc
@@ -144,14 +144,11 @@ class GrpcLink:
         return decode(response.spec, LaunchSpec, "spec")
 
     async def report(self, report: Report) -> None:
-        request = node_pb2.ReportRequest(
-            node_id=self.node_id,
-            instance_id=report.instance_id,
-            step=report.step or 0,
-            kind=type(report).__name__,
-            body=encode(report),
-        )
-        await self._call("Report", request)
+        await self._call("Report", _report_request(report, self.node_id))
+
+    async def report_batch(self, reports: Sequence[Report]) -> None:
+        request = node_pb2.ReportBatchRequest(node_id=self.node_id, reports=[_report_request(r) for r in reports])
+        await self._call("ReportBatch", request)
 
     async def storage_released(self, report: StorageReleased) -> None:
         request = node_pb2.ReportStorageReleasedRequest(
@@ -181,3 +178,13 @@ def _batch(response: node_pb2.WatchStepsResponse) -> Batch:
         elif which == "volume":
             items.append(VolumeWork(item.volume.volume_id))
     return Batch(tuple(items), Cursor(response.cursor.epoch, response.cursor.seq), response.snapshot)
+
+
+def _report_request(report: Report, node_id: str = "") -> node_pb2.ReportRequest:
+    return node_pb2.ReportRequest(
+        node_id=node_id,
+        instance_id=report.instance_id,
+        step=report.step or 0,
+        kind=type(report).__name__,
+        body=encode(report),
+    )

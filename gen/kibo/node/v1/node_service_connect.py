@@ -21,7 +21,7 @@ from connectrpc.protocol import ProtocolType
 from connectrpc.server import ConnectASGIApplication, ConnectWSGIApplication, DEFAULT_READ_MAX_BYTES, Endpoint, EndpointSync
 from pyqwest import Client, SyncClient
 
-from .node_service_pb2 import GetLaunchSpecRequest, GetLaunchSpecResponse, JoinRequest, JoinResponse, RenewLeaseRequest, RenewLeaseResponse, ReportRequest, ReportResponse, ReportStorageReleasedRequest, ReportStorageReleasedResponse, ReportVolumeReleasedRequest, ReportVolumeReleasedResponse, WatchStepsRequest, WatchStepsResponse
+from .node_service_pb2 import GetLaunchSpecRequest, GetLaunchSpecResponse, JoinRequest, JoinResponse, RenewLeaseRequest, RenewLeaseResponse, ReportBatchRequest, ReportBatchResponse, ReportRequest, ReportResponse, ReportStorageReleasedRequest, ReportStorageReleasedResponse, ReportVolumeReleasedRequest, ReportVolumeReleasedResponse, WatchStepsRequest, WatchStepsResponse
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Iterator, Mapping
@@ -74,6 +74,14 @@ class NodeService(Protocol):
         """
         An observation of one of the node's instances. Idempotent: only the answer to the
         instance's current step is folded in, once; a repeat changes nothing.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    async def report_batch(self, request: ReportBatchRequest, ctx: RequestContext[ReportBatchRequest, ReportBatchResponse], /) -> ReportBatchResponse:
+        """
+        Several reports of the node's instances (1 to 64), folded in order in one transaction:
+        all or none (one refused, none is taken). A launch's progress and its answer, queued while
+        an earlier report was under way, travel together.
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -153,6 +161,17 @@ class NodeServiceASGIApplication(ConnectASGIApplication[NodeService]):
                         stream_type=StreamType.UNARY,
                     ),
                     function=svc.report,
+                ),
+                "/kibo.node.v1.NodeService/ReportBatch": Endpoint.unary(
+                    method=MethodInfo(
+                        name="ReportBatch",
+                        service_name="kibo.node.v1.NodeService",
+                        input=ReportBatchRequest,
+                        output=ReportBatchResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=svc.report_batch,
                 ),
                 "/kibo.node.v1.NodeService/ReportStorageReleased": Endpoint.unary(
                     method=MethodInfo(
@@ -332,6 +351,31 @@ class NodeServiceClient(ConnectClient):
             headers=headers,
             timeout_ms=timeout_ms,
         )
+    async def report_batch(
+        self,
+        request: ReportBatchRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> ReportBatchResponse:
+        """
+        Several reports of the node's instances (1 to 64), folded in order in one transaction:
+        all or none (one refused, none is taken). A launch's progress and its answer, queued while
+        an earlier report was under way, travel together.
+        """
+        return await self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="ReportBatch",
+                service_name="kibo.node.v1.NodeService",
+                input=ReportBatchRequest,
+                output=ReportBatchResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
     async def report_storage_released(
         self,
         request: ReportStorageReleasedRequest,
@@ -443,6 +487,14 @@ class NodeServiceSync(Protocol):
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
+    def report_batch(self, request: ReportBatchRequest, ctx: RequestContext[ReportBatchRequest, ReportBatchResponse], /) -> ReportBatchResponse:
+        """
+        Several reports of the node's instances (1 to 64), folded in order in one transaction:
+        all or none (one refused, none is taken). A launch's progress and its answer, queued while
+        an earlier report was under way, travel together.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
     def report_storage_released(self, request: ReportStorageReleasedRequest, ctx: RequestContext[ReportStorageReleasedRequest, ReportStorageReleasedResponse], /) -> ReportStorageReleasedResponse:
         """
         A deleted workspace's retained files (layer, volumes) are gone from the node's pool.
@@ -517,6 +569,17 @@ class NodeServiceWSGIApplication(ConnectWSGIApplication):
                         stream_type=StreamType.UNARY,
                     ),
                     function=service.report,
+                ),
+                "/kibo.node.v1.NodeService/ReportBatch": EndpointSync.unary(
+                    method=MethodInfo(
+                        name="ReportBatch",
+                        service_name="kibo.node.v1.NodeService",
+                        input=ReportBatchRequest,
+                        output=ReportBatchResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=service.report_batch,
                 ),
                 "/kibo.node.v1.NodeService/ReportStorageReleased": EndpointSync.unary(
                     method=MethodInfo(
@@ -690,6 +753,31 @@ class NodeServiceClientSync(ConnectClientSync):
                 service_name="kibo.node.v1.NodeService",
                 input=ReportRequest,
                 output=ReportResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    def report_batch(
+        self,
+        request: ReportBatchRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> ReportBatchResponse:
+        """
+        Several reports of the node's instances (1 to 64), folded in order in one transaction:
+        all or none (one refused, none is taken). A launch's progress and its answer, queued while
+        an earlier report was under way, travel together.
+        """
+        return self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="ReportBatch",
+                service_name="kibo.node.v1.NodeService",
+                input=ReportBatchRequest,
+                output=ReportBatchResponse,
                 idempotency_level=IdempotencyLevel.UNKNOWN,
                 stream_type=StreamType.UNARY,
             ),

@@ -137,6 +137,18 @@ class ReportResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class ReportBatchRequest(_message.Message):
+    __slots__ = ("node_id", "reports")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    REPORTS_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    reports: _containers.RepeatedCompositeFieldContainer[ReportRequest]
+    def __init__(self, node_id: _Optional[str] = ..., reports: _Optional[_Iterable[_Union[ReportRequest, _Mapping]]] = ...) -> None: ...
+
+class ReportBatchResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
 class ReportStorageReleasedRequest(_message.Message):
     __slots__ = ("node_id", "workspace_id", "volume_ids")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]

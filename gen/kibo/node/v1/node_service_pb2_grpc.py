@@ -61,6 +61,11 @@ class NodeServiceStub:
                 request_serializer=kibo_dot_node_dot_v1_dot_node__service__pb2.ReportRequest.SerializeToString,
                 response_deserializer=kibo_dot_node_dot_v1_dot_node__service__pb2.ReportResponse.FromString,
                 _registered_method=True)
+        self.ReportBatch = channel.unary_unary(
+                '/kibo.node.v1.NodeService/ReportBatch',
+                request_serializer=kibo_dot_node_dot_v1_dot_node__service__pb2.ReportBatchRequest.SerializeToString,
+                response_deserializer=kibo_dot_node_dot_v1_dot_node__service__pb2.ReportBatchResponse.FromString,
+                _registered_method=True)
         self.ReportStorageReleased = channel.unary_unary(
                 '/kibo.node.v1.NodeService/ReportStorageReleased',
                 request_serializer=kibo_dot_node_dot_v1_dot_node__service__pb2.ReportStorageReleasedRequest.SerializeToString,
@@ -122,6 +127,15 @@ class NodeServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportBatch(self, request, context):
+        """Several reports of the node's instances (1 to 64), folded in order in one transaction:
+        all or none (one refused, none is taken). A launch's progress and its answer, queued while
+        an earlier report was under way, travel together.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ReportStorageReleased(self, request, context):
         """A deleted workspace's retained files (layer, volumes) are gone from the node's pool.
         """
@@ -166,6 +180,11 @@ def add_NodeServiceServicer_to_server(servicer, server):
                     servicer.Report,
                     request_deserializer=kibo_dot_node_dot_v1_dot_node__service__pb2.ReportRequest.FromString,
                     response_serializer=kibo_dot_node_dot_v1_dot_node__service__pb2.ReportResponse.SerializeToString,
+            ),
+            'ReportBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportBatch,
+                    request_deserializer=kibo_dot_node_dot_v1_dot_node__service__pb2.ReportBatchRequest.FromString,
+                    response_serializer=kibo_dot_node_dot_v1_dot_node__service__pb2.ReportBatchResponse.SerializeToString,
             ),
             'ReportStorageReleased': grpc.unary_unary_rpc_method_handler(
                     servicer.ReportStorageReleased,
@@ -298,6 +317,33 @@ class NodeService:
             '/kibo.node.v1.NodeService/Report',
             kibo_dot_node_dot_v1_dot_node__service__pb2.ReportRequest.SerializeToString,
             kibo_dot_node_dot_v1_dot_node__service__pb2.ReportResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kibo.node.v1.NodeService/ReportBatch',
+            kibo_dot_node_dot_v1_dot_node__service__pb2.ReportBatchRequest.SerializeToString,
+            kibo_dot_node_dot_v1_dot_node__service__pb2.ReportBatchResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -31,6 +31,10 @@ type NodeServiceClient interface {
 	// An observation of one of the node's instances. Idempotent: only the answer to the
 	// instance's current step is folded in, once; a repeat changes nothing.
 	Report(ctx context.Context, in *ReportRequest, opts ...grpc.CallOption) (*ReportResponse, error)
+	// Several reports of the node's instances (1 to 64), folded in order in one transaction:
+	// all or none (one refused, none is taken). A launch's progress and its answer, queued while
+	// an earlier report was under way, travel together.
+	ReportBatch(ctx context.Context, in *ReportBatchRequest, opts ...grpc.CallOption) (*ReportBatchResponse, error)
 	// A deleted workspace's retained files (layer, volumes) are gone from the node's pool.
 	ReportStorageReleased(ctx context.Context, in *ReportStorageReleasedRequest, opts ...grpc.CallOption) (*ReportStorageReleasedResponse, error)
 	// A deleted volume's files are gone from the node's pool.
@@ -107,6 +111,15 @@ func (c *nodeServiceClient) Report(ctx context.Context, in *ReportRequest, opts 
 	return out, nil
 }
 
+func (c *nodeServiceClient) ReportBatch(ctx context.Context, in *ReportBatchRequest, opts ...grpc.CallOption) (*ReportBatchResponse, error) {
+	out := new(ReportBatchResponse)
+	err := c.cc.Invoke(ctx, "/kibo.node.v1.NodeService/ReportBatch", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *nodeServiceClient) ReportStorageReleased(ctx context.Context, in *ReportStorageReleasedRequest, opts ...grpc.CallOption) (*ReportStorageReleasedResponse, error) {
 	out := new(ReportStorageReleasedResponse)
 	err := c.cc.Invoke(ctx, "/kibo.node.v1.NodeService/ReportStorageReleased", in, out, opts...)
@@ -152,6 +165,10 @@ type NodeServiceServer interface {
 	// An observation of one of the node's instances. Idempotent: only the answer to the
 	// instance's current step is folded in, once; a repeat changes nothing.
 	Report(context.Context, *ReportRequest) (*ReportResponse, error)
+	// Several reports of the node's instances (1 to 64), folded in order in one transaction:
+	// all or none (one refused, none is taken). A launch's progress and its answer, queued while
+	// an earlier report was under way, travel together.
+	ReportBatch(context.Context, *ReportBatchRequest) (*ReportBatchResponse, error)
 	// A deleted workspace's retained files (layer, volumes) are gone from the node's pool.
 	ReportStorageReleased(context.Context, *ReportStorageReleasedRequest) (*ReportStorageReleasedResponse, error)
 	// A deleted volume's files are gone from the node's pool.
@@ -177,6 +194,9 @@ func (UnimplementedNodeServiceServer) GetLaunchSpec(context.Context, *GetLaunchS
 }
 func (UnimplementedNodeServiceServer) Report(context.Context, *ReportRequest) (*ReportResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Report not implemented")
+}
+func (UnimplementedNodeServiceServer) ReportBatch(context.Context, *ReportBatchRequest) (*ReportBatchResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ReportBatch not implemented")
 }
 func (UnimplementedNodeServiceServer) ReportStorageReleased(context.Context, *ReportStorageReleasedRequest) (*ReportStorageReleasedResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method ReportStorageReleased not implemented")
@@ -275,6 +295,24 @@ func _NodeService_Report_Handler(srv interface{}, ctx context.Context, dec func(
 	return interceptor(ctx, in, info, handler)
 }
 
+func _NodeService_ReportBatch_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReportBatchRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NodeServiceServer).ReportBatch(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/kibo.node.v1.NodeService/ReportBatch",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NodeServiceServer).ReportBatch(ctx, req.(*ReportBatchRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _NodeService_ReportStorageReleased_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(ReportStorageReleasedRequest)
 	if err := dec(in); err != nil {
@@ -344,6 +382,10 @@ var _NodeService_serviceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Report",
 			Handler:    _NodeService_Report_Handler,
+		},
+		{
+			MethodName: "ReportBatch",
+			Handler:    _NodeService_ReportBatch_Handler,
 		},
 		{
 			MethodName: "ReportStorageReleased",
