@@ -158,7 +158,12 @@ class App:
             self.hub.listen(self.tracing.on_changes)
         self.hub.listen(events.on_changes)
         storage_pool = "local"
-        self.service = Service(Settings(storage_pool=storage_pool, quotas=config.quotas))
+        # With SQLite this process is the store's one writer: a new instance may be placed in
+        # its command's transaction (on PostgreSQL the leader's scheduler places).
+        single_writer = isinstance(self.store, SqliteStore)
+        self.service = Service(
+            Settings(storage_pool=storage_pool, quotas=config.quotas, place_at_command=single_writer)
+        )
         self.authenticator = await self._authenticator()
         # Nodes: the registry (leases, feeds) serves the local node agents and the remote
         # ones (kibo.node.v1) alike; the scheduler places on the nodes it records.

@@ -491,3 +491,14 @@ async def test_nodes_are_stored_updated_and_listed_by_id(place: Place) -> None:
     assert await two.read(lambda r: r.get_node("node-c")) is None
     assert await two.read(lambda r: r.list_nodes()) == [alpha, beta]
     assert place.raw_count("nodes") == 2
+
+
+async def test_unscheduled_besides_sees_only_other_waiting_instances(place: Place) -> None:
+    """What a create asks before placing its own instance at once (engine/placement.py)."""
+    engine = Engine(await place.open())  # type: ignore[arg-type]
+    first, _ = await engine.create(f"first-{uuid.uuid4().hex}")
+    assert first.instance_id is not None
+    assert not await engine.store.read(lambda r: r.unscheduled_besides(first.instance_id or ""))
+    second, _ = await engine.create(f"second-{uuid.uuid4().hex}")
+    assert await engine.store.read(lambda r: r.unscheduled_besides(second.instance_id or ""))
+    assert await engine.store.read(lambda r: r.unscheduled_besides(first.instance_id or ""))

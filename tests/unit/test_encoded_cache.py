@@ -102,3 +102,18 @@ async def test_what_is_read_again_stays_remembered(
     for workspace_id in (b, c, a, d):  # a is read again before d comes in: b is the one let go
         await get(workspace_id)
     assert list(api._encoded) == [c, a, d]
+
+
+async def test_a_page_that_ends_with_the_last_match_has_no_token(api_engine: tuple[Api, Engine]) -> None:
+    """Found by CI (test_list_watch, page_size 53): a filtered page filled in a slice that ended
+    exactly with the tenant's last rows but one answered a token to an empty page."""
+    api, engine = api_engine
+    for number, run in enumerate(("x", "y", "x", "y")):
+        message = ws.CreateWorkspaceRequest()
+        message.metadata.command_id = f"create-{number}"
+        message.spec.labels["run"] = run
+        await engine.command("CreateWorkspace", message, tenant="alice")
+    # Slices start at page_size + 1 rows: x, y, x fill the page; the last y is after them.
+    request = ws.ListWorkspacesRequest(page_size=2, filter='labels.run = "x"')
+    page = (await api.list_workspaces(request, ALICE)).message
+    assert len(page.workspaces) == 2 and page.next_page_token == ""

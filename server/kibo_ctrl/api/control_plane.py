@@ -170,8 +170,12 @@ class Api:
             return workspace, command
         done = self._hub.command_done(command.key)
         try:
-            latest = await self._store.read(lambda r: r.get_command(command.tenant, command.id))
-            if latest is not None and not latest.terminal:
+            latest = None
+            if not done.done() and self._store.published_mark() is None:
+                # What is stored may not be published yet (another replica's commit, or one of
+                # this store's in flight): the command may have finished already.
+                latest = await self._store.read(lambda r: r.get_command(command.tenant, command.id))
+            if not done.done() and not (latest is not None and latest.terminal):
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(asyncio.shield(done), self._settle)
         finally:
@@ -285,7 +289,9 @@ class Api:
             if part.exhausted:
                 return found, 0
             after = part.last_seq
-            if len(found) == size or scanned * terms >= LIST_COST.request:
+            # A full page goes on looking for one more match (within the cost): a page token
+            # only when more is there, not when the slice just ended with the last row.
+            if scanned * terms >= LIST_COST.request:
                 return found, after
             rows = min(largest, rows * 2)
 

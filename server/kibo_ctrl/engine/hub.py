@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from enum import Enum
@@ -15,6 +15,9 @@ from ..domain.model import Command, Workspace
 from ..store.base import Changes
 
 WATCH_QUEUE = 1024
+# Commands last published terminal, remembered: a caller that starts waiting for one just
+# after its publication (its create's answer and the engine's next commit raced) finds it.
+RECENTLY_FINISHED = 4096
 
 
 class Signal(Enum):
@@ -38,6 +41,7 @@ class Hub:
         self._watchers: dict[str, set[asyncio.Queue[Workspace | Signal]]] = defaultdict(set)
         self._waiters: dict[str, list[asyncio.Future[Finished]]] = defaultdict(list)
         self._listeners: list[Callable[[Changes], None]] = []
+        self._finished: OrderedDict[str, Finished] = OrderedDict()
 
     def close(self) -> None:
         """Tell every watcher the server is shutting down."""
@@ -61,6 +65,11 @@ class Hub:
         for command in changes.commands.values():
             if command.terminal:
                 finished = Finished(command, changes.workspaces.get(command.workspace_id))
+                # Without its workspace (records may be large): a late waiter reads that.
+                self._finished[command.key] = Finished(command, None)
+                self._finished.move_to_end(command.key)
+                if len(self._finished) > RECENTLY_FINISHED:
+                    self._finished.popitem(last=False)
                 for waiter in self._waiters.pop(command.key, ()):
                     if not waiter.done():
                         waiter.set_result(finished)
@@ -86,8 +95,13 @@ class Hub:
         return sum(len(w) for w in self._watchers.values())
 
     def command_done(self, command_key: str) -> asyncio.Future[Finished]:
-        """A future resolved when the command is next published in a terminal state."""
+        """A future resolved when the command is published in a terminal state (at once if it
+        was, recently)."""
         future: asyncio.Future[Finished] = asyncio.get_running_loop().create_future()
+        finished = self._finished.get(command_key)
+        if finished is not None:
+            future.set_result(finished)
+            return future
         self._waiters[command_key].append(future)
         return future
 

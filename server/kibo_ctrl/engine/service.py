@@ -36,6 +36,7 @@ from ..domain.model import (
 )
 from ..store.base import Tx
 from . import steps
+from .placement import place_if_first
 from .steps import event, save
 
 
@@ -87,6 +88,9 @@ class Quotas:
 class Settings:
     storage_pool: str = "local"
     quotas: Quotas = field(default_factory=Quotas)
+    # Place a create's or start's instance in the command's transaction when nothing waits
+    # before it (scheduler.place_if_first): only where this process is the store's one writer.
+    place_at_command: bool = False
 
 
 T = TypeVar("T")
@@ -194,6 +198,8 @@ class Service:
         command = steps.new_command(tx, workspace, request.command_id, CommandKind.CREATE, request.fingerprint)
         instance = steps.new_instance(tx, workspace)
         save(tx, workspace, instance, command_id=command.id)
+        if self.settings.place_at_command:
+            place_if_first(tx, workspace)
         return workspace, command
 
     @on_workspace
@@ -202,6 +208,8 @@ class Service:
         command = steps.new_command(tx, workspace, request.command_id, CommandKind.START, request.fingerprint)
         instance = steps.new_instance(tx, workspace)
         save(tx, workspace, instance, command_id=command.id)
+        if self.settings.place_at_command:
+            place_if_first(tx, workspace)
         return command
 
     @on_workspace

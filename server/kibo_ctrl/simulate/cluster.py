@@ -50,7 +50,10 @@ class ControlPlane:
         self.board = board
         self.hub = Hub()
         store.subscribe(self.hub.publish)
-        self.service = Service(Settings(storage_pool=STORAGE_POOL, quotas=Quotas(workspaces=shape.tenant_workspaces)))
+        settings = Settings(
+            storage_pool=STORAGE_POOL, quotas=Quotas(workspaces=shape.tenant_workspaces), place_at_command=True
+        )
+        self.service = Service(settings)
         self.nodes = [
             Node(f"node-{i + 1}", shape.node_vcpus, shape.node_memory_mib, storage_pool=STORAGE_POOL)
             for i in range(shape.nodes)

@@ -168,6 +168,10 @@ class PostgresReader:
             INSTANCE.decode(data) for data in self._all("SELECT data FROM instances WHERE unscheduled ORDER BY ord")
         ]
 
+    def unscheduled_besides(self, instance_id: str) -> bool:
+        sql = "SELECT 1 FROM instances WHERE unscheduled AND id != %s LIMIT 1"
+        return self._conn.execute(sql, (instance_id,)).fetchone() is not None
+
     def node_instances(self, node_id: str) -> list[Instance]:
         rows = self._all("SELECT data FROM instances WHERE node_id = %s AND active ORDER BY ord", (node_id,))
         return [INSTANCE.decode(data) for data in rows]

@@ -164,6 +164,10 @@ class SqliteReader:
         rows = self._conn.execute("SELECT data FROM instances WHERE unscheduled = 1 ORDER BY rowid")
         return [_INSTANCE.decode(bytes(row[0])) for row in rows]
 
+    def unscheduled_besides(self, instance_id: str) -> bool:
+        sql = "SELECT 1 FROM instances WHERE unscheduled = 1 AND id != ? LIMIT 1"
+        return self._conn.execute(sql, (instance_id,)).fetchone() is not None
+
     def node_instances(self, node_id: str) -> list[Instance]:
         """Instances a node still has to act on or still holds parts of."""
         rows = self._conn.execute(

@@ -1,0 +1,127 @@
+"""Placement: binds each unscheduled instance to a node with room (filter, then score), in
+the caller's transaction. The scheduler's loop (scheduler.py) runs it when there is work;
+a create or start runs it at once when its instance is the only one waiting."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..domain.model import Component, EventType, Instance, Phase, Workspace
+from ..domain.nodes import NodeRecord
+from ..store.base import Reader, Tx
+from . import steps
+from .steps import event, save
+
+__all__ = ["Backlog", "place_if_first", "schedule_pending", "selects"]
+
+
+@dataclass
+class Backlog:
+    """What a pass left waiting, for the next: the node selector of each waiting instance's
+    workspace (a selector never changes: the next pass need not read the workspace of an
+    instance that still waits for the same reason, under load most of a pass), their sizes,
+    and the capacity of each node that was ready."""
+
+    selectors: dict[str, dict[str, str]] = field(default_factory=dict)
+    sizes: set[tuple[int, int]] = field(default_factory=set)
+    capacity: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+    def room(self, reader: Reader) -> bool:
+        """Whether a node that was ready now has room for some waiting size (a cheap read of
+        the reservation sums; a selector may still rule the node out, which costs a pass)."""
+        for node_id, (vcpus, memory_mib) in self.capacity.items():
+            used_vcpus, used_memory = reader.node_usage(node_id)
+            if any(v <= vcpus - used_vcpus and m <= memory_mib - used_memory for v, m in self.sizes):
+                return True
+        return False
+
+
+def place_if_first(tx: Tx, workspace: Workspace) -> None:
+    """Place the workspace's new instance in its command's own transaction, when no other
+    instance waits before it (one transaction and a wake-up of the scheduler fewer on the
+    path of every create and start; the scheduler places whatever this leaves waiting). Only
+    for a store with one writer: another replica's scheduler would race this placement."""
+    if workspace.instance_id and not tx.unscheduled_besides(workspace.instance_id):
+        schedule_pending(tx, owners={workspace.id: workspace})
+
+
+def schedule_pending(tx: Tx, backlog: Backlog | None = None, owners: dict[str, Workspace] | None = None) -> int:
+    """One pass over the unscheduled instances; returns how many are still waiting. Only
+    nodes that are ready (alive, not cordoned), carry the workspace's node selector in their
+    labels and have room take new instances. The pass leaves its `backlog` (Backlog).
+    `owners`: workspace records the caller holds (and goes on using), by ID."""
+    left = Backlog() if backlog is None else backlog
+    mine = owners or {}
+    known, sizes = left.selectors, set()
+    pending = tx.unscheduled_instances()
+    nodes = [record for record in tx.list_nodes() if record.ready] if pending else []
+    usage = {node.id: tx.node_usage(node.id) for node in nodes}
+    waiting: dict[str, dict[str, str]] = {}
+    for instance in pending:
+        workspace: Workspace | None = None
+        selector = known.get(instance.workspace_id)
+        if selector is None:
+            workspace = _owner(tx, instance, mine)
+            if workspace is None:
+                continue
+            selector = workspace.node_selector
+        selected = [node for node in nodes if selects(selector, node)]
+        fits = [
+            node
+            for node in selected
+            if usage[node.id][0] + instance.vcpus <= node.vcpus
+            and usage[node.id][1] + instance.memory_mib <= node.memory_mib
+        ]
+        if not fits:
+            reason = _unschedulable(instance.vcpus, instance.memory_mib, selector, bool(selected))
+            if instance.reason != reason:
+                workspace = _owner(tx, instance, mine) if workspace is None else workspace
+                if workspace is None:
+                    continue
+                instance.reason = reason
+                event(tx, workspace, EventType.UNSCHEDULABLE, message=reason)
+                save(tx, workspace, instance)
+            waiting[instance.workspace_id] = selector
+            sizes.add((instance.vcpus, instance.memory_mib))
+            continue
+        workspace = _owner(tx, instance, mine) if workspace is None else workspace
+        if workspace is None:
+            continue
+
+        def free_share(node: NodeRecord) -> float:
+            cpu, memory = usage[node.id]
+            return min((node.vcpus - cpu) / node.vcpus, (node.memory_mib - memory) / node.memory_mib)
+
+        # Score: the most free share left (spread); ties go to the first node by ID.
+        node = max(fits, key=free_share)
+        cpu, memory = usage[node.id]
+        usage[node.id] = (cpu + instance.vcpus, memory + instance.memory_mib)
+        instance.node_id = node.id
+        instance.phase = Phase.SCHEDULED
+        instance.holds = [Component.RESERVATION]
+        instance.reason = ""
+        workspace.node_id = node.id
+        steps.mark_running(tx, workspace)
+        event(tx, workspace, EventType.SCHEDULED, message=f"scheduled on {node.id}")
+        save(tx, workspace, instance)
+    left.selectors, left.sizes = waiting, sizes
+    left.capacity = {node.id: (node.vcpus, node.memory_mib) for node in nodes}
+    return len(waiting)
+
+
+def _owner(tx: Tx, instance: Instance, owners: dict[str, Workspace]) -> Workspace | None:
+    """The instance's workspace, if the instance is still its current one."""
+    workspace = owners.get(instance.workspace_id) or tx.get_workspace(instance.workspace_id)
+    return None if workspace is None or workspace.instance_id != instance.id else workspace
+
+
+def selects(selector: dict[str, str], node: NodeRecord) -> bool:
+    """Whether the node's labels include every key and value of the selector."""
+    return all(node.labels.get(key) == value for key, value in selector.items())
+
+
+def _unschedulable(vcpus: int, memory_mib: int, selector: dict[str, str], any_selected: bool) -> str:
+    if selector and not any_selected:
+        wanted = ",".join(f"{k}={v}" for k, v in sorted(selector.items()))
+        return f"unschedulable: no ready node has the labels {wanted}"
+    return f"unschedulable: no ready node has {vcpus} vCPU and {memory_mib} MiB free"
