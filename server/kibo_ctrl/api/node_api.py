@@ -21,16 +21,7 @@ from ..domain.errors import InvalidArgument, PermissionDenied
 from ..domain.model import Node
 from ..domain.nodes import NodeRecord, node_id
 from ..domain.reports import Report, StorageReleased
-from ..engine.node_link import (
-    MAX_BATCH_REPORTS,
-    REPORT_KINDS,
-    Batch,
-    Cursor,
-    Declaration,
-    InstanceWork,
-    StorageWork,
-    Work,
-)
+from ..engine.node_link import REPORT_KINDS, Batch, Cursor, Declaration, InstanceWork, StorageWork, Work
 from ..engine.node_registry import NodeRegistry
 
 T = TypeVar("T")
@@ -179,8 +170,7 @@ class NodeApi:
 
     async def report_batch(self, request: node_pb2.ReportBatchRequest, caller: Caller) -> node_pb2.ReportBatchResponse:
         node = node_of(caller, request.node_id, self._auth)
-        if not 1 <= len(request.reports) <= MAX_BATCH_REPORTS:
-            raise InvalidArgument(f"reports: 1 to {MAX_BATCH_REPORTS}", field="reports")
+        # Its size is the registry's to check (for every link); the nodes named are the wire's.
         for report in request.reports:
             if report.node_id not in ("", request.node_id):
                 raise InvalidArgument("reports: each of this request's node or none", field="reports.node_id")

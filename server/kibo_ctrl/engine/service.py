@@ -89,7 +89,7 @@ class Settings:
     storage_pool: str = "local"
     quotas: Quotas = field(default_factory=Quotas)
     # Place a create's or start's instance in the command's transaction when nothing waits
-    # before it (scheduler.place_if_first): only where this process is the store's one writer.
+    # before it (placement.place_if_first): only where this process is the store's one writer.
     place_at_command: bool = False
 
 
@@ -196,21 +196,23 @@ class Service:
             node_selector=spec.node_selector,
         )
         command = steps.new_command(tx, workspace, request.command_id, CommandKind.CREATE, request.fingerprint)
-        instance = steps.new_instance(tx, workspace)
-        save(tx, workspace, instance, command_id=command.id)
-        if self.settings.place_at_command:
-            place_if_first(tx, workspace)
+        self._next_generation(tx, workspace, command)
         return workspace, command
 
     @on_workspace
     def start_workspace(self, tx: Tx, workspace: Workspace, request: CommandRequest) -> Command:
         rules.check(CommandKind.START, steps.rule_facts(workspace))
         command = steps.new_command(tx, workspace, request.command_id, CommandKind.START, request.fingerprint)
+        self._next_generation(tx, workspace, command)
+        return command
+
+    def _next_generation(self, tx: Tx, workspace: Workspace, command: Command) -> None:
+        """A create's or start's new instance, saved with its command, and placed at once
+        where this process may (Settings.place_at_command)."""
         instance = steps.new_instance(tx, workspace)
         save(tx, workspace, instance, command_id=command.id)
         if self.settings.place_at_command:
             place_if_first(tx, workspace)
-        return command
 
     @on_workspace
     def stop_workspace(self, tx: Tx, workspace: Workspace, request: CommandRequest) -> Command:
