@@ -10,9 +10,12 @@ data directory and measures, through the SDK like a user:
 2. density: idle workspaces of `--memory-mib` (16) MiB and 1 vCPU, created one after
    another until a create fails, `--max-idle` (300) is reached or MemAvailable drops under
    `--min-available-gib` (2) GiB. Then every one must answer a command. Reported: how many,
-   the time per create (first and last tenth), the PSS of all supervisors and their guests
-   (/proc/PID/smaps_rollup) per workspace, the drop of MemAvailable per workspace (includes
-   kernel memory: page tables, namespaces, cgroups), and the control plane's own PSS.
+   the time per create (first and last tenth), the PSS of all supervisors, their guests,
+   the guests' job doors and the fork server (/proc/PID/smaps_rollup) per workspace, the
+   drop of MemAvailable per workspace (includes kernel memory: page tables, namespaces,
+   cgroups), and the control plane's own PSS. Idle means idle: measured once the job doors
+   have closed (the server runs with KIBO_JOB_DOOR_IDLE_S=DOOR_IDLE_S instead of a minute);
+   what a door adds to a workspace in use is measured before, and reported beside.
 
 Everything it created is deleted at the end, whatever happened; then it checks that no
 supervisor or guest process of its data directory and none of its cgroups remain (exit 1 if
@@ -150,6 +153,13 @@ def _parents() -> dict[int, int]:
 def supervisors(data_dir: Path) -> list[int]:
     needle = f"supervisor.py {data_dir}/instances/"
     return [pid for pid in _parents() if needle in _cmdline(pid)]
+
+
+def job_doors(server_pid: int) -> list[int]:
+    """The guests' job doors (forkserver.py `Door`, one per running workspace): the control
+    plane's children."""
+    children = [pid for pid, parent in _parents().items() if parent == server_pid]
+    return [pid for pid in children if _cmdline(pid).startswith("kibo-job-door")]
 
 
 def fork_servers(server_pid: int) -> list[int]:
@@ -297,11 +307,18 @@ class Density:
     processes: int = 0
     pss_supervisors_mib: float = 0.0
     pss_fork_server_mib: float = 0.0  # the one interpreter supervisors are forked from: shared by all
+    pss_doors_mib: float = 0.0  # the guests' job doors left open once idle (none, normally)
+    doors_open: int = 0  # right after the creates: the doors of the workspaces made in the last DOOR_IDLE_S
+    pss_door_each_mib: float = 0.0  # what an open door adds to a workspace in use
     pss_guests_mib: float = 0.0
     control_plane_pss_before_mib: float = 0.0
     control_plane_pss_after_mib: float = 0.0
     answered: int = 0
     command_s: list[float] = field(default_factory=list)
+
+
+# The server's job doors close after this many seconds without a job (default: 60).
+DOOR_IDLE_S = 5.0
 
 
 def density(client: kibotos.Client, server: Server, args: argparse.Namespace, created: list[str]) -> Density:
@@ -335,6 +352,12 @@ def density(client: kibotos.Client, server: Server, args: argparse.Namespace, cr
             print(f"  density: {len(mine)} idle workspaces, MemAvailable {available:.0f} MiB", flush=True)
     result.count = len(mine)
     time.sleep(2)  # let the last ones settle (the guest agent's start-up) before measuring
+    doors = job_doors(server.process.pid)
+    result.doors_open = len(doors)
+    result.pss_door_each_mib = pss_mib(doors) / len(doors) if doors else 0.0
+    deadline = time.monotonic() + DOOR_IDLE_S + 10
+    while job_doors(server.process.pid) and time.monotonic() < deadline:
+        time.sleep(0.5)
     result.mem_available_after_mib = mem_available_mib()
     roots = supervisors(server.data_dir.resolve())
     everything = descendants(roots)
@@ -342,6 +365,9 @@ def density(client: kibotos.Client, server: Server, args: argparse.Namespace, cr
     result.pss_supervisors_mib = pss_mib(roots)
     result.pss_guests_mib = pss_mib(everything - set(roots))
     result.pss_fork_server_mib = pss_mib(fork_servers(server.process.pid))
+    doors = job_doors(server.process.pid)
+    result.pss_doors_mib = pss_mib(doors)
+    result.processes += len(doors)
     result.control_plane_pss_after_mib = pss_mib([server.process.pid])
     # Each must answer a command: idle, not dead.
     for workspace_id in mine:
@@ -437,9 +463,14 @@ def print_table(result: dict[str, Any]) -> None:
         per = den["pss_per_workspace_mib"]
         print(f"  answering a command:        {den['answered']}/{count}")
         print(
-            f"  PSS per workspace:          {per:.2f} MiB (supervisor {den['pss_supervisors_mib'] / count:.2f}"
+            f"  PSS per idle workspace:     {per:.2f} MiB (supervisor {den['pss_supervisors_mib'] / count:.2f}"
             f" + fork server {den['pss_fork_server_mib'] / count:.2f}"
+            f" + job door {den['pss_doors_mib'] / count:.2f}"
             f" + guest {den['pss_guests_mib'] / count:.2f}; {den['processes'] / count:.1f} processes each)"
+        )
+        print(
+            f"  in use, plus its job door:  {den['pss_door_each_mib']:.2f} MiB"
+            f" (measured on the {den['doors_open']} doors open after the creates)"
         )
         print(f"  MemAvailable drop per ws:   {den['mem_available_drop_per_workspace_mib']:.2f} MiB")
         print(
@@ -491,7 +522,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     root = Path(tempfile.mkdtemp(prefix="kibo-procbench-"))
-    server = Server(root / "data", timings=args.breakdown)
+    server = Server(root / "data", timings=args.breakdown, env={"KIBO_JOB_DOOR_IDLE_S": str(DOOR_IDLE_S)})
     created: list[str] = []
     result: dict[str, Any] = {
         "command": " ".join(["python -m bench.process_runtime", *(argv if argv is not None else sys.argv[1:])]),
@@ -536,7 +567,7 @@ def main(argv: list[str] | None = None) -> int:
     data["create_first_tenth_s"] = summary(found.create_s[:tenth])
     data["create_last_tenth_s"] = summary(found.create_s[-tenth:])
     data["command_s"] = summary(found.command_s)
-    total = found.pss_supervisors_mib + found.pss_guests_mib + found.pss_fork_server_mib
+    total = found.pss_supervisors_mib + found.pss_guests_mib + found.pss_fork_server_mib + found.pss_doors_mib
     data["pss_per_workspace_mib"] = total / count if count else 0.0
     drop = found.mem_available_before_mib - found.mem_available_after_mib
     data["mem_available_drop_per_workspace_mib"] = drop / count if count else 0.0

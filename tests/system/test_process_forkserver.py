@@ -2,6 +2,9 @@
 exec'd script was: its command line, a session of its own, only the descriptors it was
 given; a guest job is the caller's own child (reaped there); the server goes with its
 caller's channel while its children run on; a dead server is replaced at the next spawn.
+A job door (needs root and a writable cgroup hierarchy) forks jobs born in its instance's
+cgroups, only its own instance's, only while those cgroups are the ones it joined; a dead,
+refusing or closed door costs only speed (the job comes from the fork server).
 
 A guest job is run against a fake instance in the unisolated mode (no namespaces, no
 cgroup: no root needed), whose "guest" is a sleep of this test: guest_exec then runs a
@@ -21,6 +24,7 @@ from pathlib import Path
 
 import pytest
 from kibo_ctrl.runtime.process import forkserver
+from kibo_ctrl.runtime.process.cgroups import Cgroups
 from kibo_ctrl.runtime.process.forkserver import ForkServer
 
 
@@ -59,7 +63,53 @@ def instance(tmp_path: Path) -> Iterator[Path]:
     guest.wait()
 
 
-def _job(forks: ForkServer, instance: Path, argv: list[str]) -> tuple[forkserver.Child, int, int]:
+@pytest.fixture
+def cgroup_procs(tmp_path: Path) -> Iterator[list[str]]:
+    """Two fresh cgroups (each in every hierarchy the runtime would use): their cgroup.procs."""
+    if os.geteuid() != 0:
+        pytest.skip("a job door needs root (it moves itself into a cgroup)")
+    cgroups = Cgroups(f"test-{os.getpid()}-{tmp_path.name[-12:]}")
+    if not cgroups.parents:
+        pytest.skip("no writable cgroup hierarchy here")
+    made = [cgroups.create(name, 1, 256) for name in ("door-a", "door-b")]
+    yield [" ".join(limits.procs) for limits in made]
+    for limits in made:
+        Cgroups.remove(limits.dirs)
+    cgroups.close()
+
+
+def _in_cgroups(instance: Path, procs: str) -> None:
+    spec = json.loads((instance / "spec.json").read_text())
+    (instance / "spec.json").write_text(json.dumps({**spec, "cgroup_procs": procs.split()}))
+
+
+def _cgroup_of(pid: int) -> set[str]:
+    """The process's cgroups (its lines of /proc/PID/cgroup)."""
+    return set(Path(f"/proc/{pid}/cgroup").read_text().splitlines())
+
+
+def _cgroups_lines(output: bytes) -> set[str]:
+    return set(output.decode().splitlines())
+
+
+def _reference(procs: str) -> set[str]:
+    """What /proc/PID/cgroup says for a process moved into the cgroups of these cgroup.procs."""
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        for path in procs.split():
+            Path(path).write_text(str(sleeper.pid))
+        return _cgroup_of(sleeper.pid)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def _door(forks: ForkServer, instance: Path) -> forkserver.Door:
+    with open(instance / "door.log", "ab") as log:
+        return forks.door(instance, log.fileno())
+
+
+def _job(forks: ForkServer | forkserver.Door, instance: Path, argv: list[str]) -> tuple[forkserver.Child, int, int]:
     """Start a guest job; (the child, its stdout's read end, its status's read end)."""
     out_r, out_w = os.pipe()
     status_r, status_w = os.pipe()
@@ -93,7 +143,8 @@ def test_a_guest_job_is_the_callers_child_and_looks_like_the_script(forks: ForkS
         fds = {int(fd): os.readlink(f"/proc/{child.pid}/fd/{fd}") for fd in os.listdir(f"/proc/{child.pid}/fd")}
         guest = json.loads((instance / "state.json").read_text())["guest_pid"]
         assert {fd for fd, target in fds.items() if target != f"/proc/{guest}"} == {0, 1, 2, 3}, fds
-        assert Path(f"/proc/{child.pid}/cwd").resolve() == Path("/")
+        # Where its command runs: it went there itself (from `/`, where every child starts).
+        assert Path(f"/proc/{child.pid}/cwd").resolve() == instance.parent
         assert child.group_is_its()
     finally:
         os.killpg(child.pid, signal.SIGKILL)
@@ -147,3 +198,95 @@ def test_a_killed_server_is_replaced_at_the_next_spawn(forks: ForkServer, instan
 def test_only_the_known_scripts_are_forked(forks: ForkServer) -> None:
     with pytest.raises(OSError, match="unknown program"):
         forks.spawn("sh", ["-c", "true"], [0, 1, 2])
+
+
+def _finish(child: forkserver.Child, out_r: int, status_r: int) -> tuple[bytes, dict[str, object]]:
+    select.select([child.pidfd], [], [], 10)
+    assert child.poll() == 0
+    output = os.read(out_r, 10000)
+    status = json.loads(os.read(status_r, 1000))
+    os.close(out_r)
+    os.close(status_r)
+    return output, status
+
+
+def test_a_door_forks_its_instances_jobs_in_its_cgroups(
+    forks: ForkServer, instance: Path, cgroup_procs: list[str]
+) -> None:
+    _in_cgroups(instance, cgroup_procs[0])
+    wanted = _reference(cgroup_procs[0])
+    assert wanted != _cgroup_of(os.getpid())
+    door = _door(forks, instance)
+    try:
+        _wait_for(lambda: _cgroup_of(door.child.pid) == wanted)
+        assert int(_stat(door.child.pid)[1]) == os.getpid(), "the door is the caller's child (reaped here)"
+        words = Path(f"/proc/{door.child.pid}/cmdline").read_bytes().split(b"\0")
+        assert words[:2] == [b"kibo-job-door", bytes(instance)]
+        output, status = _finish(*_job(door, instance, ["cat", "/proc/self/cgroup"]))
+        assert status == {"status": "ok", "code": 0, "error": "", "errno": ""}
+        assert _cgroups_lines(output) == wanted, "born in the instance's cgroups"
+        assert door.open
+    finally:
+        door.close()
+    assert not Path(f"/proc/{door.child.pid}").exists(), "closed: ended and reaped, no zombie"
+
+
+def test_a_door_refuses_another_instances_job_and_the_fork_server_runs_it(
+    forks: ForkServer, instance: Path, cgroup_procs: list[str], tmp_path: Path
+) -> None:
+    _in_cgroups(instance, cgroup_procs[0])
+    other = tmp_path / "ws-other-g1"
+    other.mkdir()
+    for name in ("spec.json", "state.json"):
+        (other / name).write_bytes((instance / name).read_bytes())
+    _in_cgroups(other, cgroup_procs[1])
+    door = _door(forks, instance)
+    try:
+        output, status = _finish(*_job(door, other, ["cat", "/proc/self/cgroup"]))
+        assert status["status"] == "ok"
+        assert _cgroups_lines(output) == _reference(cgroup_procs[1]), "in its own instance's cgroups"
+        assert not door.open, "a door that refused is not asked again"
+    finally:
+        door.close()
+
+
+def test_a_door_whose_instance_changed_cgroups_refuses(
+    forks: ForkServer, instance: Path, cgroup_procs: list[str]
+) -> None:
+    """A guest reset makes new cgroups: no job may run in the old ones."""
+    _in_cgroups(instance, cgroup_procs[0])
+    door = _door(forks, instance)
+    try:
+        _finish(*_job(door, instance, ["true"]))
+        assert door.open
+        _in_cgroups(instance, cgroup_procs[1])
+        output, _ = _finish(*_job(door, instance, ["cat", "/proc/self/cgroup"]))
+        assert _cgroups_lines(output) == _reference(cgroup_procs[1])
+        assert not door.open
+    finally:
+        door.close()
+
+
+def test_a_killed_door_costs_only_speed(forks: ForkServer, instance: Path, cgroup_procs: list[str]) -> None:
+    """What the end of its guest does to a door (everything in its cgroups is killed)."""
+    _in_cgroups(instance, cgroup_procs[0])
+    door = _door(forks, instance)
+    try:
+        _wait_for(lambda: str(door.child.pid) in Path(cgroup_procs[0].split()[0]).read_text().split())
+        os.kill(door.child.pid, signal.SIGKILL)
+        _wait_for(lambda: _stat(door.child.pid)[0] == "Z")
+        output, status = _finish(*_job(door, instance, ["cat", "/proc/self/cgroup"]))
+        assert status["status"] == "ok"
+        assert _cgroups_lines(output) == _reference(cgroup_procs[0])
+        assert not door.open
+    finally:
+        door.close()
+    assert not Path(f"/proc/{door.child.pid}").exists(), "reaped"
+
+
+def test_a_door_for_an_instance_without_cgroups_exits(forks: ForkServer, instance: Path) -> None:
+    door = _door(forks, instance)
+    select.select([door.child.pidfd], [], [], 10)
+    assert door.child.poll() == 1
+    assert "no cgroup" in (instance / "door.log").read_text()
+    door.close()

@@ -8,13 +8,16 @@ from a warm interpreter (forkserver.py). What must stay as it was:
 - a workspace created from pooled images has the skeleton and an empty /data, like one
   whose images the supervisor formatted;
 - the fork server is the control plane's child and goes with it; supervisors stay;
-- every guest has a user namespace of its own (made ahead by the fork server).
+- every guest has a user namespace of its own (made ahead by the fork server);
+- a guest's data-plane jobs come from its job door, in the guest's cgroups; the door is the
+  control plane's child, goes with its instance, and a dead door costs only speed.
 
 Needs root and bubblewrap, like tests/system/test_process_runtime.py (whose helpers it uses)."""
 
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
@@ -23,12 +26,14 @@ import pytest
 from tests.client import Client
 from tests.server import ServerProcess
 from tests.system.test_process_runtime import (
+    DataPlane,
     _alive,
     _cmdline,
     agent_pid,
     create,
     delete,
     guest_path,
+    instance_dir,
     processes,
     sandbox_server,
     supervisors,
@@ -144,3 +149,59 @@ def _status(pid: int) -> str:
         return Path(f"/proc/{pid}/status").read_text()
     except OSError:
         return ""
+
+
+def _doors(server: ServerProcess) -> list[int]:
+    return processes(f"kibo-job-door {server.data_dir}/instances/")
+
+
+async def test_a_guests_jobs_come_from_its_door_in_its_cgroups(lc: Client, launch_server: ServerProcess) -> None:
+    assert launch_server.process is not None
+    workspace = await create(lc)
+    door_of = f"kibo-job-door {instance_dir(launch_server, workspace)}"
+    [door] = processes(door_of)
+    assert f"PPid:\t{launch_server.process.pid}\n" in _status(door), "the control plane's child (reaped there)"
+    guest_cgroups = text(f"/proc/{agent_pid(launch_server, workspace)}/cgroup")
+    await wait_until(lambda: text(f"/proc/{door}/cgroup") == guest_cgroups)
+    for kind in ("pid", "mnt", "user"):  # the guest's cgroups, none of its namespaces
+        namespace = os.stat(f"/proc/{agent_pid(launch_server, workspace)}/ns/{kind}").st_ino
+        assert os.stat(f"/proc/{door}/ns/{kind}").st_ino != namespace
+    data = DataPlane(lc)
+    credential = await data.credential(workspace.workspace_id)
+    # The job's command, in the guest, sees the guest's cgroups as the guest's own processes do.
+    own = await data.exec(credential, "cat", "/proc/self/cgroup")
+    assert own == await data.exec(credential, "cat", "/proc/1/cgroup") and own[0] == 0
+    # The guest's end kills everything in its cgroups: the door too. Jobs still run.
+    os.kill(door, signal.SIGKILL)
+    await wait_until(lambda: not Path(f"/proc/{door}").exists())  # reaped, no zombie
+    assert await data.exec(credential, "sh", "-c", "echo still") == (0, b"still\n", b"")
+    assert await data.exec(credential, "true") == (0, b"", b"")
+    await lc.stop(workspace.workspace_id)
+    assert not processes(door_of)
+    await lc.start(workspace.workspace_id)
+    started = await lc.get(workspace.workspace_id)
+    [door] = processes(f"kibo-job-door {instance_dir(launch_server, started)}")
+    await delete(lc, started, launch_server)
+    await wait_until(lambda: not _alive(door))
+    assert not [pid for pid in _doors(launch_server) if workspace.workspace_id in _cmdline(pid)]
+
+
+async def test_an_idle_door_closes_and_the_next_command_opens_one(
+    server_factory: Callable[..., ServerProcess], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KIBO_JOB_DOOR_IDLE_S", "1")
+    with sandbox_server(server_factory) as server:
+        async with Client.connect(server.address) as client:
+            workspace = await create(client)
+            door_of = f"kibo-job-door {instance_dir(server, workspace)}"
+            [first] = processes(door_of)
+            await wait_until(lambda: not Path(f"/proc/{first}").exists())  # closed and reaped
+            data = DataPlane(client)
+            credential = await data.credential(workspace.workspace_id)
+            assert await data.exec(credential, "cat", "/proc/self/cgroup") == await data.exec(
+                credential, "cat", "/proc/1/cgroup"
+            )
+            [second] = processes(door_of)
+            assert second != first
+            await delete(client, workspace, server)
+            assert not processes(door_of)

@@ -25,6 +25,17 @@ the child, or {"error": "..."}. The server exits when the control plane's end cl
 (a kill -9 of the control plane included); the children run on. Children are reaped by
 the kernel (SIGCHLD ignored here); the caller follows a child through its pidfd.
 
+A guest's job door ("door": `ForkServer.door`): a child of this server that moved itself
+into one instance's cgroups once, then forks that instance's guest jobs, which are born
+there. Why: on cgroup v1 moving a process into a cgroup waits for an RCU grace period
+(~16 ms on this machine: bench/process_runtime.py), and every job used to move itself, so
+each command in a guest paid it. A door is opened beside the launch (its move overlaps the
+guest's own) and serves only jobs of its instance, checking before each that the
+instance's cgroups are still the ones it joined. It is the control plane's child (reaped
+there), exits when its channel closes, and dies with its guest's cgroup (the supervisor and
+the runtime kill everything in it): it never outlives the instance nor the control plane.
+Its share of the guest's limits: one process, and the few pages it dirties.
+
 Run as `python -I -S forkserver.py FD PADDING` (standard library only, like the scripts);
 PADDING is room in the argv area for the children's command lines."""
 
@@ -152,6 +163,12 @@ def serve(channel: int) -> None:
         try:
             request = json.loads(message)
             program, argv = str(request["program"]), [str(a) for a in request["argv"]]
+            if program == DOOR:
+                pid, pidfd = fork_sibling() if SIBLINGS[0] else (os.fork(), -1)
+                if pid == 0:
+                    _door(modules["guest_exec"], argv, fds)
+                _reply(sock, pid, pidfd)
+                continue
             if program not in SCRIPTS:
                 raise ValueError(f"unknown program {program!r}")
             wanted = request.get("userns")
@@ -166,16 +183,87 @@ def serve(channel: int) -> None:
             pid, pidfd = fork_sibling() if sibling else (os.fork(), -1)
             if pid == 0:
                 _child(modules[program], program, argv, fds)
-            if pidfd < 0:
-                pidfd = os.pidfd_open(pid)
-            try:
-                sock.sendmsg([json.dumps({"pid": pid, "sibling": sibling}).encode()], [_rights([pidfd])])
-            finally:
-                os.close(pidfd)
+            _reply(sock, pid, pidfd)
             if key is not None and key not in namespaces:
                 # After the reply: the next supervisor's namespace, off this launch's path.
                 with contextlib.suppress(OSError):
                     namespaces[key] = _make_namespace(userns, key)
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            with contextlib.suppress(OSError):
+                sock.sendmsg([json.dumps({"error": str(error)}).encode()])
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+
+def _reply(sock: socket.socket, pid: int, pidfd: int) -> None:
+    """The child's PID and a pidfd of it; `sibling`: it is the control plane's own child
+    (fork_sibling gave the pidfd), else ours."""
+    sibling = pidfd >= 0
+    if pidfd < 0:
+        pidfd = os.pidfd_open(pid)
+    try:
+        sock.sendmsg([json.dumps({"pid": pid, "sibling": sibling}).encode()], [_rights([pidfd])])
+    finally:
+        os.close(pidfd)
+
+
+# -- a guest's job door (see the module docstring) ----------------------------------------------
+
+DOOR = "door"
+# What the door makes its children's guest_exec skip: the move into the cgroups (it made it).
+IN_CGROUP = "IN_CGROUP"
+
+
+def _cgroup_procs(directory: str) -> list[str]:
+    spec = json.loads(Path(directory, "spec.json").read_text())
+    return [str(procs) for procs in spec.get("cgroup_procs") or []]
+
+
+def _door(module: Any, argv: list[str], fds: list[int]) -> None:
+    """The door's life, in the forked child: fds (stdin, stdout, stderr, channel) at 0-3."""
+    code = 0
+    try:
+        _become_child(fds, ["kibo-job-door", *argv[:1]])
+        signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children only if clone3 is refused
+        directory = argv[0]
+        joined = _cgroup_procs(directory)
+        if not joined:
+            raise ValueError("the instance has no cgroup: its jobs need no door")
+        for procs in joined:
+            with open(procs, "w") as f:
+                f.write(str(os.getpid()))
+        setattr(module, IN_CGROUP, True)
+        _serve_door(socket.socket(fileno=3), module, directory, joined)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    finally:
+        with contextlib.suppress(BaseException):
+            sys.stderr.flush()
+        os._exit(code)
+
+
+def _serve_door(sock: socket.socket, module: Any, directory: str, joined: list[str]) -> None:
+    while True:
+        try:
+            message, ancillary, _, _ = sock.recvmsg(MESSAGE, socket.CMSG_SPACE(MAX_FDS * 4))
+        except OSError:
+            return
+        if not message:
+            return  # the control plane closed the door, or is gone
+        fds = _fds_of(ancillary)
+        try:
+            request = json.loads(message)
+            argv = [str(a) for a in request["argv"]]
+            if request.get("program") != "guest_exec" or not argv or argv[0] != directory:
+                raise ValueError("a door runs the guest jobs of its own instance only")
+            if _cgroup_procs(directory) != joined:
+                raise ValueError("the instance's cgroups are not the ones this door joined")
+            pid, pidfd = fork_sibling() if SIBLINGS[0] else (os.fork(), -1)
+            if pid == 0:
+                _child(module, "guest_exec", argv, fds)
+            _reply(sock, pid, pidfd)
         except (OSError, ValueError, KeyError, TypeError) as error:
             with contextlib.suppress(OSError):
                 sock.sendmsg([json.dumps({"error": str(error)}).encode()])
@@ -322,6 +410,79 @@ class Child:
             self.pidfd = -1
 
 
+class _Gone(OSError):
+    """The server at the other end of the channel has exited."""
+
+
+def _ask(sock: socket.socket, request: bytes, fds: list[int], who: str) -> Child:
+    """One request to a fork server or a door: the child it forked, or OSError (_Gone if the
+    server is gone; then nothing was forked)."""
+    try:
+        sock.sendmsg([request], [_rights(fds)])
+        message, ancillary, _, _ = sock.recvmsg(MESSAGE, socket.CMSG_SPACE(4))
+    except OSError as error:
+        raise _Gone(f"{who} is gone: {error}") from None
+    received = _fds_of(ancillary)
+    if not message:
+        for fd in received:
+            os.close(fd)
+        raise _Gone(f"{who} exited")
+    reply = json.loads(message)
+    if "pid" not in reply or len(received) != 1:
+        for fd in received:
+            os.close(fd)
+        raise OSError(f"{who} refused: {reply.get('error', reply)}")
+    return Child(int(reply["pid"]), received[0], bool(reply.get("sibling")))
+
+
+class Door:
+    """The control plane's handle on a guest's job door (see the module docstring): `spawn`
+    forks a guest job of its instance there, or, once the door is closed or broken, from
+    the fork server (the job then moves itself into the cgroups, as without a door)."""
+
+    def __init__(self, directory: str, sock: socket.socket, child: Child, fallback: ForkServer) -> None:
+        self.directory = directory
+        self.child = child
+        self.fallback = fallback
+        self._sock: socket.socket | None = sock
+        self._lock = threading.Lock()
+
+    @property
+    def open(self) -> bool:
+        return self._sock is not None
+
+    def spawn(self, program: str, argv: list[str], fds: list[int], userns: tuple[int, int, int] | None = None) -> Child:
+        request = json.dumps({"program": program, "argv": argv}).encode()
+        with self._lock:
+            if self._sock is not None:
+                try:
+                    return _ask(self._sock, request, fds, "the job door")
+                except OSError as error:
+                    self._shut()
+                    if not isinstance(error, _Gone):
+                        import logging  # here: the fork server (this file as a script) never logs
+
+                        logging.getLogger(__name__).warning("%s: its job door refused (%s)", self.directory, error)
+        return self.fallback.spawn(program, argv, fds, userns)
+
+    def _shut(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+    def close(self) -> None:
+        """Close the door: it is ended and reaped here (jobs it forked run on)."""
+        with self._lock:
+            self._shut()
+        if self.child.pidfd >= 0:
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(self.child.pidfd, signal.SIGKILL)
+            if self.child.ours:
+                self.child._exited()  # killed: reaped at once
+            else:
+                self.child.close()
+
+
 class ForkServer:
     """The control plane's handle: starts the server on first use (again if it died) and
     asks it for children; `spawn` raises OSError when no server can be had (then the
@@ -363,28 +524,27 @@ class ForkServer:
             for attempt in (1, 2):
                 sock = self._sock if self._sock is not None and self._alive() else self._restart()
                 try:
-                    sock.sendmsg([request], [_rights(fds)])
-                    message, ancillary, _, _ = sock.recvmsg(MESSAGE, socket.CMSG_SPACE(4))
-                except OSError:
+                    return _ask(sock, request, fds, "the fork server")
+                except _Gone:
+                    self._drop()
                     if attempt == 2:
                         raise
-                    self._drop()
-                    continue
-                received = _fds_of(ancillary)
-                if not message:
-                    for fd in received:
-                        os.close(fd)
-                    self._drop()
-                    if attempt == 2:
-                        raise OSError("the fork server exited")
-                    continue
-                reply = json.loads(message)
-                if "pid" not in reply or len(received) != 1:
-                    for fd in received:
-                        os.close(fd)
-                    raise OSError(f"the fork server refused: {reply.get('error', reply)}")
-                return Child(int(reply["pid"]), received[0], bool(reply.get("sibling")))
         raise OSError("unreachable")
+
+    def door(self, directory: Path, log: int) -> Door:
+        """Open the job door of the instance in `directory` (its cgroups are made): jobs it
+        forks are born in them. `log` gets what it writes. OSError if it cannot be had."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        null = os.open(os.devnull, os.O_RDONLY)
+        try:
+            child = self.spawn(DOOR, [str(directory)], [null, log, log, theirs.fileno()])
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+            os.close(null)
+        return Door(str(directory), ours, child, self)
 
     def _alive(self) -> bool:
         return self._process is not None and self._process.poll() is None

@@ -5,15 +5,18 @@
 JOB_JSON = {"mode": "exec", "argv": [...], "env": {...}, "cwd": "/"}
          | {"mode": "read", "path": "/data/x"} | {"mode": "write", "path": "/data/x", "file_mode": 420}
 
-It joins the guest's cgroup (its limits apply, and a stop kills it), opens the guest's
-namespaces (user, IPC, UTS, network, PID, mount) through /proc/<guest>/ns, enters its
-root, forks (so the child is in the guest's PID namespace), becomes the guest's root
-(host uid `host_id_base`, see idmap.py; rootless: the server's own uid, its groups kept),
-drops every capability and the bounding set, sets no_new_privs, loads the guest's
-seccomp filter (like every guest process: see userns.py, seccomp.py) and then runs the
-command, or reads the file to stdout, or writes stdin to the file (atomically). File work
-is done as that guest uid, inside the guest's root (so a symlink cannot lead outside it),
-and paths must lie under one of the guest's volume mounts (safepath.guest_file_path, the data plane's rule).
+It joins the guest's cgroup (its limits apply, and a stop kills it; forked from the
+instance's job door it was born there: forkserver.py), opens the guest's namespaces (user,
+IPC, UTS, network, PID, mount) through /proc/<guest>/ns, enters its root, becomes the
+guest's root (host uid `host_id_base`, see idmap.py; rootless: the server's own uid, its
+groups kept), drops every capability and the bounding set, sets no_new_privs, loads the
+guest's seccomp filter (like every guest process: see userns.py, seccomp.py), and then
+starts the command (posix_spawn: the first process it makes is in the guest's PID
+namespace) and waits for it, or forks a child that reads the file to stdout or writes stdin
+to the file (atomically). File work is done as that guest uid, inside the guest's root (so
+a symlink cannot lead outside it), and paths must lie under one of the guest's volume
+mounts (safepath.guest_file_path, the data plane's rule). The command shares this
+process's group, which the server kills when the job ends (guest_jobs.py).
 
 Standard streams are the command's. How it ended goes to the job's `status_fd` as one JSON line:
 {"status": "ok"|"unavailable"|"invalid"|"os-error"|"error", "code": N, "error": "...", "errno": "ENOSPC"}
@@ -49,6 +52,9 @@ CLONE_NEWUSER = 0x10000000
 NAMESPACES = ("user", "ipc", "uts", "net", "pid", "mnt")
 
 _libc = ctypes.CDLL(None, use_errno=True)
+# Set in a job door (forkserver.py), which joined the instance's cgroups for its jobs: each
+# is born there, and does not move itself (a move costs an RCU grace period on cgroup v1).
+IN_CGROUP = False
 
 
 class Refused(Exception):
@@ -144,7 +150,7 @@ def main() -> None:
         raise Refused("unavailable", "the guest is not running (it may be restarting): retry")
     mounts = [guest_path for _, guest_path in spec["mounts"]]
     path = guest_file(str(job.get("path") or ""), mounts) if job["mode"] in ("read", "write") else ""
-    for procs in spec["cgroup_procs"]:
+    for procs in spec["cgroup_procs"] if not IN_CGROUP else ():
         with open(procs, "w") as f:
             f.write(str(os.getpid()))
     last_cap = int(Path("/proc/sys/kernel/cap_last_cap").read_text())
@@ -173,25 +179,25 @@ def main() -> None:
         os.fchdir(root)
         os.chroot(".")
         os.close(root)
-    child = os.fork()
+    # From here on this process is the guest's root too (it needs no privilege to wait and report).
+    if own_userns:
+        # The guest's root (host uid host_id_base), like every guest process.
+        userns.become_root(keep_groups=bool(spec.get("rootless")))
+        userns.drop_privileges()
+        userns.load_seccomp(program)
+    else:
+        drop_capabilities(last_cap)
+    if job["mode"] == "exec":
+        code = run_command(job["argv"], env, cwd)
+        if code is not None:
+            report("ok", code)
+        return
+    child = os.fork()  # the file work in the guest's PID namespace, as the command would be
     if child == 0:
         try:
-            if own_userns:
-                # The guest's root (host uid host_id_base), like every guest process.
-                userns.become_root(keep_groups=bool(spec.get("rootless")))
-                userns.drop_privileges()
-                userns.load_seccomp(program)
-            else:
-                drop_capabilities(last_cap)
-            _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # after the credential change
+            _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
             os.chdir(cwd)
-            if job["mode"] == "exec":
-                try:
-                    os.execvpe(job["argv"][0], job["argv"], env)
-                except OSError as error:
-                    os.write(2, f"{job['argv'][0]}: {error.strerror}\n".encode())
-                    os._exit(127 if isinstance(error, FileNotFoundError) else 126)
-            elif job["mode"] == "read":
+            if job["mode"] == "read":
                 with open(path, "rb") as f:
                     while chunk := f.read(1 << 16):
                         os.write(1, chunk)
@@ -202,8 +208,49 @@ def main() -> None:
             report_os_error(error)
             os._exit(126)
     _, status = os.waitpid(child, 0)
+    report("ok", _exit_code(status))
+
+
+def run_command(argv: list[str], env: dict[str, str], cwd: str) -> int | None:
+    """Run the command in `cwd` and wait for it: its exit code (127: not found, 126: not
+    executable, as a shell says), or None if the cwd failed (reported). posix_spawn, a vfork:
+    no copy of this interpreter is made (os.fork cost ~1-2 ms here), and the command is the
+    first process made in the guest's PID namespace after setns."""
+    try:
+        os.chdir(cwd)
+    except OSError as error:
+        report_os_error(error)
+        return None
+    try:
+        pid = _spawn_in_path(argv, env)
+    except OSError as error:
+        os.write(2, f"{argv[0]}: {error.strerror}\n".encode())
+        return 127 if isinstance(error, FileNotFoundError) else 126
+    _, status = os.waitpid(pid, 0)
+    return _exit_code(status)
+
+
+def _spawn_in_path(argv: list[str], env: dict[str, str]) -> int:
+    """os.posix_spawn of argv[0] looked up in env's PATH the way os.execvpe looks (the first
+    error other than "not there" wins, else the last)."""
+    if os.sep in argv[0]:
+        return os.posix_spawn(argv[0], argv, env)
+    first_other: OSError | None = None
+    last: OSError | None = None
+    for directory in os.get_exec_path(env):
+        try:
+            return os.posix_spawn(os.path.join(directory, argv[0]), argv, env)
+        except (FileNotFoundError, NotADirectoryError) as error:
+            last = error
+        except OSError as error:
+            last = error
+            first_other = first_other or error
+    raise first_other or last or FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT))
+
+
+def _exit_code(status: int) -> int:
     code = os.waitstatus_to_exitcode(status)
-    report("ok", code if code >= 0 else 128 - code)
+    return code if code >= 0 else 128 - code
 
 
 def entry() -> None:

@@ -13,7 +13,9 @@ whatever it starts share, even inside the guest's PID namespace) when:
 - its timeout passes (Exit(124)),
 - its `stop` event is set (the credential it runs under was revoked, or the workspace is
   stopping or being deleted): the kill is done at once by a watcher task, even while the
-  consumer is blocked on a client that does not read, and the job raises JobStopped.
+  consumer is blocked on a client that does not read, and the job raises JobStopped;
+- guest_exec dies without saying how its command ended (killed under it: by the guest's
+  memory limit, say): the command goes too, and the job ends as a guest error.
 A process that leaves the process group (setsid, a daemon) is the guest's: only the end of
 the guest (stop, delete) reaches it.
 
@@ -34,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from ..base import Exit, GuestRefused, JobStopped, Output
-from .forkserver import Child, ForkServer
+from .forkserver import Child, Door, ForkServer
 
 log = logging.getLogger(__name__)
 
@@ -106,10 +108,10 @@ async def _kill_when(stop: asyncio.Event, process: asyncio.subprocess.Process | 
 
 
 async def _start(
-    instance_dir: Path, job: dict[str, Any], fds: tuple[int, int, int, int], forks: ForkServer | None
+    instance_dir: Path, job: dict[str, Any], fds: tuple[int, int, int, int], forks: ForkServer | Door | None
 ) -> asyncio.subprocess.Process | Child:
     """guest_exec.py in a new session with (stdin, stdout, stderr, status) at 0, 1, 2, 3:
-    forked from the fork server, or else exec'd."""
+    forked from the instance's job door or the fork server, or else exec'd."""
     if forks is not None:
         argv = [str(instance_dir), json.dumps({**job, "status_fd": 3})]
         try:
@@ -138,7 +140,7 @@ async def run_guest_exec(
     stdin: bytes = b"",
     seconds: float = 0.0,
     stop: asyncio.Event | None = None,
-    forks: ForkServer | None = None,
+    forks: ForkServer | Door | None = None,
 ) -> AsyncGenerator[Output | Exit, None]:
     """Run `job` in the guest of `instance_dir` (see guest_exec.py): its output, then how it
     ended. Raises GuestRefused if the job could not run, JobStopped if `stop` was set."""
@@ -165,7 +167,9 @@ async def run_guest_exec(
     transports: list[asyncio.BaseTransport] = []
     tasks: list[asyncio.Task[None]] = []
     watcher = loop.create_task(_kill_when(stop, process)) if stop is not None else loop.create_future()
+    ending = loop.create_task(process.wait())
     timed_out = stopped = exited = False
+    status = b""
     open_streams = 2
     try:
         for name, file in (("stdout", out_file), ("stderr", err_file)):
@@ -189,15 +193,21 @@ async def run_guest_exec(
             if remaining is not None and remaining <= 0:
                 timed_out = True
                 break
+            if ending.done() and not exited:
+                exited = True
+                status = _read_status(status_read)
+                if b"\n" not in status:
+                    # Killed under its command (the guest's memory limit, say): the command,
+                    # which would run on holding the streams, goes with its job.
+                    _killpg(process)
             if not open_streams:
-                waiting = loop.create_task(process.wait())
-                await asyncio.wait((waiting, watcher), timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
-                exited = waiting.done()
-                waiting.cancel()
+                if not exited:
+                    await asyncio.wait((ending, watcher), timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
                 continue
             if queue.empty():
                 getter = loop.create_task(queue.get())
-                await asyncio.wait((getter, watcher), timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+                waits = (getter, watcher) if exited else (getter, watcher, ending)
+                await asyncio.wait(waits, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
                 if not getter.done():
                     getter.cancel()  # asyncio.Queue.get loses no item when cancelled
                     continue
@@ -219,29 +229,30 @@ async def run_guest_exec(
             pipe.close()  # closes our pipe ends, paused or not
         for file in unowned:
             file.close()
-        await process.wait()
-        status_line = _status_line(status_read)
+        await ending  # the one wait on the process (a second one would take over its pidfd's reader)
+        status_line = (status + _read_status(status_read, close=True)).split(b"\n", 1)[0]
     if stopped:
         raise JobStopped("the job was stopped")
     if timed_out:
         yield Exit(124)
         return
     try:
-        status = json.loads(status_line)
+        ended = json.loads(status_line)
     except ValueError:
-        status = {"status": "error", "error": f"the guest job ended without a status (exit {process.returncode})"}
-    if status.get("status") == "ok":
-        yield Exit(int(status.get("code", 0)))
+        ended = {"status": "error", "error": f"the guest job ended without a status (exit {process.returncode})"}
+    if ended.get("status") == "ok":
+        yield Exit(int(ended.get("code", 0)))
     else:
-        raise GuestRefused(str(status.get("status")), str(status.get("error")), str(status.get("errno") or ""))
+        raise GuestRefused(str(ended.get("status")), str(ended.get("error")), str(ended.get("errno") or ""))
 
 
-def _status_line(fd: int) -> bytes:
-    """guest_exec's one status line (it has exited: what it wrote is in the pipe)."""
+def _read_status(fd: int, close: bool = False) -> bytes:
+    """What guest_exec wrote to its status pipe so far (once it has exited: all of it)."""
     try:
         os.set_blocking(fd, False)
-        return os.read(fd, 65536).split(b"\n", 1)[0]
+        return os.read(fd, 65536)
     except BlockingIOError:
         return b""
     finally:
-        os.close(fd)
+        if close:
+            os.close(fd)

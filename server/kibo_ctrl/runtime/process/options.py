@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ...domain.model import Backend
-from . import image_pool
+from . import image_pool, job_doors
 from .idmap import IdRange
 
 
@@ -34,6 +34,12 @@ class ProcessOptions:
     # (KIBO_IMAGE_POOL_DEPTH: the benchmark's way to compare with and without the pool.)
     image_pool_depth: int = field(
         default_factory=lambda: int(os.environ.get("KIBO_IMAGE_POOL_DEPTH") or image_pool.DEPTH)
+    )
+    # A guest's job door (job_doors.py) is closed after this many seconds without a job: an
+    # idle workspace does not keep its ~2 MiB. (KIBO_JOB_DOOR_IDLE_S: the benchmark's, to
+    # measure idle workspaces without waiting a minute; 0: no doors.)
+    job_door_idle_s: float = field(
+        default_factory=lambda: float(os.environ.get("KIBO_JOB_DOOR_IDLE_S") or job_doors.IDLE_S)
     )
     # Record when each step of a launch ended, in the instance directory (launch-timings.json
     # from here, timings.json from the supervisor): the benchmark's breakdown

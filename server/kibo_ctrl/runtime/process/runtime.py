@@ -99,6 +99,7 @@ from .cgroups import Cgroups
 from .forkserver import ForkServer
 from .guest_jobs import run_guest_exec
 from .image_pool import ImagePool
+from .job_doors import JobDoors
 from .options import Layout, launch_marker
 from .options import ProcessOptions as ProcessOptions  # app.py imports it from here
 from .supervisor_handle import (
@@ -182,6 +183,8 @@ class ProcessRuntime:
         self.forks = ForkServer()
         if self.isolation != "unavailable":
             self.forks.start()  # warming up meanwhile: the first launch does not wait for its imports
+        # Guest jobs forked in their instance's cgroups (job_doors.py).
+        self.doors = JobDoors(self.forks, options.job_door_idle_s)
         self.images = storage.usable(self.isolation)
         if not self.images:
             log.warning("writable layers and volumes are plain directories: their sizes are NOT enforced")
@@ -328,9 +331,13 @@ class ProcessRuntime:
         mark("spec-written")
         supervised = self._spawn(instance.id)
         mark("supervisor-spawned")
+        self._open_door(instance.id)
         await self._await_ready(supervised, created)
         mark("ready")
         return created
+
+    def _open_door(self, instance_id: str) -> None:
+        self.doors.open(instance_id, self.instance_dir(instance_id), bool(self.cgroups.parents))
 
     def _marker(self, instance_id: str) -> Callable[[str], None]:
         return launch_marker(self.options.timings, self.instance_dir(instance_id) / "launch-timings.json")
@@ -521,8 +528,11 @@ class ProcessRuntime:
         if spec is None:
             raise RestartError(f"cannot restart {instance.id}: its spec is gone")
         try:
+            self.doors.close(instance.id)  # in the old cgroups, which go
             await asyncio.to_thread(self._recreate_cgroup, instance, spec)
-            await self._await_ready(self._spawn(instance.id), ())
+            supervised = self._spawn(instance.id)
+            self._open_door(instance.id)
+            await self._await_ready(supervised, ())
         except (LaunchError, OSError) as error:
             # The new VMM did not start: the node agent reports RestartFailed (FAILED, parts kept).
             raise RestartError(f"the new VMM did not start: {error}") from None
@@ -552,6 +562,7 @@ class ProcessRuntime:
 
     async def stop(self, instance: Instance, force: bool) -> StopDurability:
         directory = self.instance_dir(instance.id)
+        self.doors.close(instance.id)
         supervised = self._attach(instance.id)
         if supervised is not None:
             supervised.quiet += 1
@@ -613,6 +624,7 @@ class ProcessRuntime:
 
     async def destroy(self, instance: Instance) -> None:
         directory = self.instance_dir(instance.id)
+        self.doors.close(instance.id)
         supervised = self._attach(instance.id)
         if supervised is not None:
             supervised.quiet += 1
@@ -715,9 +727,9 @@ class ProcessRuntime:
         it ended; bounded memory; killed when `stop` is set (then JobStopped)."""
         if not self.guest_ready(instance_id):
             raise GuestRefused("unavailable", "the guest is not running or is restarting: retry")
-        async with contextlib.aclosing(
-            run_guest_exec(self.instance_dir(instance_id), job, stdin, seconds, stop, self.forks)
-        ) as items:
+        directory = self.instance_dir(instance_id)
+        forks = self.doors.get(instance_id, directory, bool(self.cgroups.parents))
+        async with contextlib.aclosing(run_guest_exec(directory, job, stdin, seconds, stop, forks)) as items:
             async for item in items:
                 yield item
 
@@ -729,6 +741,7 @@ class ProcessRuntime:
         for supervised in self._supervised.values():
             with contextlib.suppress(BaseException):
                 await supervised.task
+        self.doors.close_all()
         await asyncio.to_thread(self.forks.close)
         if self.pool is not None:
             await asyncio.to_thread(self.pool.close)
