@@ -10,7 +10,9 @@ segments (`SEGMENTS`), whose medians over the run are the breakdown.
 The floors, measured in the same run (the machine is shared, so only same-run ratios mean
 anything):
 - sandbox creation: `bwrap --unshare-all --die-with-parent ... /bin/true` spawned and
-  reaped (what any bwrap sandbox costs here);
+  reaped (what any bwrap sandbox costs here), and the same moved into cgroups of its own
+  first, as a guest is (on cgroup v1 that move waits for an RCU grace period: a floor of
+  every launch with limits on such a host);
 - memory: an idle `sleep` in a bwrap sandbox (its bwrap and sleep processes), PSS."""
 
 from __future__ import annotations
@@ -138,6 +140,36 @@ def sandbox_floor(runs: int) -> list[float]:
     return times
 
 
+def cgroup_sandbox_floor(runs: int) -> list[float]:
+    """Seconds to spawn and reap `bwrap ... /bin/true` moved first into cgroups of its own,
+    as every guest is (the runtime's Cgroups: memory, CPU, pids), `runs` times, 50 ms apart
+    (as launches are: a move right after another one is cheaper). Empty without cgroups."""
+    from kibo_ctrl.runtime.process.cgroups import Cgroups
+
+    cgroups = Cgroups(f"floor-{os.getpid()}")
+    if not cgroups.parents:
+        return []
+    limits = cgroups.create("floor", 1, 256)
+
+    def enter() -> None:  # in the child, before the exec: what a guest pays
+        for procs in limits.procs:
+            with open(procs, "w") as f:
+                f.write(str(os.getpid()))
+
+    times = []
+    try:
+        for index in range(runs + 1):
+            time.sleep(0.05)
+            started = time.perf_counter()
+            subprocess.run([*FLOOR_SANDBOX, "/bin/true"], check=True, stdin=subprocess.DEVNULL, preexec_fn=enter)
+            if index:
+                times.append(time.perf_counter() - started)
+    finally:
+        Cgroups.remove(limits.dirs)
+        cgroups.close()
+    return times
+
+
 def _pss_kib(pid: int) -> int:
     try:
         text = Path(f"/proc/{pid}/smaps_rollup").read_text()
@@ -180,4 +212,9 @@ def memory_floor(count: int) -> float:
 def floors(runs: int, sleepers: int) -> dict[str, Any]:
     from bench.process_runtime import summary
 
-    return {"sandbox_true_s": summary(sandbox_floor(runs)), "idle_sleep_pss_mib": memory_floor(sleepers)}
+    in_cgroups = cgroup_sandbox_floor(runs)
+    return {
+        "sandbox_true_s": summary(sandbox_floor(runs)),
+        "sandbox_true_in_cgroups_s": summary(in_cgroups) if in_cgroups else None,
+        "idle_sleep_pss_mib": memory_floor(sleepers),
+    }

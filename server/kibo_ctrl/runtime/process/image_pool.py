@@ -111,7 +111,8 @@ class ImagePool:
             except FileNotFoundError:
                 continue  # taken meanwhile by another launch
             if entry.get("seed"):
-                # The pooled layer has the skeleton already: the fresh seed is not needed.
+                # The pooled layer has the skeleton already: no seed is made (runtime.py), and
+                # one left by an earlier launch that did not get to format goes.
                 shutil.rmtree(entry["seed"], ignore_errors=True)
                 entry["seed"] = ""
             return self.dir

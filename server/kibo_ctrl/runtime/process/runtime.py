@@ -361,6 +361,7 @@ class ProcessRuntime:
         # The sparse files of new images, if the disk can hold them all (else NoSpace).
         take = self.pool.take if self.pool is not None else None
         storage.admit(self.data_dir, layout.images, self.options.storage_overcommit, take)
+        self._seed(layout.images)
         return layout, tuple(created)
 
     def _guest_root(self) -> tuple[int, int] | None:
@@ -382,17 +383,22 @@ class ProcessRuntime:
         mnt = layer / "mnt"
         layout = Layout(layer=layer, upper=mnt / "upper", work=mnt / "work")
         mnt.mkdir(parents=True, exist_ok=True)
-        seed = None
-        if not (layer / storage.LAYER_IMAGE).exists():
-            # Formatted with this skeleton by the supervisor (mkfs -d): made fresh here, so no
-            # guest ever had a hand in it; the layer's files are never touched from here again.
-            seed = layer / "seed"
-            shutil.rmtree(seed, ignore_errors=True)
-            (seed / "upper").mkdir(parents=True)
-            (seed / "work").mkdir()
-            sandbox.seed_layer(seed / "upper", host_usr=host_usr, owner=self._guest_root())
+        # A new layer: formatted ahead by the pool, or by the supervisor from a seed (_seed).
+        seed = None if (layer / storage.LAYER_IMAGE).exists() else layer / "seed"
         layout.images.append(storage.entry(layer, storage.LAYER_IMAGE, capacity_gib, seed))
         return layout
+
+    def _seed(self, images: list[dict[str, Any]]) -> None:
+        """The skeleton a new layer image is formatted with by the supervisor (mkfs -d), for
+        each one the pool did not have ready: made fresh here, so no guest ever had a hand in
+        it; the layer's files are never touched from here again."""
+        for image in images:
+            if image["seed"] and not os.path.exists(image["image"]):
+                seed = Path(image["seed"])
+                shutil.rmtree(seed, ignore_errors=True)
+                (seed / "upper").mkdir(parents=True)
+                (seed / "work").mkdir()
+                sandbox.seed_layer(seed / "upper", host_usr=self.options.base_image is None, owner=self._guest_root())
 
     def _write_spec(self, instance: Instance, layout: Layout, plan: sandbox.GuestPlan) -> None:
         directory = self.instance_dir(instance.id)
