@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import shlex
@@ -369,8 +370,24 @@ def token_revoke(
     typer.echo(f"revoked {token_id}")
 
 
+# Young-generation collections every 10,000 net allocations instead of 700: under 64
+# creating clients the collector took ~6% of the server's time (3,066 young and 25 full
+# collections in 16 s); with this and the freeze below, ~1.5% (bench.lifecycle_ab: durable
+# creates/s +11%, create -> AVAILABLE p99 unchanged).
+GC_THRESHOLDS = (10_000, 10, 20)
+
+
+def _tune_gc() -> None:
+    """What start-up made (modules, caches, the loaded store) lives as long as the server:
+    frozen, full collections no longer walk it (~40 -> ~20 ms each)."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
+
+
 async def _serve(config: Config) -> None:
     app = await App.start(config)
+    _tune_gc()
     log = logging.getLogger("kibo")
     log.info(
         "serving gRPC on %s (port %d), HTTP on %s, data in %s, runtime %s/%s",
