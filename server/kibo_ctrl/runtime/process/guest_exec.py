@@ -233,13 +233,15 @@ def run_command(argv: list[str], env: dict[str, str], cwd: str) -> int | None:
 def _spawn_in_path(argv: list[str], env: dict[str, str]) -> int:
     """os.posix_spawn of argv[0] looked up in env's PATH the way os.execvpe looks (the first
     error other than "not there" wins, else the last)."""
+    # What Python ignores for itself goes back to the default for the command, as subprocess does.
+    defaults = (signal.SIGPIPE, signal.SIGXFSZ)
     if os.sep in argv[0]:
-        return os.posix_spawn(argv[0], argv, env)
+        return os.posix_spawn(argv[0], argv, env, setsigdef=defaults)
     first_other: OSError | None = None
     last: OSError | None = None
     for directory in os.get_exec_path(env):
         try:
-            return os.posix_spawn(os.path.join(directory, argv[0]), argv, env)
+            return os.posix_spawn(os.path.join(directory, argv[0]), argv, env, setsigdef=defaults)
         except (FileNotFoundError, NotADirectoryError) as error:
             last = error
         except OSError as error:
