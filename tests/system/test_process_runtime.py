@@ -597,6 +597,9 @@ async def test_data_plane_commands_files_and_credentials(pc: Client, process_ser
     assert await data.exec(credential, "sh", "-c", "echo out; echo err >&2; exit 3") == (3, b"out\n", b"err\n")
     assert await data.exec(credential, "cat", stdin=b"fed to stdin") == (0, b"fed to stdin", b"")
     assert (await data.exec(credential, "hostname"))[1].decode().strip() == workspace.workspace_id
+    # Nothing the server's Python ignores is ignored in the command (a pipe's reader gone kills it).
+    ignored = int((await data.exec(credential, "grep", "SigIgn", "/proc/self/status"))[1].split()[1], 16)
+    assert not ignored & (1 << (signal.SIGPIPE - 1) | 1 << (signal.SIGXFSZ - 1)), hex(ignored)
     code, out, _ = await data.exec(credential, "sh", "-c", "ls /proc | grep -c '^[0-9]'")
     assert code == 0 and int(out) < 10  # its own PID namespace: a handful of processes
     assert (await data.exec(credential, "no-such-command"))[0] == 127
