@@ -318,7 +318,7 @@ class Density:
     pss_fork_server_mib: float = 0.0  # the one interpreter supervisors are forked from: shared by all
     pss_doors_mib: float = 0.0  # the guests' job doors left open once idle (none, normally)
     doors_open: int = 0  # right after the creates: the doors of the workspaces made in the last DOOR_IDLE_S
-    pss_door_each_mib: float = 0.0  # what an open door adds to a workspace in use
+    pss_door_each_mib: float = 0.0  # what an open door (and its spare) adds to a workspace in use
     pss_guests_mib: float = 0.0
     control_plane_pss_before_mib: float = 0.0
     control_plane_pss_after_mib: float = 0.0
@@ -363,7 +363,8 @@ def density(client: kibotos.Client, server: Server, args: argparse.Namespace, cr
     time.sleep(2)  # let the last ones settle (the guest agent's start-up) before measuring
     doors = job_doors(server.process.pid)
     result.doors_open = len(doors)
-    result.pss_door_each_mib = pss_mib(doors) / len(doors) if doors else 0.0
+    # A door with its spare (the next job, forked ahead: forkserver.py): what an open door costs.
+    result.pss_door_each_mib = pss_mib(descendants(doors)) / len(doors) if doors else 0.0
     deadline = time.monotonic() + DOOR_IDLE_S + 10
     while job_doors(server.process.pid) and time.monotonic() < deadline:
         time.sleep(0.5)
@@ -374,7 +375,7 @@ def density(client: kibotos.Client, server: Server, args: argparse.Namespace, cr
     result.pss_supervisors_mib = pss_mib(roots)
     result.pss_guests_mib = pss_mib(everything - set(roots))
     result.pss_fork_server_mib = pss_mib(fork_servers(server.process.pid))
-    doors = job_doors(server.process.pid)
+    doors = descendants(job_doors(server.process.pid))
     result.pss_doors_mib = pss_mib(doors)
     result.processes += len(doors)
     result.control_plane_pss_after_mib = pss_mib([server.process.pid])
@@ -478,7 +479,7 @@ def print_table(result: dict[str, Any]) -> None:
             f" + guest {den['pss_guests_mib'] / count:.2f}; {den['processes'] / count:.1f} processes each)"
         )
         print(
-            f"  in use, plus its job door:  {den['pss_door_each_mib']:.2f} MiB"
+            f"  in use, plus door + spare:  {den['pss_door_each_mib']:.2f} MiB"
             f" (measured on the {den['doors_open']} doors open after the creates)"
         )
         print(f"  MemAvailable drop per ws:   {den['mem_available_drop_per_workspace_mib']:.2f} MiB")

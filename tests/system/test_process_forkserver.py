@@ -4,7 +4,9 @@ given; a guest job is the caller's own child (reaped there); the server goes wit
 caller's channel while its children run on; a dead server is replaced at the next spawn.
 A job door (needs root and a writable cgroup hierarchy) forks jobs born in its instance's
 cgroups, only its own instance's, only while those cgroups are the ones it joined; a dead,
-refusing or closed door costs only speed (the job comes from the fork server).
+refusing or closed door costs only speed (the job comes from the fork server). Each door job
+was the door's spare, forked ahead and waiting for it; a dead spare costs only speed too,
+and a door's end is its spare's.
 
 A guest job is run against a fake instance in the unisolated mode (no namespaces, no
 cgroup: no root needed), whose "guest" is a sleep of this test: guest_exec then runs a
@@ -202,7 +204,8 @@ def test_only_the_known_scripts_are_forked(forks: ForkServer) -> None:
 
 def _finish(child: forkserver.Child, out_r: int, status_r: int) -> tuple[bytes, dict[str, object]]:
     select.select([child.pidfd], [], [], 10)
-    assert child.poll() == 0
+    # A door's job is the door's child (its spare): followed through its pidfd, not reaped here.
+    assert child.poll() == (0 if child.ours else -1)
     output = os.read(out_r, 10000)
     status = json.loads(os.read(status_r, 1000))
     os.close(out_r)
@@ -290,3 +293,61 @@ def test_a_door_for_an_instance_without_cgroups_exits(forks: ForkServer, instanc
     assert door.child.poll() == 1
     assert "no cgroup" in (instance / "door.log").read_text()
     door.close()
+
+
+def _spares(door: forkserver.Door, instance: Path) -> list[int]:
+    """The door's spare(s): its children waiting for a job (their command line says so)."""
+    title = b"\0".join([forkserver.SPARE.encode(), bytes(instance)]) + b"\0"
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                if Path(f"/proc/{name}/cmdline").read_bytes().startswith(title):
+                    found.append(int(name))
+            except OSError:
+                continue
+    return [pid for pid in found if int(_stat(pid)[1]) == door.child.pid]
+
+
+def test_a_door_hands_each_job_to_a_spare_forked_ahead(
+    forks: ForkServer, instance: Path, cgroup_procs: list[str]
+) -> None:
+    _in_cgroups(instance, cgroup_procs[0])
+    wanted = _reference(cgroup_procs[0])
+    door = _door(forks, instance)
+    try:
+        _wait_for(lambda: len(_spares(door, instance)) == 1)
+        [spare] = _spares(door, instance)
+        assert _cgroup_of(spare) == wanted, "born in the instance's cgroups"
+        assert os.getsid(spare) == spare, "a session of its own already"
+        fds = set(os.listdir(f"/proc/{spare}/fd"))
+        assert fds == {"0", "1", "2", str(max(int(fd) for fd in fds))}, "its channel only: not the door's"
+        child, out_r, status_r = _job(door, instance, ["cat", "/proc/self/cgroup"])
+        assert child.pid == spare, "the job is the spare"
+        assert not child.ours, "the door's child: followed through its pidfd"
+        output, status = _finish(child, out_r, status_r)
+        assert status["status"] == "ok" and _cgroups_lines(output) == wanted
+        _wait_for(lambda: len(_spares(door, instance)) == 1)
+        assert _spares(door, instance) != [spare], "a new spare for the next job"
+        [after] = _spares(door, instance)
+    finally:
+        door.close()
+    _wait_for(lambda: not Path(f"/proc/{after}").exists())  # a door's end is its spare's
+
+
+def test_a_killed_spare_costs_only_speed(forks: ForkServer, instance: Path, cgroup_procs: list[str]) -> None:
+    """What the guest's memory limit can do to a spare: the job gets a new one, runs once."""
+    _in_cgroups(instance, cgroup_procs[0])
+    door = _door(forks, instance)
+    try:
+        _wait_for(lambda: len(_spares(door, instance)) == 1)
+        [spare] = _spares(door, instance)
+        os.kill(spare, signal.SIGKILL)
+        _wait_for(lambda: not Path(f"/proc/{spare}").exists())
+        child, out_r, status_r = _job(door, instance, ["sh", "-c", "echo once"])
+        assert child.pid != spare
+        output, status = _finish(child, out_r, status_r)
+        assert (output, status["status"]) == (b"once\n", "ok")
+        assert door.open
+    finally:
+        door.close()

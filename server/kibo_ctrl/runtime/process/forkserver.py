@@ -34,7 +34,10 @@ guest's own) and serves only jobs of its instance, checking before each that the
 instance's cgroups are still the ones it joined. It is the control plane's child (reaped
 there), exits when its channel closes, and dies with its guest's cgroup (the supervisor and
 the runtime kill everything in it): it never outlives the instance nor the control plane.
-Its share of the guest's limits: one process, and the few pages it dirties.
+It keeps its next job forked ahead (`_Spare`, `kibo-job-spare` in `ps`: a fork and the
+child's first steps were ~2 ms of each command here), which exits when the door does. A
+door's jobs are its children (the kernel reaps them), followed by the caller through their
+pidfds. Its share of the guest's limits: two processes, and the pages they dirty.
 
 Run as `python -I -S forkserver.py FD PADDING` (standard library only, like the scripts);
 PADDING is room in the argv area for the children's command lines."""
@@ -90,25 +93,37 @@ def _load(name: str) -> Any:
 
 def _become_child(fds: list[int], words: list[str]) -> None:
     """In the forked child, before the script's main: see the module docstring."""
+    _detach()
+    _place(fds, words)
+
+
+def _detach() -> None:
+    """A child's first steps: a session of its own, a fresh interpreter's signals, cwd `/`."""
     os.setsid()
     for signum in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(signum, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # what a fresh interpreter has
-    # The fds at their places (0, 1, 2, 3, ...), via numbers above them so none is clobbered.
+    os.chdir("/")
+
+
+def _place(fds: list[int], words: list[str]) -> None:
+    """The fds at their places (0, 1, 2, 3, ...), via numbers above them so none is
+    clobbered; everything else (the server's channel, the received originals, the copies)
+    closed; the command line the exec'd script would have had."""
     high = [os.dup(fd) for fd in fds]
     for target, fd in enumerate(high):
         os.dup2(fd, target, inheritable=target < 3)
-    # Everything else (the server's channel, the received originals, the copies) goes.
     os.closerange(len(high), MAX_FD)
-    os.chdir("/")
     set_cmdline(words)
 
 
-def _child(module: Any, program: str, argv: list[str], fds: list[int]) -> None:
+def _child(module: Any, program: str, argv: list[str], fds: list[int], detached: bool = False) -> None:
     code = 0
     try:
-        _become_child(fds, [sys.executable, "-I", "-S", str(SCRIPTS[program]), *argv])
+        if not detached:
+            _detach()
+        _place(fds, [sys.executable, "-I", "-S", str(SCRIPTS[program]), *argv])
         sys.argv = [str(SCRIPTS[program]), *argv]
         module.entry()
     except SystemExit as done:
@@ -196,10 +211,11 @@ def serve(channel: int) -> None:
                 os.close(fd)
 
 
-def _reply(sock: socket.socket, pid: int, pidfd: int) -> None:
-    """The child's PID and a pidfd of it; `sibling`: it is the control plane's own child
-    (fork_sibling gave the pidfd), else ours."""
-    sibling = pidfd >= 0
+def _reply(sock: socket.socket, pid: int, pidfd: int, sibling: bool | None = None) -> None:
+    """The child's PID and a pidfd of it (closed here); `sibling`: it is the control plane's
+    own child (by default: if fork_sibling gave the pidfd), else ours."""
+    if sibling is None:
+        sibling = pidfd >= 0
     if pidfd < 0:
         pidfd = os.pidfd_open(pid)
     try:
@@ -211,6 +227,10 @@ def _reply(sock: socket.socket, pid: int, pidfd: int) -> None:
 # -- a guest's job door (see the module docstring) ----------------------------------------------
 
 DOOR = "door"
+# A door's spare's command line, until its job makes it guest_exec's.
+SPARE = "kibo-job-spare"
+# How long a door waits for its last job to end before forking the next spare.
+SPARE_AFTER_S = 0.05
 # What the door makes its children's guest_exec skip: the move into the cgroups (it made it).
 IN_CGROUP = "IN_CGROUP"
 
@@ -245,13 +265,15 @@ def _door(module: Any, argv: list[str], fds: list[int]) -> None:
 
 
 def _serve_door(sock: socket.socket, module: Any, directory: str, joined: list[str]) -> None:
+    spare = _Spare.make(module, directory)
+    running = -1  # a pidfd of the job just handed out
     while True:
         try:
             message, ancillary, _, _ = sock.recvmsg(MESSAGE, socket.CMSG_SPACE(MAX_FDS * 4))
         except OSError:
             return
         if not message:
-            return  # the control plane closed the door, or is gone
+            return  # the control plane closed the door, or is gone (the spare goes too)
         fds = _fds_of(ancillary)
         try:
             request = json.loads(message)
@@ -260,16 +282,108 @@ def _serve_door(sock: socket.socket, module: Any, directory: str, joined: list[s
                 raise ValueError("a door runs the guest jobs of its own instance only")
             if _cgroup_procs(directory) != joined:
                 raise ValueError("the instance's cgroups are not the ones this door joined")
-            pid, pidfd = fork_sibling() if SIBLINGS[0] else (os.fork(), -1)
-            if pid == 0:
-                _child(module, "guest_exec", argv, fds)
-            _reply(sock, pid, pidfd)
+            job, spare = spare or _Spare(module, directory), None
+            try:
+                if not job.hand(argv, fds):
+                    job.close()  # gone before its job (killed in its cgroup): nothing ran
+                    job = _Spare(module, directory)
+                    if not job.hand(argv, fds):
+                        raise OSError("its spare ended before its job")
+                pid, pidfd = job.pid, job.take_pidfd()
+            finally:
+                job.close()
+            running = os.dup(pidfd)
+            _reply(sock, pid, pidfd, sibling=False)
         except (OSError, ValueError, KeyError, TypeError) as error:
             with contextlib.suppress(OSError):
                 sock.sendmsg([json.dumps({"error": str(error)}).encode()])
         finally:
             for fd in fds:
                 os.close(fd)
+        if spare is None:
+            # The next job's: once this one has ended, or a while, or at the next request
+            # (a fork beside the job would compete with it for the CPU of a small machine).
+            if running >= 0:
+                select.select([sock.fileno(), running], [], [], SPARE_AFTER_S)
+                os.close(running)
+                running = -1
+            spare = _Spare.make(module, directory)
+
+
+class _Spare:
+    """A door's next guest job, forked ahead of its request: a fork of this interpreter takes
+    ~1.3 ms here and the child's first steps ~1 ms more (copy-on-write faults), which were a
+    quarter of an `exec` of `true` (bench/process_runtime.py). It is the door's child, born
+    in the instance's cgroups; it waits on a socketpair for its job (argv and fds), then is
+    what `_child` makes. Reaped by the kernel (SIGCHLD is ignored in a door), so the caller
+    follows the job through its pidfd (`sibling: false`). An unused spare exits when its
+    door does (the end of the socketpair)."""
+
+    def __init__(self, module: Any, directory: str) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            pid = os.fork()
+        except OSError:
+            ours.close()
+            theirs.close()
+            raise
+        if pid == 0:
+            ours.close()
+            _spare(module, theirs, directory)
+        theirs.close()
+        self.pid = pid
+        self.sock = ours
+        try:
+            self.pidfd = os.pidfd_open(pid)  # now: a job may end (and be reaped) at once
+        except OSError:
+            ours.close()
+            raise
+
+    @classmethod
+    def make(cls, module: Any, directory: str) -> _Spare | None:
+        try:
+            return cls(module, directory)
+        except OSError as error:  # the cgroup's pids.max, say: the next job is forked then
+            print(f"job door: no spare ({error})", file=sys.stderr, flush=True)
+            return None
+
+    def hand(self, argv: list[str], fds: list[int]) -> bool:
+        """Give it its job; False if it is gone (then the job never ran)."""
+        try:
+            self.sock.sendmsg([json.dumps(argv).encode()], [_rights(fds)])
+        except OSError:
+            return False
+        return True
+
+    def take_pidfd(self) -> int:
+        pidfd, self.pidfd = self.pidfd, -1
+        return pidfd
+
+    def close(self) -> None:
+        self.sock.close()
+        if self.pidfd >= 0:
+            os.close(self.pidfd)
+            self.pidfd = -1
+
+
+def _spare(module: Any, sock: socket.socket, directory: str) -> None:
+    """A spare's life, in the forked child: a child's first steps, then its job, or an exit
+    if its door ends first."""
+    try:
+        _detach()
+        keep = sock.fileno()
+        os.closerange(3, keep)  # the door's channel and other spares' ends; 0-2 until the job
+        os.closerange(keep + 1, MAX_FD)
+        set_cmdline([SPARE, directory])
+        message, ancillary, _, _ = sock.recvmsg(MESSAGE, socket.CMSG_SPACE(MAX_FDS * 4))
+        fds = _fds_of(ancillary)
+        argv = [str(a) for a in json.loads(message)] if message else []
+    except BaseException:
+        traceback.print_exc()
+        os._exit(1)
+    if not argv:
+        os._exit(0)
+    _child(module, "guest_exec", argv, fds, detached=True)
 
 
 class _CloneArgs(ctypes.Structure):

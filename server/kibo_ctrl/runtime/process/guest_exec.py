@@ -240,8 +240,11 @@ def _spawn_in_path(argv: list[str], env: dict[str, str]) -> int:
     first_other: OSError | None = None
     last: OSError | None = None
     for directory in os.get_exec_path(env):
+        path = os.path.join(directory, argv[0])
         try:
-            return os.posix_spawn(os.path.join(directory, argv[0]), argv, env, setsigdef=defaults)
+            # What is not there is skipped with a stat, not a failed spawn (a vfork each).
+            os.stat(path)
+            return os.posix_spawn(path, argv, env, setsigdef=defaults)
         except (FileNotFoundError, NotADirectoryError) as error:
             last = error
         except OSError as error:

@@ -4,8 +4,8 @@ A guest job forked from its instance's door is born in the instance's cgroups in
 moving itself there, which on cgroup v1 waits for an RCU grace period (~16 ms here: it was
 nearly all of a first `exec` of `true`). A door is opened as its instance's supervisor is
 spawned, so its own move overlaps the launch; closed when the instance stops, is destroyed
-or is reset, and after `idle_s` without a job (a door is a forked interpreter: ~2 MiB that
-an idle workspace should not keep); reaped as soon as it dies otherwise (its guest's end
+or is reset, and after `idle_s` without a job (a door and its spare are forked
+interpreters: ~3 MiB that an idle workspace should not keep); reaped as soon as it dies otherwise (its guest's end
 kills everything in the cgroups). An instance without a door (adopted after a control-plane
 restart, or idle) gets one at its next job, which itself goes through the fork server, so
 the jobs of a workspace in use are fast. Without a door, jobs work as before."""
