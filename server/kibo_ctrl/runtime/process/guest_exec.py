@@ -190,6 +190,7 @@ def main() -> None:
     if job["mode"] == "exec":
         code = run_command(job["argv"], env, cwd)
         if code is not None:
+            streams_done()
             report("ok", code)
         return
     child = os.fork()  # the file work in the guest's PID namespace, as the command would be
@@ -208,7 +209,17 @@ def main() -> None:
             report_os_error(error)
             os._exit(126)
     _, status = os.waitpid(child, 0)
+    streams_done()
     report("ok", _exit_code(status))
+
+
+def streams_done() -> None:
+    """Close our standard streams before the status line: the server sees the job's output
+    end and its status without waiting for this process's exit (freeing a forked
+    interpreter took ~1.5-3 ms here). What the command left running may hold them still."""
+    for fd in (0, 1, 2):
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
 
 def run_command(argv: list[str], env: dict[str, str], cwd: str) -> int | None:

@@ -168,8 +168,8 @@ async def run_guest_exec(
     tasks: list[asyncio.Task[None]] = []
     watcher = loop.create_task(_kill_when(stop, process)) if stop is not None else loop.create_future()
     ending = loop.create_task(process.wait())
+    status = _Status(status_read)
     timed_out = stopped = exited = False
-    status = b""
     open_streams = 2
     try:
         for name, file in (("stdout", out_file), ("stderr", err_file)):
@@ -193,20 +193,22 @@ async def run_guest_exec(
             if remaining is not None and remaining <= 0:
                 timed_out = True
                 break
-            if ending.done() and not exited:
+            # The job is over at its status line (guest_exec's exit may take a while yet),
+            # or at guest_exec's exit without one.
+            if not exited and (status.line.done() or ending.done()):
                 exited = True
-                status = _read_status(status_read)
-                if b"\n" not in status:
+                if b"\n" not in status.read():
                     # Killed under its command (the guest's memory limit, say): the command,
                     # which would run on holding the streams, goes with its job.
                     _killpg(process)
             if not open_streams:
                 if not exited:
-                    await asyncio.wait((ending, watcher), timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+                    ends = (ending, status.line, watcher)
+                    await asyncio.wait(ends, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
                 continue
             if queue.empty():
                 getter = loop.create_task(queue.get())
-                waits = (getter, watcher) if exited else (getter, watcher, ending)
+                waits = (getter, watcher) if exited else (getter, watcher, ending, status.line)
                 await asyncio.wait(waits, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
                 if not getter.done():
                     getter.cancel()  # asyncio.Queue.get loses no item when cancelled
@@ -229,8 +231,12 @@ async def run_guest_exec(
             pipe.close()  # closes our pipe ends, paused or not
         for file in unowned:
             file.close()
-        await ending  # the one wait on the process (a second one would take over its pidfd's reader)
-        status_line = (status + _read_status(status_read, close=True)).split(b"\n", 1)[0]
+        if ending.done() or not status.line.done():
+            await ending  # the one wait on the process (a second one would take over its pidfd's reader)
+        else:
+            _LINGERING.add(ending)  # done with its status line: its exit is waited for meanwhile
+            ending.add_done_callback(_LINGERING.discard)
+        status_line = status.close().split(b"\n", 1)[0]
     if stopped:
         raise JobStopped("the job was stopped")
     if timed_out:
@@ -246,13 +252,42 @@ async def run_guest_exec(
         raise GuestRefused(str(ended.get("status")), str(ended.get("error")), str(ended.get("errno") or ""))
 
 
-def _read_status(fd: int, close: bool = False) -> bytes:
-    """What guest_exec wrote to its status pipe so far (once it has exited: all of it)."""
-    try:
+# The waits on jobs that ended at their status line, until their guest_exec has exited.
+_LINGERING: set[asyncio.Task[int]] = set()
+# More than guest_exec ever writes to its status pipe (one short JSON line).
+STATUS_LIMIT = 1 << 16
+
+
+class _Status:
+    """guest_exec's status pipe, read as it is written: `line` is done once its line (or the
+    pipe's end, or more than STATUS_LIMIT) is in."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._data = b""
+        self._loop = asyncio.get_running_loop()
+        self.line: asyncio.Future[None] = self._loop.create_future()
         os.set_blocking(fd, False)
-        return os.read(fd, 65536)
-    except BlockingIOError:
-        return b""
-    finally:
-        if close:
-            os.close(fd)
+        self._loop.add_reader(fd, self.read)
+
+    def read(self) -> bytes:
+        """Take what is in the pipe now; what it said so far."""
+        while not self.line.done():
+            try:
+                chunk = os.read(self._fd, STATUS_LIMIT)
+            except BlockingIOError:
+                break
+            self._data += chunk
+            if not chunk or b"\n" in self._data or len(self._data) > STATUS_LIMIT:
+                self._loop.remove_reader(self._fd)
+                self.line.set_result(None)
+        return self._data
+
+    def close(self) -> bytes:
+        """All it said (once guest_exec has exited: all it will say); the pipe is closed."""
+        data = self.read()
+        if not self.line.done():
+            self._loop.remove_reader(self._fd)
+            self.line.cancel()
+        os.close(self._fd)
+        return data
