@@ -32,6 +32,22 @@ class Limits:
     rlimits: tuple[tuple[str, int], ...]  # (RLIMIT_* name, value) when there is no cgroup
 
 
+def _made(directory: Path) -> list[Path]:
+    """Make `directory` if it is not there; [it] if this call made it, else []."""
+    try:
+        directory.mkdir()
+    except FileExistsError:
+        return []
+    return [directory]
+
+
+def _unmake(made: list[Path]) -> None:
+    """Remove what a setup that then failed made (nothing of it is left on the machine)."""
+    for directory in reversed(made):
+        with contextlib.suppress(OSError):
+            directory.rmdir()
+
+
 def _own_path(controller: str | None) -> str:
     """This process's cgroup in a v1 hierarchy (`controller`) or in v2 (None)."""
     for line in Path("/proc/self/cgroup").read_text().splitlines():
@@ -75,7 +91,7 @@ class Cgroups:
                 return False
             wanted = [c for c in ("memory", "cpu", "pids") if c in available]
             parent = ROOT / f"kibo-{self.tag}"
-            parent.mkdir(exist_ok=True)
+            made = _made(parent)
             enabled = " ".join(f"+{c}" for c in wanted)
             _write(ROOT / "cgroup.subtree_control", enabled)
             _write(parent / "cgroup.subtree_control", enabled)
@@ -84,28 +100,33 @@ class Cgroups:
             ok = (probe / "memory.max").exists()
             probe.rmdir()
         except OSError:
-            return False
+            ok = False
         if ok:
             self.parents = [parent]
+        else:
+            _unmake(made)
         return ok
 
     def _setup_v1(self) -> bool:
         if not (ROOT / "memory" / "memory.limit_in_bytes").exists():
             return False
-        parents = []
+        parents: list[Path] = []
+        made: list[Path] = []
         try:
             for controller in V1_CONTROLLERS:
                 hierarchy = ROOT / controller
                 if not hierarchy.is_dir():
                     continue
                 parent = hierarchy / _own_path(controller).lstrip("/") / f"kibo-{self.tag}"
-                parent.mkdir(exist_ok=True)
+                made += _made(parent)
                 parents.append(parent)
             probe = parents[0] / "probe"
             probe.mkdir(exist_ok=True)
             _write(probe / "memory.limit_in_bytes", str(64 << 20))
             probe.rmdir()
         except (OSError, IndexError):
+            # A hierarchy this user may not write (the rootless server: one of three, here).
+            _unmake(made)
             return False
         self.parents = parents
         return True
