@@ -6,6 +6,7 @@ import contextlib
 import fcntl
 import itertools
 import os
+import subprocess
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
@@ -83,7 +84,12 @@ def server_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callabl
     yield start
     for server in started:
         if server.process is not None and server.process.poll() is None:
-            server.kill()
+            # Stopped as its user would stop it, so that it removes what it made on the machine
+            # (a process runtime's cgroup parents: a kill -9 left them); killed if it hangs.
+            try:
+                server.stop(10)
+            except subprocess.TimeoutExpired:
+                server.kill()
 
 
 @pytest.fixture(scope="session")
