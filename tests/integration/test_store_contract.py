@@ -254,6 +254,10 @@ async def test_scans_are_bounded_and_filtered(place: Place) -> None:
 
     everything = await scan(WorkspaceQuery("default"), 100, 100)
     assert [w.seq for w in everything.workspaces] == seqs and everything.exhausted
+    # A row's ID and version, read without decoding its record, are the record's.
+    records = [w.record() for w in everything.workspaces]
+    assert [(w.id, w.version) for w in everything.workspaces] == [(r.id, r.version) for r in records]
+    assert all(r.version > 0 for r in records)
     # max_rows bounds the rows read whatever matches: 4 rows, 2 of them even.
     even = (("parity", "even", True),)
     page = await scan(WorkspaceQuery("default", labels=even), 4, 100)
@@ -271,7 +275,7 @@ async def test_scans_are_bounded_and_filtered(place: Place) -> None:
     assert len((await scan(WorkspaceQuery("default", states=((state, True),)), 100, 100)).workspaces) == 9
     empty = await scan(WorkspaceQuery("default", after_seq=seqs[-1]), 100, 100)
     assert empty.workspaces == [] and empty.last_seq == 0 and empty.exhausted
-    assert [w.tenant for w in (await scan(WorkspaceQuery("other"), 100, 100)).workspaces] == ["other"]
+    assert [w.record().tenant for w in (await scan(WorkspaceQuery("other"), 100, 100)).workspaces] == ["other"]
     counts = dict(((t, s), n) for t, s, n in await store.read(lambda r: r.workspace_counts()))
     assert counts[("default", state)] == 9 and sum(counts.values()) == 10
     assert state in WorkspaceState

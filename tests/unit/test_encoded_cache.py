@@ -12,7 +12,9 @@ from kibo_ctrl.api import control_plane, render
 from kibo_ctrl.api.control_plane import Api
 from kibo_ctrl.domain.access import Caller, Role
 from kibo_ctrl.domain.errors import NotFound
+from kibo_ctrl.domain.model import Workspace
 from kibo_ctrl.engine.hub import Hub
+from kibo_ctrl.store.base import ListedWorkspace
 from kibo_ctrl.store.sqlite import SqliteStore
 
 from .engine_harness import Engine
@@ -117,3 +119,29 @@ async def test_a_page_that_ends_with_the_last_match_has_no_token(api_engine: tup
     request = ws.ListWorkspacesRequest(page_size=2, filter='labels.run = "x"')
     page = (await api.list_workspaces(request, ALICE)).message
     assert len(page.workspaces) == 2 and page.next_page_token == ""
+
+
+async def test_a_list_decodes_only_the_records_it_has_not_encoded(
+    api_engine: tuple[Api, Engine], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A scanned row whose (ID, version) is remembered is answered without decoding its record
+    (store/base.py ListedWorkspace: ~0.9 µs a row for the ID and version, against ~3.8 µs)."""
+    api, engine = api_engine
+    ids = [await _create(engine, "alice", f"create-{n}") for n in range(3)]
+    decoded: list[str] = []
+    record = ListedWorkspace.record
+
+    def counting(listed: ListedWorkspace) -> Workspace:
+        decoded.append(listed.id)
+        return record(listed)
+
+    monkeypatch.setattr(ListedWorkspace, "record", counting)
+    first = (await api.list_workspaces(ws.ListWorkspacesRequest(), ALICE)).message
+    assert sorted(decoded) == sorted(ids)
+    decoded.clear()
+    assert (await api.list_workspaces(ws.ListWorkspacesRequest(), ALICE)).message == first
+    assert decoded == []
+    await _relabel(engine, "alice", ids[1], "new")
+    listed = (await api.list_workspaces(ws.ListWorkspacesRequest(), ALICE)).message
+    assert decoded == [ids[1]]
+    assert {w.workspace_id: w.labels.get("v") for w in listed.workspaces}[ids[1]] == "new"

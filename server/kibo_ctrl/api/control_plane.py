@@ -34,7 +34,7 @@ from ..domain.model import Command, Instance, Workspace
 from ..engine.hub import Hub, Signal
 from ..engine.service import CommandRequest, Service
 from ..runtime.base import MachineObserver
-from ..store.base import Changes, Reader, Store, WorkspaceQuery, WorkspaceSlice
+from ..store.base import Changes, ListedWorkspace, Reader, Store, WorkspaceQuery, WorkspaceSlice
 from . import parse, render
 from .commands import VolumeCommand, WorkspaceCommand
 from .fairness import TenantSlots
@@ -118,6 +118,14 @@ class Api:
             _, (_, oldest) = self._encoded.popitem(last=False)  # the least recently used
             self._encoded_bytes -= len(oldest) + ENCODED_ENTRY_OVERHEAD
         return data
+
+    def _encode_listed(self, listed: ListedWorkspace) -> bytes:
+        """As _encode, for a row a list scanned: the record is decoded only on a miss."""
+        cached = self._encoded.get(listed.id)
+        if cached is not None and cached[0] == listed.version:
+            self._encoded.move_to_end(listed.id)
+            return cached[1]
+        return self._encode(listed.record())
 
     def _watch_response(self, workspace: Workspace) -> render.Encoded[ws_pb2.WatchWorkspaceResponse]:
         """The WatchWorkspace message of one stored version, made once: every stream of the
@@ -255,8 +263,8 @@ class Api:
         # per workspace, then field 2 (next_page_token).
         fields: list[bytes] = []
         budget = self._page_bytes
-        for workspace in found:
-            field = render.field_bytes(1, self._encode(workspace))
+        for listed in found:
+            field = render.field_bytes(1, self._encode_listed(listed))
             if fields and len(field) > budget:
                 # The page is as large as a message may be: the rest comes on the next page.
                 resume = found[len(fields) - 1].seq
@@ -267,7 +275,7 @@ class Api:
             fields.append(render.field_bytes(2, _encode_token(resume, scope).encode()))
         return render.Encoded(b"".join(fields), ws_pb2.ListWorkspacesResponse)
 
-    async def _scan_page(self, query: WorkspaceQuery, size: int) -> tuple[list[Workspace], int]:
+    async def _scan_page(self, query: WorkspaceQuery, size: int) -> tuple[list[ListedWorkspace], int]:
         """Up to `size` matching workspaces, and the seq to resume after (0: nothing is left).
         The scan runs in slices of at most LIST_COST.slice term evaluations, and stops after
         LIST_COST.request of them with what it has (fewer than `size`, or none, with a page
@@ -275,7 +283,7 @@ class Api:
         terms = 1 + len(query.labels) + len(query.states)
         largest = max(16, LIST_COST.slice // terms)
         scanned = 0
-        found: list[Workspace] = []
+        found: list[ListedWorkspace] = []
         after = query.after_seq
         # Slices start at what the page still needs (a dense match is one read) and double up
         # to `largest` (a sparse one takes few reads).

@@ -47,7 +47,7 @@ def all_workspaces(reader: Reader) -> list[Workspace]:
         after = 0
         while True:
             page = reader.scan_workspaces(WorkspaceQuery(tenant, after, include_deleted=True), 500, 500)
-            found.extend(page.workspaces)
+            found.extend(listed.record() for listed in page.workspaces)
             if page.exhausted:
                 break
             after = page.last_seq

@@ -59,12 +59,31 @@ class WorkspaceQuery:
     labels: tuple[tuple[str, str, bool], ...] = ()
 
 
+class ListedWorkspace:
+    """One row a scan matched, with its seq, ID and version read from the stored record
+    without decoding the rest of it. A list answers most rows from the encodings it keeps by
+    (ID, version) (api/control_plane.py); `record()` decodes the whole record when it must.
+    (Here, reading the ID and version takes ~0.9 µs a row, the whole record ~3.8 µs.)"""
+
+    __slots__ = ("_data", "_decode", "id", "seq", "version")
+
+    def __init__(self, seq: int, id: str, version: int, data: bytes, decode: Callable[[bytes], Workspace]) -> None:
+        self.seq = seq
+        self.id = id
+        self.version = version
+        self._data = data
+        self._decode = decode
+
+    def record(self) -> Workspace:
+        return self._decode(self._data)
+
+
 @dataclass(frozen=True)
 class WorkspaceSlice:
     """What one bounded scan found: the matching workspaces, in seq order, and where the scan
     stopped (`last_seq`; 0 when it scanned nothing). `exhausted`: no rows lie beyond it."""
 
-    workspaces: list[Workspace]
+    workspaces: list[ListedWorkspace]
     last_seq: int
     exhausted: bool
 

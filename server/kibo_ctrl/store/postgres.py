@@ -46,7 +46,7 @@ from ..domain.clock import SYSTEM_CLOCK, Clock
 from ..domain.errors import StoreError
 from ..domain.model import Command, Event, Instance, Volume, Workspace, WorkspaceState
 from ..domain.nodes import NodeRecord
-from .base import Changes, CommitObserver, Reader, Tx, WorkspaceQuery, WorkspaceSlice
+from .base import Changes, CommitObserver, ListedWorkspace, Reader, Tx, WorkspaceQuery, WorkspaceSlice
 from .postgres_conn import WRITE_LOCK, Connection, connect, describe, migrate, store_error
 from .postgres_feed import Entry, Feed, newest
 from .postgres_leader import FENCE, current, deposed
@@ -61,6 +61,7 @@ from .records import (
     WORKSPACE,
     instance_active,
     instance_unscheduled,
+    listed_workspace,
     workspace_storage_pending,
 )
 
@@ -110,10 +111,10 @@ class PostgresReader:
             "ORDER BY seq LIMIT %s) AS page ORDER BY seq"
         )
         rows = self._conn.execute(sql, [*args, query.tenant, query.after_seq, max_rows]).fetchall()
-        matched: list[Workspace] = []
+        matched: list[ListedWorkspace] = []
         for seq, data in rows:
             if data is not None:
-                matched.append(WORKSPACE.decode(bytes(data)))
+                matched.append(listed_workspace(int(seq), bytes(data)))
                 if len(matched) == want:
                     return WorkspaceSlice(matched, int(seq), False)
         return WorkspaceSlice(matched, int(rows[-1][0]) if rows else 0, len(rows) < max_rows)

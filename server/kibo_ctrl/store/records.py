@@ -8,6 +8,7 @@ import msgspec
 
 from ..domain.model import Command, Event, Instance, Phase, Volume, Workspace
 from ..domain.nodes import NodeRecord
+from .base import ListedWorkspace
 
 ENCODER = msgspec.json.Encoder()
 WORKSPACE = msgspec.json.Decoder(Workspace)
@@ -16,6 +17,21 @@ INSTANCE = msgspec.json.Decoder(Instance)
 EVENT = msgspec.json.Decoder(Event)
 VOLUME = msgspec.json.Decoder(Volume)
 NODE = msgspec.json.Decoder(NodeRecord)
+
+
+class WorkspaceKey(msgspec.Struct):
+    """The part of a stored workspace a list reads first (msgspec skips the rest unparsed)."""
+
+    id: str
+    version: int = 0
+
+
+WORKSPACE_KEY = msgspec.json.Decoder(WorkspaceKey)
+
+
+def listed_workspace(seq: int, data: bytes) -> ListedWorkspace:
+    key = WORKSPACE_KEY.decode(data)
+    return ListedWorkspace(seq, key.id, key.version, data, WORKSPACE.decode)
 
 
 def instance_active(instance: Instance) -> bool:

@@ -31,7 +31,7 @@ from ..domain.clock import SYSTEM_CLOCK, Clock
 from ..domain.errors import StoreError, Unavailable
 from ..domain.model import Command, Event, Instance, Volume, Workspace, WorkspaceState
 from ..domain.nodes import NodeRecord
-from .base import Changes, CommitObserver, Reader, Tx, WorkspaceQuery, WorkspaceSlice
+from .base import Changes, CommitObserver, ListedWorkspace, Reader, Tx, WorkspaceQuery, WorkspaceSlice
 from .migrations import MIGRATIONS
 from .records import COMMAND as _COMMAND
 from .records import ENCODER as _ENCODER
@@ -40,7 +40,7 @@ from .records import INSTANCE as _INSTANCE
 from .records import NODE as _NODE
 from .records import VOLUME as _VOLUME
 from .records import WORKSPACE as _WORKSPACE
-from .records import instance_active, instance_unscheduled, workspace_storage_pending
+from .records import instance_active, instance_unscheduled, listed_workspace, workspace_storage_pending
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -107,10 +107,10 @@ class SqliteReader:
             "(SELECT seq, state, deleted, data FROM workspaces WHERE tenant = ? AND seq > ? ORDER BY seq LIMIT ?)"
         )
         rows = self._conn.execute(sql, [*args, query.tenant, query.after_seq, max_rows]).fetchall()
-        matched: list[Workspace] = []
+        matched: list[ListedWorkspace] = []
         for seq, data in rows:
             if data is not None:
-                matched.append(_WORKSPACE.decode(bytes(data)))
+                matched.append(listed_workspace(int(seq), bytes(data)))
                 if len(matched) == want:
                     # The rest of the slice is left for the next page: stop where the page ends.
                     return WorkspaceSlice(matched, int(seq), False)
