@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 from kibo_ctrl.runtime.process import forkserver
 from kibo_ctrl.runtime.process.cgroups import Cgroups
-from kibo_ctrl.runtime.process.forkserver import ForkServer
+from kibo_ctrl.runtime.process.fork_client import Child, Door, ForkServer
 
 
 def _stat(pid: int) -> list[str]:
@@ -106,12 +106,12 @@ def _reference(procs: str) -> set[str]:
         sleeper.wait()
 
 
-def _door(forks: ForkServer, instance: Path) -> forkserver.Door:
+def _door(forks: ForkServer, instance: Path) -> Door:
     with open(instance / "door.log", "ab") as log:
         return forks.door(instance, log.fileno())
 
 
-def _job(forks: ForkServer | forkserver.Door, instance: Path, argv: list[str]) -> tuple[forkserver.Child, int, int]:
+def _job(forks: ForkServer | Door, instance: Path, argv: list[str]) -> tuple[Child, int, int]:
     """Start a guest job; (the child, its stdout's read end, its status's read end)."""
     out_r, out_w = os.pipe()
     status_r, status_w = os.pipe()
@@ -202,7 +202,7 @@ def test_only_the_known_scripts_are_forked(forks: ForkServer) -> None:
         forks.spawn("sh", ["-c", "true"], [0, 1, 2])
 
 
-def _finish(child: forkserver.Child, out_r: int, status_r: int) -> tuple[bytes, dict[str, object]]:
+def _finish(child: Child, out_r: int, status_r: int) -> tuple[bytes, dict[str, object]]:
     select.select([child.pidfd], [], [], 10)
     # A door's job is the door's child (its spare): followed through its pidfd, not reaped here.
     assert child.poll() == (0 if child.ours else -1)
@@ -295,7 +295,7 @@ def test_a_door_for_an_instance_without_cgroups_exits(forks: ForkServer, instanc
     door.close()
 
 
-def _spares(door: forkserver.Door, instance: Path) -> list[int]:
+def _spares(door: Door, instance: Path) -> list[int]:
     """The door's spare(s): its children waiting for a job (their command line says so)."""
     title = b"\0".join([forkserver.SPARE.encode(), bytes(instance)]) + b"\0"
     found = []

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from ..base import Exit, GuestRefused, JobStopped, Output
-from .forkserver import Child, Door, ForkServer
+from .fork_client import Child, Door, ForkServer
 
 log = logging.getLogger(__name__)
 

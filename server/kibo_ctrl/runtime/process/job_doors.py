@@ -17,7 +17,7 @@ import contextlib
 import logging
 from pathlib import Path
 
-from .forkserver import Door, ForkServer
+from .fork_client import Door, ForkServer
 
 __all__ = ["IDLE_S", "JobDoors"]
 

@@ -96,7 +96,7 @@ from ...domain.reports import ExitReason, Report, VmmExited
 from ..base import DestroyError, Exit, GuestRefused, LaunchError, LaunchSpec, Output, RestartError, SyncError
 from . import safepath, sandbox, seccomp, storage
 from .cgroups import Cgroups
-from .forkserver import ForkServer
+from .fork_client import ForkServer
 from .guest_jobs import run_guest_exec
 from .image_pool import ImagePool
 from .job_doors import JobDoors
