@@ -111,7 +111,7 @@ class ImagePool:
             except FileNotFoundError:
                 continue  # taken meanwhile by another launch
             if entry.get("seed"):
-                # The pooled layer has the skeleton already: no seed is made (runtime.py), and
+                # The pooled layer has the skeleton already: no seed is made (provision.py), and
                 # one left by an earlier launch that did not get to format goes.
                 shutil.rmtree(entry["seed"], ignore_errors=True)
                 entry["seed"] = ""

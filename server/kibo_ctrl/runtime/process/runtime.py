@@ -12,21 +12,8 @@ rather than exec'd, new layers and volumes come formatted from a pool (`image_po
 and the guest's first process joins its cgroup while the images are mounted
 (`guest_start.py`): where a launch's time went, `bench/process_runtime.py --breakdown`.
 
-Files, under the data directory:
-    layers/<workspace>/layer.img  the retained writable layer (kept across stop, deleted with
-                                  the workspace): an ext4 image of `writable_layer_gib`, with
-                                  upper/ (the guest's root) and work/ (for the overlay)
-    volumes/<volume>/volume.img   a volume: an ext4 image of its capacity, bound at its mount
-                                  path (/data); both loop-mounted at <dir>/mnt only inside the
-                                  supervisor's mount namespace (storage.py)
-    instances/<instance>/         spec.json (what the supervisor runs), state.json (the
-                                  supervisor's and guest's PIDs), exit.json (why it exited),
-                                  supervisor.log, lock (held by the live supervisor), run/
-                                  (the guest's /run/kibo, a 1 MiB tmpfs: the ready file)
-    runtime/bin/                  the guest agent and its reboot/poweroff helpers
-Without images (`--sandbox none`, no mkfs.ext4 or loop devices, or a layer/volume made by
-an older kibo: layers/<workspace>/upper/, volumes/<volume>/ with files) they are plain
-directories, and their sizes are not enforced.
+What a launch prepares on disk (the files under the data directory, the spec each
+supervisor runs) and the release of a stopped instance: `provision.py`.
 
 Readiness: `launch` returns once the guest answers: the guest agent (the default entry)
 writes /run/kibo/ready when it runs; a custom `--guest-command` must do the same. The
@@ -52,14 +39,8 @@ How guest exits map to reports (per personality):
 - the supervisor is killed from outside (no exit.json): VmmExited(CRASH); its guest dies
   with it (PR_SET_PDEATHSIG / --die-with-parent), the instance keeps its parts.
 
-Restart safety: `adopt` takes the instances the store says this node has. A live
-supervisor (its flock held) is re-attached and keeps running (same generation); a dead
-one whose instance was running is reported as above (from its exit.json, or CRASH); an
-instance whose step is still in flight is left to the node agent, whose re-driven
-launch/restart attaches to a live supervisor instead of starting a second one; a live
-supervisor of an instance the store no longer has active is an orphan and is killed.
-(Run the control plane so that stopping it does not kill its process group or cgroup,
-e.g. systemd KillMode=process, or the supervisors go with it and are reported CRASH.)
+Restart safety: `adopt` re-attaches to the supervisors that outlived the control plane,
+reports the dead and kills the orphans (`adoption.py`).
 
 The data plane's hands: `guest_job` runs guest_exec.py, which joins the guest's cgroup
 and namespaces and runs a command or reads/writes a file as the guest sees it; its output
@@ -80,43 +61,31 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import json
 import logging
 import os
-import re
-import shutil
 import subprocess
 import sys
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from ...domain.model import Backend, Component, Instance, Phase, StopDurability, VolumeState
-from ...domain.reports import ExitReason, Report, VmmExited
+from ...domain.model import Backend, Component, Instance, Phase, StopDurability
+from ...domain.reports import Report
 from ..base import DestroyError, Exit, GuestRefused, LaunchError, LaunchSpec, Output, RestartError, SyncError
-from . import safepath, sandbox, seccomp, storage
+from . import adoption, observation, provision, safepath, sandbox, seccomp, storage
 from .cgroups import Cgroups
 from .fork_client import ForkServer
 from .guest_jobs import run_guest_exec
 from .image_pool import ImagePool
 from .job_doors import JobDoors
-from .options import Layout, launch_marker
 from .options import ProcessOptions as ProcessOptions  # app.py imports it from here
-from .supervisor_handle import (
-    Process,
-    Supervised,
-    exit_report,
-    kill_supervisor,
-    lock_held,
-    parent_pid,
-    read_json,
-    running,
-)
+from .options import launch_marker
+from .provision import release_sync, safe
+from .supervisor_handle import Process, Supervised, kill_supervisor, read_json
 
 log = logging.getLogger(__name__)
 
 SUPERVISOR = Path(__file__).with_name("supervisor.py")
-_SAFE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 # A force stop that the supervisor does not finish in this time is done from here.
 FORCE_TIMEOUT_S = 5.0
 # How long a graceful stop waits for the sync after the grace period before its outcome is unknown.
@@ -169,14 +138,7 @@ class ProcessRuntime:
             log.warning("no writable cgroup: memory is limited by rlimits only, CPU is not limited")
         if options.base_image is not None and not options.base_image.is_dir():
             raise ValueError(f"base image {options.base_image} is not a directory")
-        self.bin_dir = self.data_dir / "runtime" / "bin"
-        self.bin_dir.mkdir(parents=True, exist_ok=True)
-        for name, text in sandbox.GUEST_SCRIPTS.items():
-            path = self.bin_dir / name
-            path.write_text(text)
-            path.chmod(0o755)
-        for sub in ("instances", "layers", "volumes"):
-            (self.data_dir / sub).mkdir(exist_ok=True)
+        self.bin_dir = provision.lay_out(self.data_dir)
         self._supervised: dict[str, Supervised] = {}
         # Supervisors and guest jobs are forked from one warm interpreter (forkserver.py);
         # where it cannot be had, each is exec'd as before.
@@ -197,7 +159,7 @@ class ProcessRuntime:
                 owner=sandbox.guest_id_map(self.host_ids)[0],
                 variant="usr" if options.base_image is None else "base",
                 make_seed=lambda upper: sandbox.seed_layer(
-                    upper, host_usr=options.base_image is None, owner=self._guest_root()
+                    upper, host_usr=options.base_image is None, owner=provision.guest_root(self)
                 ),
                 overcommit=options.storage_overcommit,
                 depth=options.image_pool_depth,
@@ -213,20 +175,14 @@ class ProcessRuntime:
 
     # -- paths ------------------------------------------------------------------------
 
-    @staticmethod
-    def _safe(identifier: str) -> str:
-        if not _SAFE_ID.fullmatch(identifier):
-            raise ValueError(f"{identifier!r} cannot name a directory")
-        return identifier
-
     def instance_dir(self, instance_id: str) -> Path:
-        return self.data_dir / "instances" / self._safe(instance_id)
+        return self.data_dir / "instances" / safe(instance_id)
 
     def layer_dir(self, workspace_id: str) -> Path:
-        return self.data_dir / "layers" / self._safe(workspace_id)
+        return self.data_dir / "layers" / safe(workspace_id)
 
     def volume_dir(self, volume_id: str) -> Path:
-        return self.data_dir / "volumes" / self._safe(volume_id)
+        return self.data_dir / "volumes" / safe(volume_id)
 
     def socket_name(self, instance_id: str) -> str:
         digest = hashlib.sha256(str(self.instance_dir(instance_id)).encode()).hexdigest()[:32]
@@ -255,30 +211,11 @@ class ProcessRuntime:
     # -- adoption ---------------------------------------------------------------------
 
     def adopt(self, instances: list[Instance]) -> None:
-        active = {i.id: i for i in instances}
-        root = self.data_dir / "instances"
-        for directory in sorted(root.iterdir()):
-            if directory.name in active:
-                continue
-            # Nothing in the store needs this instance: an orphan, or leftovers of a released one.
-            if lock_held(directory):
-                log.warning("killing orphan supervisor of %s (the store has no active instance)", directory.name)
-                kill_supervisor(directory)
-            self._release_sync(directory)
-            storage.remove_tree(directory, ignore_errors=True)
-        for instance in instances:
-            directory = self.instance_dir(instance.id)
-            if lock_held(directory):
-                log.info("re-attaching to the running supervisor of %s", instance.id)
-                self._supervised[instance.id] = Supervised(self, instance.id, None)
-                continue
-            if instance.step != instance.done_step:
-                continue  # the node agent re-drives this step (launch/restart attach or start anew)
-            if instance.phase is Phase.RUNNING and Component.INSTANCE in instance.holds:
-                info = read_json(directory / "exit.json")
-                report = exit_report(instance.id, self.backend, info)
-                log.warning("instance %s: its supervisor is gone (%s)", instance.id, info or "killed")
-                self.events.put_nowait(report or VmmExited(instance.id, reason=ExitReason.CRASH))
+        adoption.adopt(self, self._supervised, instances)
+
+    def _attach(self, instance_id: str) -> Supervised | None:
+        """The live supervisor of the instance, if one runs (see adoption.attach)."""
+        return adoption.attach(self, self._supervised, instance_id)
 
     # -- launch -------------------------------------------------------------------------
 
@@ -302,7 +239,7 @@ class ProcessRuntime:
         if self.unavailable:
             raise LaunchError(f"this node cannot run workspaces: {self.unavailable}")
         try:
-            layout, created = await asyncio.to_thread(self._provision, spec)
+            layout, created = await asyncio.to_thread(provision.provision_storage, self, spec)
         except (OSError, ValueError) as error:
             raise LaunchError(f"provisioning the layer and volumes failed: {error}") from None
         mark("provisioned")
@@ -313,20 +250,11 @@ class ProcessRuntime:
             # A launch re-driven after a control-plane restart: the supervisor runs already.
             await self._await_ready(current, created)
             return created
-        plan = sandbox.GuestPlan(
-            root=layout.upper if self.options.base_image is None else self.instance_dir(instance.id) / "root",
-            base=self.options.base_image,
-            binds=tuple(layout.volumes),
-            run_dir=self.instance_dir(instance.id) / "run",
-            bin_dir=self.bin_dir,
-            hostname=instance.workspace_id,
-            command=self.options.guest_command,
-            env={"KIBO_WORKSPACE_ID": instance.workspace_id, "KIBO_INSTANCE_ID": instance.id},
-        )
+        plan = provision.guest_plan(self, instance, layout)
         try:
-            await asyncio.to_thread(self._write_spec, instance, layout, plan)
+            await asyncio.to_thread(provision.write_spec, self, instance, layout, plan)
         except (OSError, ValueError) as error:
-            await asyncio.to_thread(self._release_sync, self.instance_dir(instance.id))
+            await asyncio.to_thread(release_sync, self.instance_dir(instance.id))
             raise LaunchError(f"preparing the instance failed: {error}", volumes_created=created) from None
         mark("spec-written")
         supervised = self._spawn(instance.id)
@@ -341,137 +269,6 @@ class ProcessRuntime:
 
     def _marker(self, instance_id: str) -> Callable[[str], None]:
         return launch_marker(self.options.timings, self.instance_dir(instance_id) / "launch-timings.json")
-
-    def _provision(self, spec: LaunchSpec) -> tuple[Layout, tuple[str, ...]]:
-        workspace_id = spec.instance.workspace_id
-        layout = self._layer_layout(workspace_id, spec.resources.writable_layer_gib)
-        created = []
-        mounts = {b.volume_id: b.mount_path for b in spec.bindings}
-        for volume in spec.volumes:
-            path = self.volume_dir(volume.id)
-            path.mkdir(parents=True, exist_ok=True)
-            if volume.state is VolumeState.PENDING:
-                created.append(volume.id)
-            if volume.id in mounts:
-                if self.images and not storage.legacy_volume(path):
-                    layout.images.append(storage.entry(path, storage.VOLUME_IMAGE, volume.capacity_gib, None))
-                    path = path / "mnt"
-                    path.mkdir(exist_ok=True)
-                layout.volumes.append((path, mounts[volume.id]))
-        # The sparse files of new images, if the disk can hold them all (else NoSpace).
-        take = self.pool.take if self.pool is not None else None
-        storage.admit(self.data_dir, layout.images, self.options.storage_overcommit, take)
-        self._seed(layout.images)
-        return layout, tuple(created)
-
-    def _guest_root(self) -> tuple[int, int] | None:
-        """Who owns what the runtime creates in a guest's tree: the guest's root on the host
-        (the supervisor shifts older trees into the range: see idmap.py)."""
-        return self.host_ids.root if self.isolation == "bwrap" and not self.rootless else None
-
-    def _layer_layout(self, workspace_id: str, capacity_gib: int) -> Layout:
-        """The writable layer: an image (new layers), or a directory (layers from before images)."""
-        layer = self.layer_dir(workspace_id)
-        host_usr = self.options.base_image is None
-        if not self.images or storage.legacy_layer(layer):
-            layout = Layout(layer=layer, upper=layer / "upper", work=layer / "work")
-            layout.upper.mkdir(parents=True, exist_ok=True)
-            if not host_usr:
-                layout.work.mkdir(exist_ok=True)
-            sandbox.seed_layer(layout.upper, host_usr=host_usr, owner=self._guest_root())
-            return layout
-        mnt = layer / "mnt"
-        layout = Layout(layer=layer, upper=mnt / "upper", work=mnt / "work")
-        mnt.mkdir(parents=True, exist_ok=True)
-        # A new layer: formatted ahead by the pool, or by the supervisor from a seed (_seed).
-        seed = None if (layer / storage.LAYER_IMAGE).exists() else layer / "seed"
-        layout.images.append(storage.entry(layer, storage.LAYER_IMAGE, capacity_gib, seed))
-        return layout
-
-    def _seed(self, images: list[dict[str, Any]]) -> None:
-        """The skeleton a new layer image is formatted with by the supervisor (mkfs -d), for
-        each one the pool did not have ready: made fresh here, so no guest ever had a hand in
-        it; the layer's files are never touched from here again."""
-        for image in images:
-            if image["seed"] and not os.path.exists(image["image"]):
-                seed = Path(image["seed"])
-                shutil.rmtree(seed, ignore_errors=True)
-                (seed / "upper").mkdir(parents=True)
-                (seed / "work").mkdir()
-                sandbox.seed_layer(seed / "upper", host_usr=self.options.base_image is None, owner=self._guest_root())
-
-    def _write_spec(self, instance: Instance, layout: Layout, plan: sandbox.GuestPlan) -> None:
-        directory = self.instance_dir(instance.id)
-        if lock_held(directory):
-            raise ValueError(f"a supervisor already runs {instance.id}")
-        # Earlier generations of this workspace were reported stopped: their leftovers go.
-        for old in (self.data_dir / "instances").glob(f"{self._safe(instance.workspace_id)}-g*"):
-            if old.name != instance.id and not lock_held(old):
-                self._release_sync(old)
-                storage.remove_tree(old, ignore_errors=True)
-        (directory / "run").mkdir(parents=True, exist_ok=True)
-        if self._guest_root() is not None:
-            # The guest's /run/kibo (its agent writes the ready file there).
-            os.chown(directory / "run", *self.host_ids.root, follow_symlinks=False)
-        for stale in ("exit.json", "state.json"):
-            with contextlib.suppress(FileNotFoundError):
-                (directory / stale).unlink()
-        overlay = None
-        if plan.base is not None:
-            (directory / "root").mkdir(exist_ok=True)
-            overlay = {
-                "lower": str(plan.base),
-                "upper": str(layout.upper),
-                "work": str(layout.work),
-                "merged": str(directory / "root"),
-            }
-        limits = self.cgroups.create(self._safe(instance.id), instance.vcpus, instance.memory_mib)
-        command = sandbox.command(self.isolation, plan)
-        id_map = sandbox.guest_id_map(self.host_ids)
-        spec = {
-            "instance_id": instance.id,
-            "workspace_id": instance.workspace_id,
-            "personality": self.backend.value,
-            "socket": self.socket_name(instance.id),
-            "argv": command.argv,
-            "env": command.env,
-            "cwd": command.cwd,
-            "entry_depth": command.entry_depth,
-            "cgroup_dirs": list(limits.dirs),
-            "cgroup_procs": list(limits.procs),
-            "oom_file": limits.oom_file,
-            "rlimits": [list(r) for r in limits.rlimits],
-            "run_dir": str(plan.run_dir),
-            "isolation": self.isolation,
-            "mounts": [[str(path), target] for path, target in layout.volumes],
-            # The guest's user namespace: guest ids 0..count-1 are host ids base..base+count-1
-            # (gids from host_gid_base; rootless: this user's uid and gid alone, count 1).
-            "host_id_base": id_map[0],
-            "host_id_count": id_map[1],
-            "host_gid_base": id_map[2],
-            "rootless": self.rootless,
-            "seccomp_filter": str(self.seccomp_filter),
-            "bin_dir": str(plan.bin_dir),
-            # Staged by the supervisor where the guest's uid reaches them (the guest's trees).
-            "stage_dir": str(self.stage_dir),
-            "staged": [str(plan.root), str(plan.run_dir)] + [str(path) for path, _ in layout.volumes],
-            # The environment of data-plane commands: the guest's (unisolated: with the KIBO_* paths).
-            "guest_env": command.env
-            if self.isolation == "none"
-            else {"PATH": sandbox.GUEST_PATH, "HOME": "/root", "TERM": "dumb", **plan.env},
-            "overlay": overlay,
-            "storage": layout.images,
-            "sync_paths": [str(layout.upper)] + [str(path) for path, _ in layout.volumes],
-            "grace_s": self.options.grace_s,
-            "force_sync_s": self.options.force_sync_s,
-            "ready_timeout_s": self.options.ready_timeout_s,
-            "reboot_code": sandbox.EXIT_REBOOT,
-            "poweroff_code": sandbox.EXIT_POWEROFF,
-            "timings": self.options.timings,
-        }
-        tmp = directory / "spec.json.tmp"
-        tmp.write_text(json.dumps(spec, indent=1))
-        os.replace(tmp, directory / "spec.json")
 
     def _spawn(self, instance_id: str) -> Supervised:
         directory = self.instance_dir(instance_id)
@@ -508,7 +305,7 @@ class ProcessRuntime:
             info = supervised.exit_info or {}
             why = info.get("error") or f"the supervisor exited ({info.get('reason') or 'killed'})"
             tail = await asyncio.to_thread(self._log_tail, supervised.dir)
-            await asyncio.to_thread(self._release_sync, supervised.dir)
+            await asyncio.to_thread(release_sync, supervised.dir)
             raise LaunchError(f"the guest did not become ready: {why}{tail}", volumes_created=created)
         finally:
             supervised.quiet -= 1
@@ -535,7 +332,7 @@ class ProcessRuntime:
             raise RestartError(f"cannot restart {instance.id}: its spec is gone")
         try:
             self.doors.close(instance.id)  # in the old cgroups, which go
-            await asyncio.to_thread(self._recreate_cgroup, instance, spec)
+            await asyncio.to_thread(provision.renew_cgroups, self, instance, spec)
             supervised = self._spawn(instance.id)
             self._open_door(instance.id)
             await self._await_ready(supervised, ())
@@ -543,28 +340,7 @@ class ProcessRuntime:
             # The new VMM did not start: the node agent reports RestartFailed (FAILED, parts kept).
             raise RestartError(f"the new VMM did not start: {error}") from None
 
-    def _recreate_cgroup(self, instance: Instance, spec: dict[str, Any]) -> None:
-        Cgroups.remove(tuple(spec.get("cgroup_dirs") or ()))
-        limits = self.cgroups.create(self._safe(instance.id), instance.vcpus, instance.memory_mib)
-        spec.update(cgroup_dirs=list(limits.dirs), cgroup_procs=list(limits.procs), oom_file=limits.oom_file)
-        directory = self.instance_dir(instance.id)
-        with contextlib.suppress(FileNotFoundError):
-            (directory / "exit.json").unlink()
-        tmp = directory / "spec.json.tmp"
-        tmp.write_text(json.dumps(spec, indent=1))
-        os.replace(tmp, directory / "spec.json")
-
     # -- stop and release ---------------------------------------------------------------
-
-    def _attach(self, instance_id: str) -> Supervised | None:
-        current = self._supervised.get(instance_id)
-        if current is not None and not current.closed:
-            return current
-        if lock_held(self.instance_dir(instance_id)):
-            current = Supervised(self, instance_id, None)
-            self._supervised[instance_id] = current
-            return current
-        return None
 
     async def stop(self, instance: Instance, force: bool) -> StopDurability:
         directory = self.instance_dir(instance.id)
@@ -592,7 +368,7 @@ class ProcessRuntime:
             spec = read_json(directory / "spec.json") or {}
             if info.get("reason") != "stopped":
                 await self._bounded_sync(spec, self.options.force_sync_s)
-            await asyncio.to_thread(self._release_sync, directory)
+            await asyncio.to_thread(release_sync, directory)
             return StopDurability.UNCONFIRMED
         if not (info.get("reason") == "stopped" and info.get("synced")):
             # The VMM was already gone: what its guest handed the kernel can still be synced.
@@ -600,33 +376,12 @@ class ProcessRuntime:
             error = await asyncio.to_thread(storage.sync_instance, spec)
             if error:
                 raise SyncError(f"the filesystem sync failed: {error}; the instance was not stopped")
-        await asyncio.to_thread(self._release_sync, directory)
+        await asyncio.to_thread(release_sync, directory)
         return StopDurability.CONFIRMED
 
     async def _bounded_sync(self, spec: dict[str, Any], seconds: float) -> None:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.shield(asyncio.to_thread(storage.sync_instance, spec, seconds)), seconds)
-
-    def _release_sync(self, directory: Path) -> bool:
-        """Release what a stopped instance holds on the machine: its cgroup (killing whatever
-        still runs in it) and leftovers. Blocking. False if a cgroup could not be removed."""
-        spec = read_json(directory / "spec.json") or {}
-        released = True
-        try:
-            Cgroups.remove(tuple(spec.get("cgroup_dirs") or ()))
-        except OSError as error:
-            log.warning("%s: removing its cgroup failed: %s", directory.name, error)
-            released = False
-        for name in ("ready", "agent.pid"):
-            with contextlib.suppress(OSError):
-                (directory / "run" / name).unlink()
-        # The images' filesystems go with the last process of the supervisor's namespaces:
-        # wait for that, then what their unmount wrote into the image files is made durable.
-        images = storage.image_files(spec.get("storage") or [])
-        if storage.wait_detached(images, storage.DETACH_TIMEOUT_S):
-            log.warning("%s: its layer or volume images are still mounted", directory.name)
-        storage.fsync_files(images)
-        return released
 
     async def destroy(self, instance: Instance) -> None:
         directory = self.instance_dir(instance.id)
@@ -643,30 +398,16 @@ class ProcessRuntime:
                 supervised.quiet -= 1
             if not supervised.closed:
                 raise DestroyError(f"the supervisor of {instance.id} does not exit")
-        if not await asyncio.to_thread(self._release_sync, directory):
+        if not await asyncio.to_thread(release_sync, directory):
             raise DestroyError(f"releasing {instance.id} failed: its cgroup cannot be removed")
         await asyncio.to_thread(storage.remove_tree, directory, True)
         self._supervised.pop(instance.id, None)
 
     async def delete_storage(self, workspace_id: str, volume_ids: tuple[str, ...]) -> None:
-        def remove() -> None:
-            for old in (self.data_dir / "instances").glob(f"{self._safe(workspace_id)}-g*"):
-                if not lock_held(old):
-                    self._release_sync(old)
-                    storage.remove_tree(old, ignore_errors=True)
-            # Durably gone, or OSError (an image still mounted): the node agent tries again.
-            storage.destroy(self.layer_dir(workspace_id))
-            for volume_id in volume_ids:
-                storage.destroy(self.volume_dir(volume_id))
-
-        await asyncio.to_thread(remove)
+        await asyncio.to_thread(provision.delete_storage, self, workspace_id, volume_ids)
 
     async def delete_volumes(self, volume_ids: tuple[str, ...]) -> None:
-        def remove() -> None:
-            for volume_id in volume_ids:
-                storage.destroy(self.volume_dir(volume_id))
-
-        await asyncio.to_thread(remove)
+        await asyncio.to_thread(provision.delete_volumes, self, volume_ids)
 
     # -- what the machine shows -----------------------------------------------------------
 
@@ -677,37 +418,7 @@ class ProcessRuntime:
         present). Blocking, cheap. A part that cannot be told here is left out: RESERVATION
         without cgroups, VOLUME_DELETION without volumes, the execution parts without an
         instance. `volume_ids`: the volumes deleted with the workspace."""
-        try:
-            layer = self.layer_dir(workspace_id)
-            # An image whose loop device is still attached holds its blocks even once unlinked.
-            layer_mounted = bool(storage.attached(storage.images_in(layer)))
-            seen: dict[Component, bool] = {Component.RETAINED_LAYER: layer.is_dir() or layer_mounted}
-            if volume_ids:
-                volumes = [self.volume_dir(v) for v in volume_ids]
-                images = [image for v in volumes for image in storage.images_in(v)]
-                seen[Component.VOLUME_DELETION] = any(v.is_dir() for v in volumes) or bool(storage.attached(images))
-            if instance_id is None:
-                return seen
-            state = read_json(self.instance_dir(instance_id) / "state.json") or {}
-        except ValueError:
-            return None  # not an ID of this runtime
-        supervisor = int(state.get("supervisor_pid") or 0)
-        alive = running(supervisor, state.get("supervisor_start"))
-        guest = int(state.get("guest_pid") or 0)
-        if guest > 0:
-            guest_alive = running(guest, state.get("guest_start"))
-        else:
-            # Not ready yet: the sandbox (bwrap, the supervisor's child) holds the namespaces.
-            sandbox_pid = int(state.get("sandbox_pid") or 0)
-            guest_alive = alive and running(sandbox_pid, None) and parent_pid(sandbox_pid) == supervisor
-        seen[Component.INSTANCE] = alive
-        # The guest's mount and network namespaces and its volume bind mounts live as long as its processes.
-        for part in (Component.LAYER_MOUNT, Component.NETWORK, Component.VOLUME_ATTACHMENT):
-            seen[part] = guest_alive
-        seen[Component.LAYER_MOUNT] = guest_alive or layer_mounted
-        if self.cgroups.parents:
-            seen[Component.RESERVATION] = any((parent / instance_id).is_dir() for parent in self.cgroups.parents)
-        return seen
+        return observation.observe(self, instance_id, workspace_id, volume_ids)
 
     # -- the data plane's hands ---------------------------------------------------------
 

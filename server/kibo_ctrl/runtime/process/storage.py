@@ -21,7 +21,7 @@ Layout, under the data directory:
     layers/<workspace>/seed/         the skeleton the new layer is formatted with (mkfs -d),
                                      made by the control plane in a fresh directory
 
-Who does what: the control plane (runtime.py) decides the layout, admits new images
+Who does what: the control plane (provision.py) decides the layout, admits new images
 against free space (`admit`), and destroys them (`destroy`); the supervisor formats and
 mounts them (`prepare`) in its own mount namespace before the guest starts, so every
 mount vanishes with it (mount -o loop sets the loop device's autoclear flag).
