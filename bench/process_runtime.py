@@ -46,6 +46,7 @@ import grpc
 import kibotos
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from kibo.ctrl.v1 import workspace_pb2 as wp
+from kibo_ctrl.runtime.process.forkserver import SUPERVISOR_SPARE
 
 from bench import process_breakdown as breakdown
 
@@ -163,8 +164,12 @@ def job_doors(server_pid: int) -> list[int]:
 
 
 def fork_servers(server_pid: int) -> list[int]:
-    """The control plane's fork server (runtime/process/forkserver.py), its child."""
-    return [pid for pid, parent in _parents().items() if parent == server_pid and "forkserver.py" in _cmdline(pid)]
+    """The control plane's fork server (runtime/process/forkserver.py), its child, and the
+    next supervisor it keeps forked ahead (its spare: shared by all workspaces as it is)."""
+    parents = _parents()
+    servers = [pid for pid, parent in parents.items() if parent == server_pid and "forkserver.py" in _cmdline(pid)]
+    spares = [pid for pid, parent in parents.items() if parent in servers and SUPERVISOR_SPARE in _cmdline(pid)]
+    return servers + spares
 
 
 def descendants(roots: Iterable[int]) -> set[int]:
@@ -315,7 +320,7 @@ class Density:
     mem_available_after_mib: float = 0.0
     processes: int = 0
     pss_supervisors_mib: float = 0.0
-    pss_fork_server_mib: float = 0.0  # the one interpreter supervisors are forked from: shared by all
+    pss_fork_server_mib: float = 0.0  # the one interpreter supervisors are forked from, and its spare: shared by all
     pss_doors_mib: float = 0.0  # the guests' job doors left open once idle (none, normally)
     doors_open: int = 0  # right after the creates: the doors of the workspaces made in the last DOOR_IDLE_S
     pss_door_each_mib: float = 0.0  # what an open door (and its spare) adds to a workspace in use

@@ -351,3 +351,77 @@ def test_a_killed_spare_costs_only_speed(forks: ForkServer, instance: Path, cgro
         assert door.open
     finally:
         door.close()
+
+
+def _supervisor_spares(forks: ForkServer) -> list[int]:
+    """The fork server's spare supervisor(s): its children waiting for a launch."""
+    assert forks._process is not None
+    title = forkserver.SUPERVISOR_SPARE.encode() + b"\0"
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                if Path(f"/proc/{name}/cmdline").read_bytes().startswith(title):
+                    found.append(int(name))
+            except OSError:
+                continue
+    return [pid for pid in found if int(_stat(pid)[1]) == forks._process.pid]
+
+
+def _busy_supervisor(forks: ForkServer, directory: Path) -> tuple[Child, Path]:
+    """A supervisor started for an instance whose lock is held (by this test): it says so on
+    its stderr and exits at once, having run nothing else. Returns it and its log."""
+    log_path = directory / "supervisor.log"
+    null = os.open(os.devnull, os.O_RDONLY)
+    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        child = forks.spawn("supervisor", [str(directory)], [null, log, log])
+    finally:
+        os.close(null)
+        os.close(log)
+    select.select([child.pidfd], [], [], 10)
+    assert child.poll() is not None
+    return child, log_path
+
+
+@pytest.fixture
+def locked(tmp_path: Path) -> Iterator[Path]:
+    """An instance directory whose lock another supervisor (this test) holds."""
+    import fcntl
+
+    directory = tmp_path / "ws-busy-g1"
+    directory.mkdir()
+    fd = os.open(directory / "lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    yield directory
+    os.close(fd)
+
+
+def test_the_next_supervisor_is_a_spare_forked_ahead(forks: ForkServer, locked: Path) -> None:
+    forks.start()
+    _wait_for(lambda: len(_supervisor_spares(forks)) == 1)
+    [spare] = _supervisor_spares(forks)
+    assert os.getsid(spare) == spare, "a session of its own already"
+    fds = set(os.listdir(f"/proc/{spare}/fd"))
+    assert fds == {"0", "1", "2", str(max(int(fd) for fd in fds))}, "its channel only: not the server's"
+    child, log = _busy_supervisor(forks, locked)
+    assert child.pid == spare, "the supervisor is the spare"
+    assert not child.ours, "the fork server's child, as every supervisor"
+    assert "another supervisor runs this instance" in log.read_text(), "it ran supervisor.py's main"
+    # The next one is forked a while after the launch, not beside it.
+    _wait_for(lambda: len(_supervisor_spares(forks)) == 1)
+    [after] = _supervisor_spares(forks)
+    assert after != spare
+    forks.close()
+    _wait_for(lambda: not Path(f"/proc/{after}").exists())  # the server's end is its spare's
+
+
+def test_a_killed_supervisor_spare_costs_only_speed(forks: ForkServer, locked: Path) -> None:
+    forks.start()
+    _wait_for(lambda: len(_supervisor_spares(forks)) == 1)
+    [spare] = _supervisor_spares(forks)
+    os.kill(spare, signal.SIGKILL)
+    _wait_for(lambda: not Path(f"/proc/{spare}").exists())
+    child, log = _busy_supervisor(forks, locked)
+    assert child.pid != spare
+    assert log.read_text().count("another supervisor runs this instance") == 1, "started once"

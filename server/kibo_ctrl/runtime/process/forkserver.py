@@ -39,6 +39,9 @@ child's first steps were ~2 ms of each command here), which exits when the door 
 door's jobs are its children (the kernel reaps them), followed by the caller through their
 pidfds. Its share of the guest's limits: two processes, and the pages they dirty.
 
+The server keeps its next supervisor forked ahead too (`kibo-supervisor-spare` in `ps`),
+forked a while after each launch, not beside it; it exits when the server does.
+
 Run as `python -I -S forkserver.py FD PADDING` (standard library only, like the scripts);
 PADDING is room in the argv area for the children's command lines. The control plane's
 side (`ForkServer`, `Door`, `Child`) is fork_client.py."""
@@ -55,6 +58,7 @@ import select
 import signal
 import socket
 import sys
+import time
 import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -166,7 +170,17 @@ def serve(channel: int) -> None:
     # Everything imported stays as it is: no collection walks (and dirties) it in children.
     gc.collect()
     gc.freeze()
+    # The next supervisor, forked ahead (as a door's next job: `_Spare`): a fork and the
+    # child's first steps are off the launch's path, which waits for each step until its
+    # guest-to-be is forked into the cgroups (supervisor.py `run`).
+    spare = _Spare.make(modules["supervisor"], "supervisor", [SUPERVISOR_SPARE])
+    spare_due: float | None = None  # when to fork the next one (not beside the launch it follows)
     while True:
+        if spare_due is not None:
+            ready, _, _ = select.select([sock], [], [], max(0.0, spare_due - time.monotonic()))
+            if not ready:
+                spare, spare_due = _Spare.make(modules["supervisor"], "supervisor", [SUPERVISOR_SPARE]), None
+                continue
         try:
             message, ancillary, _, _ = sock.recvmsg(MESSAGE, socket.CMSG_SPACE(MAX_FDS * 4))
         except OSError:
@@ -194,10 +208,19 @@ def serve(channel: int) -> None:
             # A guest job is the control plane's own child, as when it was exec'd from there
             # (reaped there: its PID stays its own until then); a supervisor is ours.
             sibling = program == "guest_exec" and SIBLINGS[0]
-            pid, pidfd = fork_sibling() if sibling else (os.fork(), -1)
-            if pid == 0:
-                _child(modules[program], program, argv, fds)
-            _reply(sock, pid, pidfd, sibling=pidfd >= 0)
+            handed = None
+            if program == "supervisor" and spare is not None:
+                handed = _handed(spare, argv, fds)  # None if it was gone: forked now, then
+                spare = None
+            if handed is not None:
+                _reply(sock, *handed, sibling=False)
+            else:
+                pid, pidfd = fork_sibling() if sibling else (os.fork(), -1)
+                if pid == 0:
+                    _child(modules[program], program, argv, fds)
+                _reply(sock, pid, pidfd, sibling=pidfd >= 0)
+            if spare is None and spare_due is None:
+                spare_due = time.monotonic() + SUPERVISOR_SPARE_AFTER_S
             if key is not None and key not in namespaces:
                 # After the reply: the next supervisor's namespace, off this launch's path.
                 with contextlib.suppress(OSError):
@@ -226,6 +249,11 @@ def _reply(sock: socket.socket, pid: int, pidfd: int, *, sibling: bool) -> None:
 DOOR = "door"
 # A door's spare's command line, until its job makes it guest_exec's.
 SPARE = "kibo-job-spare"
+# The fork server's spare's, until its launch makes it supervisor.py's.
+SUPERVISOR_SPARE = "kibo-supervisor-spare"
+# How long after a launch the fork server forks its next spare (a fork beside the launch would
+# compete with it for the CPU of a small machine; a launch takes ~50 ms here).
+SUPERVISOR_SPARE_AFTER_S = 0.1
 # How long a door waits for its last job to end before forking the next spare.
 SPARE_AFTER_S = 0.05
 # What the door makes its children's guest_exec skip: the move into the cgroups (it made it).
@@ -262,7 +290,7 @@ def _door(module: Any, argv: list[str], fds: list[int]) -> None:
 
 
 def _serve_door(sock: socket.socket, module: Any, directory: str, joined: list[str]) -> None:
-    spare = _Spare.make(module, directory)
+    spare = _Spare.make(module, "guest_exec", [SPARE, directory])
     running = -1  # a pidfd of the job just handed out
     while True:
         try:
@@ -279,16 +307,13 @@ def _serve_door(sock: socket.socket, module: Any, directory: str, joined: list[s
                 raise ValueError("a door runs the guest jobs of its own instance only")
             if _cgroup_procs(directory) != joined:
                 raise ValueError("the instance's cgroups are not the ones this door joined")
-            job, spare = spare or _Spare(module, directory), None
-            try:
-                if not job.hand(argv, fds):
-                    job.close()  # gone before its job (killed in its cgroup): nothing ran
-                    job = _Spare(module, directory)
-                    if not job.hand(argv, fds):
-                        raise OSError("its spare ended before its job")
-                pid, pidfd = job.pid, job.take_pidfd()
-            finally:
-                job.close()
+            handed = _handed(spare, argv, fds) if spare is not None else None
+            spare = None
+            if handed is None:  # none, or gone before its job (killed in its cgroup): nothing ran
+                handed = _handed(_Spare(module, "guest_exec", [SPARE, directory]), argv, fds)
+                if handed is None:
+                    raise OSError("its spare ended before its job")
+            pid, pidfd = handed
             running = os.dup(pidfd)
             _reply(sock, pid, pidfd, sibling=False)
         except (OSError, ValueError, KeyError, TypeError) as error:
@@ -304,19 +329,20 @@ def _serve_door(sock: socket.socket, module: Any, directory: str, joined: list[s
                 select.select([sock.fileno(), running], [], [], SPARE_AFTER_S)
                 os.close(running)
                 running = -1
-            spare = _Spare.make(module, directory)
+            spare = _Spare.make(module, "guest_exec", [SPARE, directory])
 
 
 class _Spare:
-    """A door's next guest job, forked ahead of its request: a fork of this interpreter takes
-    ~1.3 ms here and the child's first steps ~1 ms more (copy-on-write faults), which were a
-    quarter of an `exec` of `true` (bench/process_runtime.py). It is the door's child, born
-    in the instance's cgroups; it waits on a socketpair for its job (argv and fds), then is
-    what `_child` makes. Reaped by the kernel (SIGCHLD is ignored in a door), so the caller
-    follows the job through its pidfd (`sibling: false`). An unused spare exits when its
-    door does (the end of the socketpair)."""
+    """A child forked ahead of its request: a fork of this interpreter takes ~1.3 ms here and
+    the child's first steps ~1 ms more (copy-on-write faults), which were a quarter of an
+    `exec` of `true` (bench/process_runtime.py). A door keeps its next guest job so, born in
+    the instance's cgroups; the fork server keeps its next supervisor. It waits on a
+    socketpair for its argv and fds, then is what `_child` makes of `program`. Reaped by the
+    kernel (SIGCHLD is ignored in a door and in the fork server), so the caller follows it
+    through its pidfd (`sibling: false`). An unused spare exits when its parent does (the end
+    of the socketpair); `title` is its command line until then."""
 
-    def __init__(self, module: Any, directory: str) -> None:
+    def __init__(self, module: Any, program: str, title: list[str]) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             pid = os.fork()
@@ -326,7 +352,7 @@ class _Spare:
             raise
         if pid == 0:
             ours.close()
-            _spare(module, theirs, directory)
+            _spare(module, theirs, program, title)
         theirs.close()
         self.pid = pid
         self.sock = ours
@@ -337,11 +363,11 @@ class _Spare:
             raise
 
     @classmethod
-    def make(cls, module: Any, directory: str) -> _Spare | None:
+    def make(cls, module: Any, program: str, title: list[str]) -> _Spare | None:
         try:
-            return cls(module, directory)
-        except OSError as error:  # the cgroup's pids.max, say: the next job is forked then
-            print(f"job door: no spare ({error})", file=sys.stderr, flush=True)
+            return cls(module, program, title)
+        except OSError as error:  # the cgroup's pids.max, say: the next one is forked then
+            print(f"{program}: no spare ({error})", file=sys.stderr, flush=True)
             return None
 
     def hand(self, argv: list[str], fds: list[int]) -> bool:
@@ -363,15 +389,25 @@ class _Spare:
             self.pidfd = -1
 
 
-def _spare(module: Any, sock: socket.socket, directory: str) -> None:
+def _handed(spare: _Spare, argv: list[str], fds: list[int]) -> tuple[int, int] | None:
+    """Hand `spare` its argv and fds: its (pid, pidfd), or None if it was gone (nothing ran)."""
+    try:
+        if not spare.hand(argv, fds):
+            return None
+        return spare.pid, spare.take_pidfd()
+    finally:
+        spare.close()
+
+
+def _spare(module: Any, sock: socket.socket, program: str, title: list[str]) -> None:
     """A spare's life, in the forked child: a child's first steps, then its job, or an exit
-    if its door ends first."""
+    if its parent ends first."""
     try:
         _detach()
         keep = sock.fileno()
-        os.closerange(3, keep)  # the door's channel and other spares' ends; 0-2 until the job
+        os.closerange(3, keep)  # the parent's channel and fds, other spares' ends; 0-2 until the job
         os.closerange(keep + 1, MAX_FD)
-        set_cmdline([SPARE, directory])
+        set_cmdline(title)
         message, ancillary, _, _ = sock.recvmsg(MESSAGE, socket.CMSG_SPACE(MAX_FDS * 4))
         fds = fds_of(ancillary)
         argv = [str(a) for a in json.loads(message)] if message else []
@@ -380,7 +416,7 @@ def _spare(module: Any, sock: socket.socket, directory: str) -> None:
         os._exit(1)
     if not argv:
         os._exit(0)
-    _child(module, "guest_exec", argv, fds, detached=True)
+    _child(module, program, argv, fds, detached=True)
 
 
 class _CloneArgs(ctypes.Structure):
