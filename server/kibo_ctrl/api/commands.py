@@ -27,6 +27,13 @@ Req = TypeVar("Req", bound=Message)
 Resp = TypeVar("Resp", bound=Message)
 
 
+def respond(response: type[Resp], **fields: Message) -> Resp:
+    """A response message with these fields. (The protobuf stubs' `Message` takes no keywords;
+    every generated response type does.)"""
+    make: Callable[..., Resp] = response
+    return make(**fields)
+
+
 @dataclass(frozen=True)
 class WorkspaceCommand(Generic[Req, Resp]):
     """A command on a workspace: answered with the workspace and the command (after the settle wait)."""

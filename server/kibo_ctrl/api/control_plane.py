@@ -36,7 +36,7 @@ from ..engine.service import CommandRequest, Service
 from ..runtime.base import MachineObserver
 from ..store.base import Changes, ListedWorkspace, Reader, Store, WorkspaceQuery, WorkspaceSlice
 from . import parse, render
-from .commands import VolumeCommand, WorkspaceCommand
+from .commands import VolumeCommand, WorkspaceCommand, respond
 from .fairness import TenantSlots
 
 Req = TypeVar("Req", bound=Message)
@@ -146,7 +146,7 @@ class Api:
 
         async def handle(message: Req, caller: Caller) -> Resp:
             workspace, done = await self._command(caller, command, message)
-            return command.response(workspace=render.workspace(workspace), command=render.command(done))
+            return respond(command.response, workspace=render.workspace(workspace), command=render.command(done))
 
         return handle
 
@@ -156,7 +156,7 @@ class Api:
         async def handle(message: Req, caller: Caller) -> Resp:
             request = self._parse(caller, command, message)
             volume = await self._store.transact(self._service.execute, command.handle, request)
-            return command.response(volume=render.volume(volume))
+            return respond(command.response, volume=render.volume(volume))
 
         return handle
 
