@@ -27,10 +27,7 @@ LIFECYCLE = ("create_to_available_p50_ms", "create_to_available_p99_ms", "stop_t
 def _started(work: Path, name: str, code: Path | None, settle_ms: float | None) -> Server:
     (work / name).mkdir()
     server = Server(work / name, work / f"{name}.log", settle_ms=settle_ms, code=code)
-    try:
-        server.start()
-    except RuntimeError:
-        raise SystemExit(f"{name} did not start:\n{(work / f'{name}.log').read_text()[-2000:]}") from None
+    server.start_or_exit(name)
     return server
 
 

@@ -64,7 +64,7 @@ def main() -> None:
                 data = work / f"{side}-{size}"
                 shutil.copytree(store, data)
                 server = Server(data, work / f"{side}-{size}.log", code=code)
-                server.start()
+                server.start_or_exit(f"{side} ({size:,} stored)")
                 servers[side, size] = server
         walks = {key: figures.walk(server, ids=100, pages=200) for key, server in servers.items()}
         p50s: dict[tuple[str, int], list[float]] = {key: [] for key in servers}

@@ -135,6 +135,14 @@ class Server:
             raise
         return time.monotonic() - began
 
+    def start_or_exit(self, name: str) -> None:
+        """Start, or end the bench with the server's log if it exits first (a side of an A/B
+        whose checkout cannot serve)."""
+        try:
+            self.start()
+        except RuntimeError:
+            raise SystemExit(f"{name} did not start:\n{self.log_path.read_text()[-2000:]}") from None
+
     def rss_mib(self) -> float:
         return rss_mib(self.pid)
 

@@ -295,9 +295,9 @@ def test_a_door_for_an_instance_without_cgroups_exits(forks: ForkServer, instanc
     door.close()
 
 
-def _spares(door: Door, instance: Path) -> list[int]:
-    """The door's spare(s): its children waiting for a job (their command line says so)."""
-    title = b"\0".join([forkserver.SPARE.encode(), bytes(instance)]) + b"\0"
+def _children_titled(parent: int, words: list[bytes]) -> list[int]:
+    """The children of `parent` whose command line starts with `words` (a spare's title)."""
+    title = b"\0".join(words) + b"\0"
     found = []
     for name in os.listdir("/proc"):
         if name.isdigit():
@@ -306,7 +306,12 @@ def _spares(door: Door, instance: Path) -> list[int]:
                     found.append(int(name))
             except OSError:
                 continue
-    return [pid for pid in found if int(_stat(pid)[1]) == door.child.pid]
+    return [pid for pid in found if int(_stat(pid)[1]) == parent]
+
+
+def _spares(door: Door, instance: Path) -> list[int]:
+    """The door's spare(s): its children waiting for a job (their command line says so)."""
+    return _children_titled(door.child.pid, [forkserver.SPARE.encode(), bytes(instance)])
 
 
 def test_a_door_hands_each_job_to_a_spare_forked_ahead(
@@ -356,16 +361,7 @@ def test_a_killed_spare_costs_only_speed(forks: ForkServer, instance: Path, cgro
 def _supervisor_spares(forks: ForkServer) -> list[int]:
     """The fork server's spare supervisor(s): its children waiting for a launch."""
     assert forks._process is not None
-    title = forkserver.SUPERVISOR_SPARE.encode() + b"\0"
-    found = []
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                if Path(f"/proc/{name}/cmdline").read_bytes().startswith(title):
-                    found.append(int(name))
-            except OSError:
-                continue
-    return [pid for pid in found if int(_stat(pid)[1]) == forks._process.pid]
+    return _children_titled(forks._process.pid, [forkserver.SUPERVISOR_SPARE.encode()])
 
 
 def _busy_supervisor(forks: ForkServer, directory: Path) -> tuple[Child, Path]:

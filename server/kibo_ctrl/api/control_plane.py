@@ -104,14 +104,13 @@ class Api:
         """render.workspace's encoding, remembered by (ID, version): a version is one stored
         state of the workspace, so its encoding never changes. Gets, lists and every watcher
         of a change share it. The tenant check is the caller's, on the record, before this."""
-        cached = self._encoded.get(workspace.id)
-        if cached is not None and cached[0] == workspace.version:
-            self._encoded.move_to_end(workspace.id)
-            return cached[1]
+        remembered = self._remembered(workspace.id, workspace.version)
+        if remembered is not None:
+            return remembered
         data = render.workspace(workspace).SerializeToString()
+        cached = self._encoded.pop(workspace.id, None)  # re-inserted below: the newest entry
         if cached is not None:
             self._encoded_bytes -= len(cached[1]) + ENCODED_ENTRY_OVERHEAD
-            del self._encoded[workspace.id]  # re-inserted below: the newest entry
         self._encoded[workspace.id] = (workspace.version, data)
         self._encoded_bytes += len(data) + ENCODED_ENTRY_OVERHEAD
         while self._encoded_bytes > ENCODED_BUDGET_BYTES and len(self._encoded) > 1:
@@ -121,11 +120,16 @@ class Api:
 
     def _encode_listed(self, listed: ListedWorkspace) -> bytes:
         """As _encode, for a row a list scanned: the record is decoded only on a miss."""
-        cached = self._encoded.get(listed.id)
-        if cached is not None and cached[0] == listed.version:
-            self._encoded.move_to_end(listed.id)
-            return cached[1]
-        return self._encode(listed.record())
+        remembered = self._remembered(listed.id, listed.version)
+        return remembered if remembered is not None else self._encode(listed.record())
+
+    def _remembered(self, workspace_id: str, version: int) -> bytes | None:
+        """The remembered encoding of this stored version, now the most recently used."""
+        cached = self._encoded.get(workspace_id)
+        if cached is None or cached[0] != version:
+            return None
+        self._encoded.move_to_end(workspace_id)
+        return cached[1]
 
     def _watch_response(self, workspace: Workspace) -> render.Encoded[ws_pb2.WatchWorkspaceResponse]:
         """The WatchWorkspace message of one stored version, made once: every stream of the

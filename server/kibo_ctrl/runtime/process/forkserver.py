@@ -170,16 +170,19 @@ def serve(channel: int) -> None:
     # Everything imported stays as it is: no collection walks (and dirties) it in children.
     gc.collect()
     gc.freeze()
-    # The next supervisor, forked ahead (as a door's next job: `_Spare`): a fork and the
-    # child's first steps are off the launch's path, which waits for each step until its
-    # guest-to-be is forked into the cgroups (supervisor.py `run`).
-    spare = _Spare.make(modules["supervisor"], "supervisor", [SUPERVISOR_SPARE])
+
+    def next_supervisor() -> _Spare | None:
+        # Forked ahead (as a door's next job: `_Spare`): the fork and the child's first steps
+        # are then off the launch's path.
+        return _Spare.make(modules["supervisor"], "supervisor", [SUPERVISOR_SPARE])
+
+    spare = next_supervisor()
     spare_due: float | None = None  # when to fork the next one (not beside the launch it follows)
     while True:
         if spare_due is not None:
             ready, _, _ = select.select([sock], [], [], max(0.0, spare_due - time.monotonic()))
             if not ready:
-                spare, spare_due = _Spare.make(modules["supervisor"], "supervisor", [SUPERVISOR_SPARE]), None
+                spare, spare_due = next_supervisor(), None
                 continue
         try:
             message, ancillary, _, _ = sock.recvmsg(MESSAGE, socket.CMSG_SPACE(MAX_FDS * 4))
