@@ -51,16 +51,21 @@ def _unary(
         start = time.perf_counter()
         observer.started(*names, False)
         outcome = "CANCELLED"  # unless the handler returns or raises: the call was cancelled
+        observed = False
         try:
             caller = await auth.authenticate(_authorization(context))
             response = await fn(_decode(request_class, raw), caller)
             outcome = "OK"
         except Exception as error:  # every exception: status_of tells a domain error from a bug
             code, status = status_of(error)
-            outcome = code.name
+            # Observed before the status goes out: abort sends it and only then raises, so a
+            # client that reads /metrics once it has its answer would miss this call.
+            observer.finished(*names, False, code.name, time.perf_counter() - start)
+            observed = True
             await _abort(context, code, status)
         finally:
-            observer.finished(*names, False, outcome, time.perf_counter() - start)
+            if not observed:
+                observer.finished(*names, False, outcome, time.perf_counter() - start)
         return response.data if isinstance(response, Encoded) else response.SerializeToString()
 
     return grpc.unary_unary_rpc_method_handler(handle)
@@ -73,6 +78,7 @@ def _stream(
         start = time.perf_counter()
         observer.started(*names, True)
         outcome = "CANCELLED"
+        observed = False
         try:
             caller = await auth.authenticate(_authorization(context))
             # Closed here, at once, when the call ends early (the client cancelled or went
@@ -84,10 +90,12 @@ def _stream(
             outcome = "OK"
         except Exception as error:  # as in _unary
             code, status = status_of(error)
-            outcome = code.name
+            observer.finished(*names, True, code.name, time.perf_counter() - start)
+            observed = True
             await _abort(context, code, status)
         finally:
-            observer.finished(*names, True, outcome, time.perf_counter() - start)
+            if not observed:
+                observer.finished(*names, True, outcome, time.perf_counter() - start)
 
     return grpc.unary_stream_rpc_method_handler(handle)
 
