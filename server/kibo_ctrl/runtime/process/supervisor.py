@@ -272,14 +272,12 @@ class Supervisor(GuestLaunch, Clients):
         self.create_namespace()
         self.fork_early_guest()
         self.mark("userns")
-        self.prepare_storage()
-        self.mark("storage")
-        self.mount_overlay()
         self.listen()
         self.mark("listen")
+        failed = self.prepare_mounts()
+        if failed:
+            self.exit("spawn-failed", error=f"cannot start the guest: {failed}")
         try:
-            self.prepare_guest()
-            self.mark("stage")
             self.spawn()
             self.mark("bwrap-spawned")
         except OSError as error:

@@ -1,16 +1,29 @@
 """Small operating-system helpers of the supervisor (standard library only: supervisor.py
-imports this file by path): checked libc calls, syncfs, the OOM counter, /proc facts, and
-atomic JSON files."""
+imports this file by path): checked libc calls, syncfs, the OOM counter, /proc facts,
+atomic JSON files, and work done in a short-lived child (`in_child`)."""
 
 from __future__ import annotations
 
 import ctypes
 import json
 import os
+import signal
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+PR_SET_PDEATHSIG = 1
+
 _libc = ctypes.CDLL(None, use_errno=True)
+
+
+class ChildFailed(Exception):
+    """What `in_child`'s work raised, as text (`oserror`: it was an OSError)."""
+
+    def __init__(self, message: str, oserror: bool) -> None:
+        super().__init__(message)
+        self.oserror = oserror
 
 
 def check(result: int, what: str) -> None:
@@ -68,3 +81,42 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(data))
     os.replace(tmp, path)
+
+
+def in_child(work: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """Run `work` in a forked child and return what it returns (JSON), or raise ChildFailed
+    with what it raised. The child shares this process's namespaces, so what it mounts is
+    ours; its memory is not, and that is the point: the pages it writes (those it copies
+    away from the fork server's, and its allocations) go with it instead of staying in a
+    supervisor for the workspace's whole life. The child dies with us."""
+    parent = os.getpid()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns
+        os.close(read)
+        outcome: dict[str, Any]
+        try:
+            _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            if os.getppid() != parent:
+                os._exit(1)
+            outcome = {"done": work()}
+        except BaseException as error:
+            outcome = {"error": str(error) or repr(error), "oserror": isinstance(error, OSError)}
+        try:
+            with os.fdopen(write, "wb") as pipe:
+                pipe.write(json.dumps(outcome).encode())
+            sys.stdout.flush()
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        reply = pipe.read()
+    _, status = os.waitpid(pid, 0)
+    try:
+        outcome = json.loads(reply)
+    except ValueError:
+        raise ChildFailed(f"the child died without an answer (wait status {status})", False) from None
+    if "error" in outcome:
+        raise ChildFailed(str(outcome["error"]), bool(outcome["oserror"]))
+    done: dict[str, Any] = outcome["done"]
+    return done
