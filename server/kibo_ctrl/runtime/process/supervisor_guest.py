@@ -138,7 +138,8 @@ class GuestLaunch:
         They are done by a short-lived child (supervisor_os.in_child): it shares the namespace,
         so its mounts are ours, but not its memory. Run here, the Python behind them (storage.py,
         the id shift, the stage) left the pages it wrote copied in this process for the
-        workspace's whole life: ~2.2 of an idle supervisor's 3.6 MiB of private memory."""
+        workspace's whole life: ~0.75 MiB of an idle supervisor's 3.6 MiB of private memory
+        (bench/process_runtime.py's density run)."""
         overlay, entries = self.spec.get("overlay"), self.spec.get("storage") or []
         if not (entries or overlay or self.spec.get("rootless") or self.namespace is not None):
             return ""
