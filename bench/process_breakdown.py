@@ -38,18 +38,19 @@ SEGMENTS = (
     ("spawn the supervisor (fork/exec)", "spec-written", "supervisor-spawned"),
     ("supervisor: python start-up + imports", "supervisor-spawned", "supervisor:main"),
     ("supervisor: lock, read spec", "supervisor:main", "supervisor:spec-read"),
-    ("supervisor: user namespace + idmap", "supervisor:spec-read", "supervisor:userns"),
-    ("supervisor: listen", "supervisor:userns", "supervisor:listen"),
-    ("supervisor: mount ns, fork its child", "supervisor:listen", "supervisor:storage-module"),
-    ("supervisor: images (mkfs+mount, parallel)", "supervisor:storage-module", "supervisor:storage"),
-    ("supervisor: overlay, stage (tmpfs, binds, scripts)", "supervisor:storage", "supervisor:stage"),
+    ("supervisor: user namespace", "supervisor:spec-read", "supervisor:userns"),
+    ("supervisor: mount ns", "supervisor:userns", "supervisor:mount-ns"),
+    ("supervisor: fork its mount child", "supervisor:mount-ns", "supervisor:forked"),
+    ("mount child: load storage.py", "supervisor:forked", "supervisor:storage-module"),
+    ("mount child: images (mkfs+mount, parallel)", "supervisor:storage-module", "supervisor:storage"),
+    ("mount child: overlay, stage (tmpfs, binds, scripts)", "supervisor:storage", "supervisor:stage"),
     ("supervisor: the mount child's answer", "supervisor:stage", "supervisor:mounted"),
     ("supervisor: start bwrap (fork/exec)", "supervisor:mounted", "supervisor:bwrap-spawned"),
     ("bwrap + agent start + ready seen", "supervisor:bwrap-spawned", "supervisor:ready-seen"),
     ("ready message -> control plane", "supervisor:ready-seen", "ready"),
     ("Launched report, fold, reply", "ready", "answered"),
 )
-# Within the images segment (overlapping, not added to the total).
+# Parts of segments, and what runs beside them (overlapping: not added to the total).
 IMAGE_PARTS = (
     ("  layer image: mkfs", "layer.img:start", "layer.img:mkfs"),
     ("  layer image: mount", "layer.img:mkfs", "layer.img:mount"),
@@ -58,6 +59,7 @@ IMAGE_PARTS = (
     ("  images: wait for old loop devices to go", "supervisor:storage-module", "supervisor:images-detached"),
     ("  images: mkfs/mount threads (all)", "supervisor:images-detached", "supervisor:images-mounted"),
     ("  images: the run directory's tmpfs", "supervisor:images-mounted", "supervisor:storage"),
+    ("  meanwhile, the supervisor: fork the early guest, listen", "supervisor:mount-ns", "supervisor:listen"),
     ("  bwrap: before the fork", "supervisor:mounted", "supervisor:bwrap-fork"),
     ("  bwrap: fork, cgroup, userns, exec", "supervisor:bwrap-fork", "supervisor:bwrap-exec"),
 )

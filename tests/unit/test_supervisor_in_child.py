@@ -11,7 +11,7 @@ import signal
 from typing import Any
 
 import pytest
-from kibo_ctrl.runtime.process.supervisor_os import ChildFailed, in_child
+from kibo_ctrl.runtime.process.supervisor_os import ChildFailed, in_child, reap_answered
 
 WRITTEN: list[int] = []
 
@@ -25,6 +25,7 @@ def test_the_child_answers_and_its_memory_stays_its_own() -> None:
     assert done["argv"] == ["bwrap", "--", "/init"]
     assert done["pid"] != os.getpid()
     assert WRITTEN == []  # the child's write went with it
+    reap_answered()
     with pytest.raises(ChildProcessError):
         os.waitpid(done["pid"], os.WNOHANG)  # reaped
 

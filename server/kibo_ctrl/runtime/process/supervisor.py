@@ -62,7 +62,7 @@ if TYPE_CHECKING:
     from kibo_ctrl.runtime.process import guest_start, userns
     from kibo_ctrl.runtime.process.supervisor_guest import GuestLaunch
     from kibo_ctrl.runtime.process.supervisor_guest import _load_storage as _load_storage
-    from kibo_ctrl.runtime.process.supervisor_os import oom_kills, start_time, sync_all, write_json
+    from kibo_ctrl.runtime.process.supervisor_os import oom_kills, reap_answered, start_time, sync_all, write_json
     from kibo_ctrl.runtime.process.supervisor_protocol import Clients
 else:
     sys.path.insert(0, str(Path(__file__).parent))  # run as a script: its sibling modules
@@ -70,7 +70,7 @@ else:
     import userns  # also the fork server's (forkserver.py), which reads it here
     from supervisor_guest import GuestLaunch
     from supervisor_guest import _load_storage as _load_storage  # forkserver.py calls it here
-    from supervisor_os import oom_kills, start_time, sync_all, write_json
+    from supervisor_os import oom_kills, reap_answered, start_time, sync_all, write_json
     from supervisor_protocol import Clients
 
 TICK = 0.25
@@ -270,11 +270,13 @@ class Supervisor(GuestLaunch, Clients):
     def run(self) -> None:
         self.mark("spec-read")
         self.create_namespace()
-        self.fork_early_guest()
         self.mark("userns")
+        mounting = self.start_mounts()  # by a child: what follows here runs beside it
+        self.fork_early_guest()
+        self.mark("early-guest")
         self.listen()
         self.mark("listen")
-        failed = self.prepare_mounts()
+        failed = self.finish_mounts(mounting)
         if failed:
             self.exit("spawn-failed", error=f"cannot start the guest: {failed}")
         try:
@@ -282,6 +284,7 @@ class Supervisor(GuestLaunch, Clients):
             self.mark("bwrap-spawned")
         except OSError as error:
             self.exit("spawn-failed", error=f"cannot start the guest: {error}")
+        reap_answered()  # the mount child, gone meanwhile
         ready_deadline = time.monotonic() + float(self.spec["ready_timeout_s"])
         while True:
             polling = self.state == "starting" and self.ready_watch_id < 0

@@ -4,7 +4,7 @@ A mixin of `Supervisor` (supervisor.py, which holds the state these methods use 
 them in order: see `Supervisor.run`): the guest's user namespace (`create_namespace`),
 its storage and overlay mounted in a mount namespace of the supervisor's own
 (`prepare_storage`, `mount_overlay`) and its trees staged where its uid can reach them
-(`prepare_guest`), all three by a short-lived child (`prepare_mounts`), bubblewrap
+(`prepare_guest`), all three by a short-lived child (`start_mounts`), bubblewrap
 started in its cgroup (`fork_early_guest`, `spawn`, `_start_guest`, `_enter_cgroup`), and
 its ready file watched for with inotify (`watch_ready`, `check_ready`). Why a file of its
 own: supervisor.py is the entry point, the main loop and the exit; the socket protocol is
@@ -31,8 +31,8 @@ if TYPE_CHECKING:
     from kibo_ctrl.runtime.process import guest_start, idmap, userns
     from kibo_ctrl.runtime.process.supervisor_os import (
         ChildFailed,
+        InChild,
         children,
-        in_child,
         oom_kills,
         start_time,
         write_json,
@@ -43,7 +43,7 @@ else:
     import guest_start
     import idmap
     import userns
-    from supervisor_os import ChildFailed, children, in_child, oom_kills, start_time, write_json
+    from supervisor_os import ChildFailed, InChild, children, oom_kills, start_time, write_json
     from supervisor_os import check as _check
 
 PR_SET_PDEATHSIG = 1
@@ -96,7 +96,7 @@ class GuestLaunch:
         overlay = self.spec.get("overlay")
         if not overlay:
             return
-        # In our own mount namespace (prepare_mounts): it disappears with us, no mount is left behind.
+        # In our own mount namespace (start_mounts): it disappears with us, no mount is left behind.
         lower, upper, work = overlay["lower"], overlay["upper"], overlay["work"]
         if self.namespace is not None:
             lower, upper, work = self._overlay_layers(lower, upper, work)
@@ -128,26 +128,27 @@ class GuestLaunch:
         _check(_libc.mount(layer.encode(), b"layer", None, MS_BIND, None), "bind the layer")
         return "lower", f"layer/{os.path.basename(upper)}", f"layer/{os.path.basename(work)}"
 
-    def prepare_mounts(self) -> str:
+    def start_mounts(self) -> InChild | None:
         """The guest's storage, overlay and stage (`prepare_storage`, `mount_overlay`,
         `prepare_guest`) in a mount namespace of our own, made here: they are unmounted when we
-        and the guest are gone, whatever kills us. Returns "" or why the stage failed (an
-        OSError there is a launch that failed: "cannot start the guest"); anything else that
-        fails raises.
+        and the guest are gone, whatever kills us. Started here; `finish_mounts` waits for them
+        (None: nothing to mount).
 
-        They are done by a short-lived child (supervisor_os.in_child): it shares the namespace,
+        They are done by a short-lived child (supervisor_os.InChild): it shares the namespace,
         so its mounts are ours, but not its memory. Run here, the Python behind them (storage.py,
         the id shift, the stage) left the pages it wrote copied in this process for the
         workspace's whole life: ~0.75 MiB of an idle supervisor's 3.6 MiB of private memory
         (bench/process_runtime.py's density run)."""
         overlay, entries = self.spec.get("overlay"), self.spec.get("storage") or []
         if not (entries or overlay or self.spec.get("rootless") or self.namespace is not None):
-            return ""
+            return None
         _check(_libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
         _check(_libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "mount --make-rprivate /")
+        self.mark("mount-ns")
         known = len(self.marks)
 
         def mount() -> dict[str, Any]:
+            self.mark("forked")
             self.prepare_storage()
             self.mark("storage")
             self.mount_overlay()
@@ -158,8 +159,15 @@ class GuestLaunch:
             self.mark("stage")
             return {"argv": self.spec["argv"], "marks": self.marks[known:]}
 
+        return InChild(mount)
+
+    def finish_mounts(self, mounting: InChild | None) -> str:
+        """Wait for `start_mounts`' child: "" or why the stage failed (an OSError there is a
+        launch that failed: "cannot start the guest"); anything else that failed raises."""
+        if mounting is None:
+            return ""
         try:
-            done = in_child(mount)
+            done = mounting.answer()
         except ChildFailed as failure:
             raise RuntimeError(str(failure)) from None
         self.marks += [(str(step), float(when)) for step, when in done["marks"]]
@@ -171,7 +179,7 @@ class GuestLaunch:
 
     def prepare_storage(self) -> None:
         """Format new layer/volume images and mount them all (storage.py), in our mount
-        namespace (`prepare_mounts`)."""
+        namespace (`start_mounts`)."""
         entries = self.spec.get("storage") or []
         # Rootless: no images, but /run/kibo is a tmpfs still (not a directory of the data dir).
         rootless = bool(self.spec.get("rootless"))

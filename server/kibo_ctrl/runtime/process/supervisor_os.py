@@ -1,9 +1,10 @@
 """Small operating-system helpers of the supervisor (standard library only: supervisor.py
 imports this file by path): checked libc calls, syncfs, the OOM counter, /proc facts,
-atomic JSON files, and work done in a short-lived child (`in_child`)."""
+atomic JSON files, and work done in a short-lived child (`InChild`)."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -83,40 +84,65 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+# Children of in_child that answered and are not reaped yet.
+_ANSWERED: list[int] = []
+
+
+def reap_answered() -> None:
+    """Wait for the in_child children that answered (they are gone or nearly)."""
+    while _ANSWERED:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(_ANSWERED.pop(), 0)
+
+
+class InChild:
+    """`work` run in a forked child: its answer (JSON) is `answer()`, or ChildFailed with what
+    it raised. The child shares this process's namespaces, so what it mounts is ours; its
+    memory is not, and that is the point: the pages it writes (those it copies away from the
+    fork server's, and its allocations) go with it instead of staying in a supervisor for the
+    workspace's whole life. The child dies with us. Between the start and `answer()` the
+    caller may do other work."""
+
+    def __init__(self, work: Callable[[], dict[str, Any]]) -> None:
+        parent = os.getpid()
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: never returns
+            os.close(read)
+            outcome: dict[str, Any]
+            try:
+                _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+                if os.getppid() != parent:
+                    os._exit(1)
+                outcome = {"done": work()}
+            except BaseException as error:  # every one: reported to the parent, which decides
+                outcome = {"error": str(error) or repr(error), "oserror": isinstance(error, OSError)}
+            try:
+                with os.fdopen(write, "wb") as pipe:
+                    pipe.write(json.dumps(outcome).encode())
+                sys.stdout.flush()
+            finally:
+                os._exit(0)
+        os.close(write)
+        self.pid, self._read = pid, read
+
+    def answer(self) -> dict[str, Any]:
+        with os.fdopen(self._read, "rb") as pipe:
+            reply = pipe.read()
+        try:
+            outcome = json.loads(reply)
+        except ValueError:
+            _, status = os.waitpid(self.pid, 0)
+            raise ChildFailed(f"the child died without an answer (wait status {status})", False) from None
+        # It has answered and is exiting (~0.6 ms to tear down its copy of our memory): reaped
+        # later (`reap_answered`), off the launch's path.
+        _ANSWERED.append(self.pid)
+        if "error" in outcome:
+            raise ChildFailed(str(outcome["error"]), bool(outcome["oserror"]))
+        done: dict[str, Any] = outcome["done"]
+        return done
+
+
 def in_child(work: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    """Run `work` in a forked child and return what it returns (JSON), or raise ChildFailed
-    with what it raised. The child shares this process's namespaces, so what it mounts is
-    ours; its memory is not, and that is the point: the pages it writes (those it copies
-    away from the fork server's, and its allocations) go with it instead of staying in a
-    supervisor for the workspace's whole life. The child dies with us."""
-    parent = os.getpid()
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: never returns
-        os.close(read)
-        outcome: dict[str, Any]
-        try:
-            _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-            if os.getppid() != parent:
-                os._exit(1)
-            outcome = {"done": work()}
-        except BaseException as error:
-            outcome = {"error": str(error) or repr(error), "oserror": isinstance(error, OSError)}
-        try:
-            with os.fdopen(write, "wb") as pipe:
-                pipe.write(json.dumps(outcome).encode())
-            sys.stdout.flush()
-        finally:
-            os._exit(0)
-    os.close(write)
-    with os.fdopen(read, "rb") as pipe:
-        reply = pipe.read()
-    _, status = os.waitpid(pid, 0)
-    try:
-        outcome = json.loads(reply)
-    except ValueError:
-        raise ChildFailed(f"the child died without an answer (wait status {status})", False) from None
-    if "error" in outcome:
-        raise ChildFailed(str(outcome["error"]), bool(outcome["oserror"]))
-    done: dict[str, Any] = outcome["done"]
-    return done
+    """`work`'s answer, run in a forked child (InChild)."""
+    return InChild(work).answer()
