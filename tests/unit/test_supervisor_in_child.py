@@ -1,4 +1,4 @@
-"""supervisor_os.in_child: the supervisor's mounts are made by a short-lived child (so the
+"""supervisor_os.InChild: the supervisor's mounts are made by a short-lived child (so the
 Python behind them does not stay in the supervisor's private memory for the workspace's
 life). What the child returns, raises or dies of reaches the supervisor; what it writes in
 memory does not."""
@@ -11,7 +11,7 @@ import signal
 from typing import Any
 
 import pytest
-from kibo_ctrl.runtime.process.supervisor_os import ChildFailed, in_child, reap_answered
+from kibo_ctrl.runtime.process.supervisor_os import ChildFailed, InChild, reap_answered
 
 WRITTEN: list[int] = []
 
@@ -21,7 +21,7 @@ def test_the_child_answers_and_its_memory_stays_its_own() -> None:
         WRITTEN.append(os.getpid())
         return {"pid": os.getpid(), "argv": ["bwrap", "--", "/init"]}
 
-    done = in_child(work)
+    done = InChild(work).answer()
     assert done["argv"] == ["bwrap", "--", "/init"]
     assert done["pid"] != os.getpid()
     assert WRITTEN == []  # the child's write went with it
@@ -35,14 +35,14 @@ def test_what_the_child_raises_is_raised_here_with_its_kind() -> None:
         raise OSError(28, "No space left on device")
 
     with pytest.raises(ChildFailed, match="No space left on device") as failed:
-        in_child(fails_in_os)
+        InChild(fails_in_os).answer()
     assert failed.value.oserror
 
     def fails_otherwise() -> dict[str, Any]:
         raise ValueError("a bad spec")
 
     with pytest.raises(ChildFailed, match="a bad spec") as failed:
-        in_child(fails_otherwise)
+        InChild(fails_otherwise).answer()
     assert not failed.value.oserror
 
 
@@ -52,7 +52,7 @@ def test_a_child_that_dies_without_an_answer_is_a_failure() -> None:
         return {}
 
     with pytest.raises(ChildFailed, match="died without an answer"):
-        in_child(dies)
+        InChild(dies).answer()
 
 
 def test_the_child_dies_with_its_parent() -> None:
@@ -68,7 +68,7 @@ def test_the_child_dies_with_its_parent() -> None:
             return {}
 
         try:
-            in_child(waits)
+            InChild(waits).answer()
         finally:
             os._exit(0)
     os.close(write)

@@ -20,7 +20,7 @@ _libc = ctypes.CDLL(None, use_errno=True)
 
 
 class ChildFailed(Exception):
-    """What `in_child`'s work raised, as text (`oserror`: it was an OSError)."""
+    """What an `InChild`'s work raised, as text (`oserror`: it was an OSError)."""
 
     def __init__(self, message: str, oserror: bool) -> None:
         super().__init__(message)
@@ -84,12 +84,12 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-# Children of in_child that answered and are not reaped yet.
+# InChild children that answered and are not reaped yet.
 _ANSWERED: list[int] = []
 
 
 def reap_answered() -> None:
-    """Wait for the in_child children that answered (they are gone or nearly)."""
+    """Wait for the InChild children that answered (they are gone or nearly)."""
     while _ANSWERED:
         with contextlib.suppress(ChildProcessError):
             os.waitpid(_ANSWERED.pop(), 0)
@@ -141,8 +141,3 @@ class InChild:
             raise ChildFailed(str(outcome["error"]), bool(outcome["oserror"]))
         done: dict[str, Any] = outcome["done"]
         return done
-
-
-def in_child(work: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    """`work`'s answer, run in a forked child (InChild)."""
-    return InChild(work).answer()
