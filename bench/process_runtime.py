@@ -14,8 +14,10 @@ data directory and measures, through the SDK like a user:
    the guests' job doors and the fork server (/proc/PID/smaps_rollup) per workspace, the
    drop of MemAvailable per workspace (includes kernel memory: page tables, namespaces,
    cgroups), and the control plane's own PSS. Idle means idle: measured once the job doors
-   have closed (the server runs with KIBO_JOB_DOOR_IDLE_S=DOOR_IDLE_S instead of a minute);
-   what a door adds to a workspace in use is measured before, and reported beside.
+   have closed (the server runs with KIBO_JOB_DOOR_IDLE_S=DOOR_IDLE_S instead of a minute)
+   and the last workspace made has been idle `--idle-s` (60) seconds (what a supervisor does
+   while idle can grow it); what a door adds to a workspace in use is measured before, and
+   reported beside.
 
 Everything it created is deleted at the end, whatever happened; then it checks that no
 supervisor or guest process of its data directory and none of its cgroups remain (exit 1 if
@@ -329,6 +331,7 @@ class Density:
     control_plane_pss_after_mib: float = 0.0
     answered: int = 0
     command_s: list[float] = field(default_factory=list)
+    idle_s: float = 0.0  # how long the last one made was idle when the memory was measured
 
 
 # The server's job doors close after this many seconds without a job (default: 60).
@@ -365,6 +368,7 @@ def density(client: kibotos.Client, server: Server, args: argparse.Namespace, cr
         if len(mine) % 25 == 0:
             print(f"  density: {len(mine)} idle workspaces, MemAvailable {available:.0f} MiB", flush=True)
     result.count = len(mine)
+    made = time.monotonic()
     time.sleep(2)  # let the last ones settle (the guest agent's start-up) before measuring
     doors = job_doors(server.process.pid)
     result.doors_open = len(doors)
@@ -373,6 +377,9 @@ def density(client: kibotos.Client, server: Server, args: argparse.Namespace, cr
     deadline = time.monotonic() + DOOR_IDLE_S + 10
     while job_doors(server.process.pid) and time.monotonic() < deadline:
         time.sleep(0.5)
+    # Idle for a while, as idle workspaces are: what a supervisor does while idle can grow it.
+    time.sleep(max(0.0, made + args.idle_s - time.monotonic()))
+    result.idle_s = time.monotonic() - made
     result.mem_available_after_mib = mem_available_mib()
     roots = supervisors(server.data_dir.resolve())
     everything = descendants(roots)
@@ -473,7 +480,10 @@ def print_table(result: dict[str, Any]) -> None:
         print(f"  {label:28}{_ms(stats, 'p50')}{_ms(stats, 'p99')}{_ms(stats, 'min')}{_ms(stats, 'max')}")
     den = result["density"]
     count = den["count"]
-    print(f"\nIdle {result['memory_mib']} MiB workspaces held: {count} (stopped by {den['stopped_because']})")
+    print(
+        f"\nIdle {result['memory_mib']} MiB workspaces held: {count} (stopped by {den['stopped_because']}),"
+        f" measured when the last one made had been idle {den['idle_s']:.0f} s"
+    )
     if count:
         per = den["pss_per_workspace_mib"]
         print(f"  answering a command:        {den['answered']}/{count}")
@@ -531,6 +541,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--count", type=int, default=30, help="workspaces for the latency figures (default 30)")
     parser.add_argument("--max-idle", type=int, default=300, help="at most this many idle workspaces (default 300)")
     parser.add_argument("--memory-mib", type=int, default=16, help="memory of each idle workspace (default 16)")
+    parser.add_argument(
+        "--idle-s", type=float, default=60.0, help="how long the last idle workspace made is idle when measured (60)"
+    )
     parser.add_argument("--min-available-gib", type=float, default=2.0, help="stop under this MemAvailable (2)")
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument(
