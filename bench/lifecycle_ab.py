@@ -11,7 +11,6 @@ same load over time. Prints each side's medians over the rounds."""
 
 from __future__ import annotations
 
-import argparse
 import shutil
 import statistics
 import tempfile
@@ -19,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import figures
-from bench.server import Server
+from bench.server import Server, ab_arguments
 
 LIFECYCLE = ("create_to_available_p50_ms", "create_to_available_p99_ms", "stop_to_stopped_p50_ms")
 
@@ -32,9 +31,7 @@ def _started(work: Path, name: str, code: Path | None, settle_ms: float | None) 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--b", type=Path, required=True, help="the other checkout (its root)")
-    parser.add_argument("--rounds", type=int, default=5)
+    parser = ab_arguments(__doc__, rounds=5)
     parser.add_argument("--count", type=int, default=200, help="workspaces per side and round")
     parser.add_argument("--durable-seconds", type=float, default=0.0, help="durable creates per side and round")
     args = parser.parse_args()

@@ -12,7 +12,6 @@ round, its median, and each side's median ratio of the large store's p50 to the 
 
 from __future__ import annotations
 
-import argparse
 import shutil
 import statistics
 import tempfile
@@ -22,7 +21,7 @@ from pathlib import Path
 from bench import figures
 from bench.main import LIST
 from bench.seed import Template, seed
-from bench.server import Server
+from bench.server import Server, ab_arguments
 
 SMALL = 1000
 
@@ -48,9 +47,7 @@ def _seeded(work: Path, large: int) -> dict[int, Path]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--b", type=Path, required=True, help="the other checkout (its root)")
-    parser.add_argument("--rounds", type=int, default=6)
+    parser = ab_arguments(__doc__, rounds=6)
     parser.add_argument("--large", type=int, default=100_000, help="workspaces in the large store")
     parser.add_argument("--seconds", type=float, default=3.0, help="List load per server and round")
     args = parser.parse_args()

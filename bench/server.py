@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import socket
@@ -32,6 +33,15 @@ def rss_mib(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return 0.0
+
+
+def ab_arguments(doc: str, rounds: int) -> argparse.ArgumentParser:
+    """The arguments every A/B of two checkouts' control planes takes (bench/lifecycle_ab.py,
+    bench/list_ab.py): `--b`, the other checkout's root, and `--rounds`; the caller adds its own."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--b", type=Path, required=True, help="the other checkout (its root)")
+    parser.add_argument("--rounds", type=int, default=rounds)
+    return parser
 
 
 def wait_serving(address: str, timeout: float, process: subprocess.Popen[bytes] | None = None) -> None:
