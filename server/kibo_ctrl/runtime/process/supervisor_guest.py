@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from kibo_ctrl.runtime.process import guest_start, idmap, userns
     from kibo_ctrl.runtime.process.supervisor_os import (
+        PR_SET_PDEATHSIG,
         ChildFailed,
         InChild,
         children,
@@ -43,10 +44,9 @@ else:
     import guest_start
     import idmap
     import userns
-    from supervisor_os import ChildFailed, InChild, children, oom_kills, start_time, write_json
+    from supervisor_os import PR_SET_PDEATHSIG, ChildFailed, InChild, children, oom_kills, start_time, write_json
     from supervisor_os import check as _check
 
-PR_SET_PDEATHSIG = 1
 CLONE_NEWNS = 0x00020000
 MS_REC = 0x4000
 MS_PRIVATE = 1 << 18
@@ -168,8 +168,8 @@ class GuestLaunch:
             return ""
         try:
             done = mounting.answer()
-        except ChildFailed as failure:
-            raise RuntimeError(str(failure)) from None
+        except ChildFailed as failure:  # as it was raised (main() logs it and writes exit.json)
+            raise (OSError if failure.oserror else RuntimeError)(str(failure)) from None
         self.marks += [(str(step), float(when)) for step, when in done["marks"]]
         self.mark("mounted")
         if "stage_error" in done:
