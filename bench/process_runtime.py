@@ -1,4 +1,4 @@
-"""Real sandboxes: `python -m bench.process_runtime [--count N] [--max-idle N] [--json FILE]`.
+"""Real sandboxes: `python -m bench.process_runtime [--count N] [--max-idle N] [--supervisor node] [--json FILE]`.
 
 Starts `kibo-ctrl serve --runtime process` (its defaults otherwise, no auth) on a temporary
 data directory and measures, through the SDK like a user:
@@ -10,8 +10,10 @@ data directory and measures, through the SDK like a user:
 2. density: idle workspaces of `--memory-mib` (16) MiB and 1 vCPU, created one after
    another until a create fails, `--max-idle` (300) is reached or MemAvailable drops under
    `--min-available-gib` (2) GiB. Then every one must answer a command. Reported: how many,
-   the time per create (first and last tenth), the PSS of all supervisors, their guests,
-   the guests' job doors and the fork server (/proc/PID/smaps_rollup) per workspace, the
+   the time per create (first and last tenth), the PSS of all supervisors (with
+   `--supervisor node`: the node supervisor, which holds the ready guests), the guests (every
+   process in the instances' cgroups), the guests' job doors and the fork server
+   (/proc/PID/smaps_rollup) per workspace, the
    drop of MemAvailable per workspace (includes kernel memory: page tables, namespaces,
    cgroups), and the control plane's own PSS. Idle means idle: measured once the job doors
    have closed (the server runs with KIBO_JOB_DOOR_IDLE_S=DOOR_IDLE_S instead of a minute)
@@ -73,6 +75,7 @@ class Server:
     timings: bool = False  # KIBO_PROCESS_TIMINGS=1: each launch leaves its timings (the breakdown)
     python: str = sys.executable  # another checkout's interpreter (bench/process_ab.py)
     env: dict[str, str] = field(default_factory=dict)  # more of the server's environment
+    supervisor: str = "instance"  # --supervisor: who holds ready guests
 
     @property
     def address(self) -> str:
@@ -83,7 +86,7 @@ class Server:
         # Hundreds of idle default-size workspaces (10 + 10 GiB, sparse, nearly empty): the
         # density run lets their capacities promise more than the free disk.
         flags = ["--runtime", "process", "--insecure-no-auth", "--http-listen", "", "--log-level", "warning"]
-        return [*flags, "--storage-overcommit", "1000"]
+        return [*flags, "--storage-overcommit", "1000", "--supervisor", self.supervisor]
 
     def start(self) -> Server:
         log = open(self.data_dir.parent / "server.log", "ab")  # noqa: SIM115 - handed to the child
@@ -158,6 +161,22 @@ def supervisors(data_dir: Path) -> list[int]:
     return [pid for pid in _parents() if needle in _cmdline(pid)]
 
 
+def node_supervisors(data_dir: Path) -> list[int]:
+    needle = f"node_supervisor.py {data_dir} "
+    return [pid for pid in _parents() if needle in _cmdline(pid)]
+
+
+def in_instance_cgroups(data_dir: Path) -> set[int]:
+    """Every process in the cgroups of this data directory's instances (the guests, and the
+    job doors there are): how guests are found when no supervisor is their parent."""
+    tag = hashlib.sha256(str(data_dir.resolve()).encode()).hexdigest()[:10]
+    found: set[int] = set()
+    for procs in Path("/sys/fs/cgroup").glob(f"**/kibo-{tag}/*/cgroup.procs"):
+        with contextlib.suppress(OSError, ValueError):
+            found |= {int(pid) for pid in procs.read_text().split()}
+    return found
+
+
 def job_doors(server_pid: int) -> list[int]:
     """The guests' job doors (forkserver.py `Door`, one per running workspace): the control
     plane's children."""
@@ -202,7 +221,8 @@ def pss_mib(pids: Iterable[int]) -> float:
 
 def leftovers(data_dir: Path) -> list[int]:
     """Live processes of this data directory: supervisors and anything in its instances."""
-    return [pid for pid in _parents() if f"{data_dir}/instances/" in _cmdline(pid)]
+    named = [pid for pid in _parents() if f"{data_dir}/instances/" in _cmdline(pid)]
+    return named + sorted(in_instance_cgroups(data_dir) - set(named))
 
 
 def cgroups_left(data_dir: Path) -> list[str]:
@@ -321,7 +341,8 @@ class Density:
     mem_available_before_mib: float = 0.0
     mem_available_after_mib: float = 0.0
     processes: int = 0
-    pss_supervisors_mib: float = 0.0
+    pss_supervisors_mib: float = 0.0  # the instances' supervisors, and the node supervisor
+    pss_node_supervisor_mib: float = 0.0  # of which the node supervisor (--supervisor node)
     pss_fork_server_mib: float = 0.0  # the one interpreter supervisors are forked from, and its spare: shared by all
     pss_doors_mib: float = 0.0  # the guests' job doors left open once idle (none, normally)
     doors_open: int = 0  # right after the creates: the doors of the workspaces made in the last DOOR_IDLE_S
@@ -381,13 +402,16 @@ def density(client: kibotos.Client, server: Server, args: argparse.Namespace, cr
     time.sleep(max(0.0, made + args.idle_s - time.monotonic()))
     result.idle_s = time.monotonic() - made
     result.mem_available_after_mib = mem_available_mib()
-    roots = supervisors(server.data_dir.resolve())
-    everything = descendants(roots)
+    data_dir = server.data_dir.resolve()
+    nodes = node_supervisors(data_dir)
+    roots = supervisors(data_dir) + nodes
+    doors = descendants(job_doors(server.process.pid))
+    everything = (descendants(roots) | in_instance_cgroups(data_dir)) - doors
     result.processes = len(everything)
     result.pss_supervisors_mib = pss_mib(roots)
+    result.pss_node_supervisor_mib = pss_mib(nodes)
     result.pss_guests_mib = pss_mib(everything - set(roots))
     result.pss_fork_server_mib = pss_mib(fork_servers(server.process.pid))
-    doors = descendants(job_doors(server.process.pid))
     result.pss_doors_mib = pss_mib(doors)
     result.processes += len(doors)
     result.control_plane_pss_after_mib = pss_mib([server.process.pid])
@@ -432,7 +456,11 @@ def clean_up(server: Server, created: list[str]) -> dict[str, Any]:
     while leftovers(data_dir) and time.monotonic() < deadline:
         time.sleep(0.1)
     server.stop()
-    left = leftovers(data_dir)
+    # A node supervisor exits once it holds nothing and its runtime is gone.
+    deadline = time.monotonic() + 15
+    while node_supervisors(data_dir) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = leftovers(data_dir) + node_supervisors(data_dir)
     report["processes_left"] = len(left)
     for pid in left:
         with contextlib.suppress(ProcessLookupError):
@@ -489,6 +517,7 @@ def print_table(result: dict[str, Any]) -> None:
         print(f"  answering a command:        {den['answered']}/{count}")
         print(
             f"  PSS per idle workspace:     {per:.2f} MiB (supervisor {den['pss_supervisors_mib'] / count:.2f}"
+            f" [node supervisor {den.get('pss_node_supervisor_mib', 0.0) / count:.2f}]"
             f" + fork server {den['pss_fork_server_mib'] / count:.2f}"
             f" + job door {den['pss_doors_mib'] / count:.2f}"
             f" + guest {den['pss_guests_mib'] / count:.2f}; {den['processes'] / count:.1f} processes each)"
@@ -550,13 +579,21 @@ def main(argv: list[str] | None = None) -> int:
         "--breakdown", action="store_true", help="also time each step of every create (the median per step)"
     )
     parser.add_argument("--floor-runs", type=int, default=30, help="runs of the bwrap floor (default 30)")
+    parser.add_argument(
+        "--supervisor", choices=("instance", "node"), default="instance", help="the server's --supervisor (instance)"
+    )
     args = parser.parse_args(argv)
     if os.geteuid() != 0 or not shutil.which("bwrap"):
         print("needs root and bubblewrap (apt-get install -y bubblewrap)", file=sys.stderr)
         return 2
 
     root = Path(tempfile.mkdtemp(prefix="kibo-procbench-"))
-    server = Server(root / "data", timings=args.breakdown, env={"KIBO_JOB_DOOR_IDLE_S": str(DOOR_IDLE_S)})
+    server = Server(
+        root / "data",
+        timings=args.breakdown,
+        env={"KIBO_JOB_DOOR_IDLE_S": str(DOOR_IDLE_S)},
+        supervisor=args.supervisor,
+    )
     created: list[str] = []
     result: dict[str, Any] = {
         "command": " ".join(["python -m bench.process_runtime", *(argv if argv is not None else sys.argv[1:])]),

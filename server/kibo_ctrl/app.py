@@ -37,6 +37,7 @@ from .engine.scheduler import Scheduler
 from .engine.service import Quotas, Service, Settings
 from .runtime.base import Closable, GuestAccess, MachineObserver, Runtime
 from .runtime.process import safepath
+from .runtime.process.options import SupervisorMode as SupervisorMode  # cli.py's --supervisor
 from .runtime.process.options import options_from
 from .runtime.process.runtime import ProcessRuntime
 from .runtime.sim.api import SimulatorApi
@@ -115,6 +116,7 @@ class Config:
     stop_grace_ms: float = 10_000.0
     guest_id_base: int = 100_000  # host uids/gids base..base+65535 are the guests'
     storage_overcommit: float = 1.0
+    supervisor: str = "instance"  # who holds ready guests: instance (one process each) or node
     # GET /metrics on the HTTP listener: operator token (default), open, or off.
     metrics: MetricsAccess = MetricsAccess.OPERATOR
     # Traces: an OpenTelemetry TracerProvider (cli.py builds it from the OTEL_* variables); None: off.

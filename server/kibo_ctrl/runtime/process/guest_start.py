@@ -77,20 +77,29 @@ class Started:
 
 
 class EarlyGuest:
-    def __init__(self, cgroup_procs: list[str], rlimits: list[list[Any]], namespace: Any, output: int) -> None:
+    def __init__(
+        self, cgroup_procs: list[str], rlimits: list[list[Any]], namespace: Any, output: int, status: int = -1
+    ) -> None:
         """Fork now (single-threaded caller). `namespace`: a userns.GuestNamespace;
-        `output`: the write end of the guest's output pipe (closed here, kept by the child)."""
+        `output`: the write end of the guest's output pipe (closed here, kept by the child).
+        `status` (-1: none): the write end of a pipe for bwrap's --json-status-fd, kept by
+        the child under the same number (`self.status`, for the option) and closed here. With
+        it the guest is not killed when this supervisor dies: it is to outlive it, held by the
+        node supervisor (supervisor_handover.py), which learns how it ended from that pipe."""
         go_r, self.go_w = os.pipe2(os.O_CLOEXEC)
         self.err_r, err_w = os.pipe2(os.O_CLOEXEC)
+        self.status = status
         supervisor = os.getpid()
         self.pid = os.fork()
         if self.pid == 0:
             os.close(self.go_w)
             os.close(self.err_r)
-            self._child(supervisor, go_r, err_w, output, cgroup_procs, rlimits, namespace)
+            self._child(supervisor, go_r, err_w, output, cgroup_procs, rlimits, namespace, status)
         os.close(go_r)
         os.close(err_w)
         os.close(output)
+        if status >= 0:
+            os.close(status)
 
     @staticmethod
     def _child(
@@ -101,6 +110,7 @@ class EarlyGuest:
         cgroup_procs: list[str],
         rlimits: list[list[Any]],
         namespace: Any,
+        status: int,
     ) -> NoReturn:
         try:
             _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
@@ -137,7 +147,7 @@ class EarlyGuest:
             os.dup2(output, 1)
             os.dup2(output, 2)
             # The user namespace's descriptor too, for `enter` (close-on-exec: gone in bwrap).
-            keep = sorted({program, options, err, namespace.fd})
+            keep = sorted({program, options, err, namespace.fd} | ({status} if status >= 0 else set()))
             low = 3
             for fd in keep:
                 os.closerange(low, fd)
@@ -145,12 +155,16 @@ class EarlyGuest:
             os.closerange(low, MAX_FD)
             os.set_inheritable(program, True)
             os.set_inheritable(options, True)
+            if status >= 0:
+                os.set_inheritable(status, True)
             # What subprocess resets for an exec (restore_signals); the rest is inherited as it was.
             for name in ("SIGPIPE", "SIGXFSZ"):
                 signal.signal(getattr(signal, name), signal.SIG_DFL)
             namespace.enter()
-            # After the credential change, which would clear it.
-            _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            if status < 0:
+                # After the credential change, which would clear it (as it clears the one above:
+                # a guest handed to the node supervisor outlives this one).
+                _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
             argv = [request["program"], "--args", str(options), *request["entry"]]
             os.execvpe(argv[0], argv, request["env"])
         except BaseException as error:

@@ -14,7 +14,7 @@ from typing import Protocol
 from ...domain.model import Component
 from . import storage
 from .cgroups import Cgroups
-from .supervisor_handle import parent_pid, read_json, running
+from .supervisor_handle import lock_held, parent_pid, read_json, running
 
 
 class ObservedHost(Protocol):
@@ -49,6 +49,9 @@ def observe(
         return None  # not an ID of this runtime
     supervisor = int(state.get("supervisor_pid") or 0)
     alive = running(supervisor, state.get("supervisor_start"))
+    if alive and state.get("parked"):
+        # The node supervisor outlives the instance: it holds it while it holds its lock.
+        alive = lock_held(host.instance_dir(instance_id))
     guest = int(state.get("guest_pid") or 0)
     if guest > 0:
         guest_alive = running(guest, state.get("guest_start"))

@@ -8,12 +8,20 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, Protocol
 
 from ...domain.model import Backend
 from . import image_pool, job_doors
 from .idmap import IdRange
+
+
+class SupervisorMode(StrEnum):
+    """Who holds a ready guest (`ProcessOptions.supervisor`, `--supervisor`)."""
+
+    INSTANCE = "instance"  # its own supervisor process (supervisor.py)
+    NODE = "node"  # the node supervisor its supervisor hands it to (node_supervisor.py)
 
 
 @dataclass(frozen=True)
@@ -45,6 +53,9 @@ class ProcessOptions:
     # from here, timings.json from the supervisor): the benchmark's breakdown
     # (bench/process_runtime.py --breakdown sets KIBO_PROCESS_TIMINGS=1). Off: no cost.
     timings: bool = field(default_factory=lambda: os.environ.get("KIBO_PROCESS_TIMINGS") == "1")
+    # Who holds a ready guest: its own supervisor process ("instance"), or the node supervisor
+    # it hands the guest to ("node": supervisor_handover.py, node_supervisor.py).
+    supervisor: str = "instance"
 
 
 class ProcessSettings(Protocol):
@@ -67,6 +78,8 @@ class ProcessSettings(Protocol):
     def guest_id_base(self) -> int: ...
     @property
     def storage_overcommit(self) -> float: ...
+    @property
+    def supervisor(self) -> str: ...
 
 
 def options_from(settings: ProcessSettings, data_dir: Path) -> ProcessOptions:
@@ -81,6 +94,7 @@ def options_from(settings: ProcessSettings, data_dir: Path) -> ProcessOptions:
         grace_s=settings.stop_grace_ms / 1000,
         guest_ids=IdRange(base=settings.guest_id_base),
         storage_overcommit=settings.storage_overcommit,
+        supervisor=settings.supervisor,
     )
 
 

@@ -75,6 +75,8 @@ class ProvisionHost(Protocol):
 
     def socket_name(self, instance_id: str) -> str: ...
 
+    def node_supervisor_name(self) -> str: ...
+
 
 def lay_out(data_dir: Path) -> Path:
     """The data directory's tree (the files above), with the guest agent and its helpers
@@ -241,6 +243,8 @@ def write_spec(host: ProvisionHost, instance: Instance, layout: Layout, plan: sa
         "reboot_code": sandbox.EXIT_REBOOT,
         "poweroff_code": sandbox.EXIT_POWEROFF,
         "timings": host.options.timings,
+        # Where the supervisor hands its ready guest ("": it keeps it): supervisor_handover.py.
+        "node_supervisor": host.node_supervisor_name(),
     }
     _save_spec(directory, spec)
 
@@ -251,6 +255,7 @@ def renew_cgroups(host: ProvisionHost, instance: Instance, spec: dict[str, Any])
     Cgroups.remove(tuple(spec.get("cgroup_dirs") or ()))
     limits = host.cgroups.create(safe(instance.id), instance.vcpus, instance.memory_mib)
     spec.update(cgroup_dirs=list(limits.dirs), cgroup_procs=list(limits.procs), oom_file=limits.oom_file)
+    spec["node_supervisor"] = host.node_supervisor_name()
     directory = host.instance_dir(instance.id)
     with contextlib.suppress(FileNotFoundError):
         (directory / "exit.json").unlink()

@@ -42,6 +42,12 @@ How guest exits map to reports (per personality):
 Restart safety: `adopt` re-attaches to the supervisors that outlived the control plane,
 reports the dead and kills the orphans (`adoption.py`).
 
+`--supervisor node` (`ProcessOptions.supervisor`): a supervisor hands its ready guest to the
+node supervisor and exits (supervisor_handover.py, node_supervisor.py; started and kept
+connected by node_supervision.py). The instance's lock, socket and protocol are the same,
+so everything here works on it unchanged, except that killing "its supervisor" kills its
+guest (`kill_supervisor`): the node supervisor holds others.
+
 The data plane's hands: `guest_job` runs guest_exec.py, which joins the guest's cgroup
 and namespaces and runs a command or reads/writes a file as the guest sees it; its output
 comes through bounded queues (guest_jobs.py: back-pressure down to the guest's pipe).
@@ -78,8 +84,9 @@ from .fork_client import ForkServer
 from .guest_jobs import run_guest_exec
 from .image_pool import ImagePool
 from .job_doors import JobDoors
+from .node_supervision import NodeSupervision
 from .options import ProcessOptions as ProcessOptions  # app.py imports it from here
-from .options import launch_marker
+from .options import SupervisorMode, launch_marker
 from .provision import release_sync, safe
 from .supervisor_handle import Process, Supervised, kill_supervisor, read_json
 
@@ -164,6 +171,16 @@ class ProcessRuntime:
                 overcommit=options.storage_overcommit,
                 depth=options.image_pool_depth,
             )
+        # Ready guests held by the node supervisor instead of a supervisor each (--supervisor node).
+        self.node_supervision: NodeSupervision | None = None
+        if options.supervisor == SupervisorMode.NODE.value:
+            if self.isolation == "bwrap" and not self.rootless and self.cgroups.parents:
+                self.node_supervision = NodeSupervision(self.data_dir)
+                self.node_supervision.name_for_launch()  # started now: launches do not wait for it
+            else:
+                log.warning("--supervisor node needs bwrap as root with cgroups: each instance keeps its supervisor")
+        elif options.supervisor != SupervisorMode.INSTANCE.value:
+            raise ValueError(f"--supervisor is instance or node, not {options.supervisor!r}")
         log.info(
             "process runtime: isolation %s (guest ids: host %d+%d), limits %s, base image %s, personality %s",
             self.isolation_name,
@@ -187,6 +204,10 @@ class ProcessRuntime:
     def socket_name(self, instance_id: str) -> str:
         digest = hashlib.sha256(str(self.instance_dir(instance_id)).encode()).hexdigest()[:32]
         return f"kibo-supervisor/{digest}"
+
+    def node_supervisor_name(self) -> str:
+        """Where new supervisors hand their ready guests ("": they keep them)."""
+        return self.node_supervision.name_for_launch() if self.node_supervision is not None else ""
 
     @property
     def isolation_name(self) -> str:
@@ -459,6 +480,8 @@ class ProcessRuntime:
             with contextlib.suppress(BaseException):
                 await supervised.task
         self.doors.close_all()
+        if self.node_supervision is not None:
+            self.node_supervision.close()
         await asyncio.to_thread(self.forks.close)
         if self.pool is not None:
             await asyncio.to_thread(self.pool.close)

@@ -62,6 +62,7 @@ if TYPE_CHECKING:
     from kibo_ctrl.runtime.process import guest_start, userns
     from kibo_ctrl.runtime.process.supervisor_guest import GuestLaunch
     from kibo_ctrl.runtime.process.supervisor_guest import _load_storage as _load_storage
+    from kibo_ctrl.runtime.process.supervisor_handover import HandOver
     from kibo_ctrl.runtime.process.supervisor_os import oom_kills, reap_answered, start_time, sync_all, write_json
     from kibo_ctrl.runtime.process.supervisor_protocol import Clients
 else:
@@ -70,6 +71,7 @@ else:
     import userns  # also the fork server's (forkserver.py), which reads it here
     from supervisor_guest import GuestLaunch
     from supervisor_guest import _load_storage as _load_storage  # forkserver.py calls it here
+    from supervisor_handover import HandOver
     from supervisor_os import oom_kills, reap_answered, start_time, sync_all, write_json
     from supervisor_protocol import Clients
 
@@ -82,7 +84,7 @@ EXIT_BUSY = 75
 GUEST_OUTPUT_LIMIT = 1 << 20
 
 
-class Supervisor(GuestLaunch, Clients):
+class Supervisor(GuestLaunch, Clients, HandOver):
     def __init__(self, directory: Path, started: float = 0.0, userns_fd: int = -1) -> None:
         self.dir = directory
         # The guest's user namespace, made ahead by the fork server (-1: make it here).
@@ -114,6 +116,13 @@ class Supervisor(GuestLaunch, Clients):
         self.output_logged = 0
         self.ready_watch = -1  # inotify on the run directory until the guest is ready
         self.ready_watch_id = -1
+        self.lock_fd = -1  # INSTANCE_DIR/lock, flocked (main)
+        self.server: socket.socket | None = None  # the protocol's listening socket
+        # bwrap's --json-status-fd (read end), which says how the guest ended to a node
+        # supervisor that is not bwrap's parent (supervisor_handover.py); -1: none.
+        self.status_fd = -1
+        # Whether this process is the node supervisor holding the instance (node_supervisor.py).
+        self.parked = False
 
     # -- setup ------------------------------------------------------------------------
 
@@ -150,11 +159,14 @@ class Supervisor(GuestLaunch, Clients):
             return
         room = GUEST_OUTPUT_LIMIT - self.output_logged
         if room > 0:
-            sys.stdout.buffer.write(chunk[:room])
+            self.write_output(chunk[:room])
             if len(chunk) >= room:
-                sys.stdout.buffer.write(b"\n[the guest's further output is dropped]\n")
-            sys.stdout.buffer.flush()
+                self.write_output(b"\n[the guest's further output is dropped]\n")
         self.output_logged += len(chunk)
+
+    def write_output(self, chunk: bytes) -> None:
+        sys.stdout.buffer.write(chunk)
+        sys.stdout.buffer.flush()
 
     def save_state(self) -> None:
         write_json(
@@ -167,6 +179,7 @@ class Supervisor(GuestLaunch, Clients):
                 "guest_start": self.guest_start,
                 "state": self.state,
                 "why": self.why,
+                "parked": self.parked,
             },
         )
 
@@ -188,19 +201,40 @@ class Supervisor(GuestLaunch, Clients):
             self.early.cancel()
             self.early = None
         if self.guest is not None and self.exit_status is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.guest.pid, signal.SIGKILL)
+            self.signal_sandbox(signal.SIGKILL)
         for procs in self.spec["cgroup_procs"]:
             with contextlib.suppress(OSError, ValueError):
                 for pid in Path(procs).read_text().split():
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(int(pid), signal.SIGKILL)
 
+    def signal_sandbox(self, signum: int) -> None:
+        """Signal bwrap (our child here: its PID is not reused before we wait for it)."""
+        assert self.guest is not None
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.guest.pid, signum)
+
+    def signal_entry(self, signum: int) -> None:
+        """Signal the guest's entry process (a graceful stop's SIGTERM)."""
+        target = self.guest_pid or (self.guest.pid if self.guest else 0)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(target, signum)
+
+    def release(self) -> None:
+        """At the exit, before the clients hear it: what lets a new supervisor have the
+        instance. Nothing here (the process's exit releases all); the node supervisor's
+        `Parked` closes the instance's lock and files."""
+
     def finish_stop(self) -> None:
         """The guest is gone and a stop was asked: sync, then exit (or stay, if the sync failed)."""
         if self.stop_force:
             self.exit("stopped", synced=False)
-        error = sync_all(list(self.spec["sync_paths"]))
+        self.synced(sync_all(list(self.spec["sync_paths"])))
+
+    def synced(self, error: str) -> None:
+        """A graceful stop's sync ended ("" or what failed): exit, or stay idle."""
+        if self.stop_force is not False:
+            return  # a force stop came meanwhile, and ended it
         if error:
             self.log(f"graceful stop: sync failed: {error}")
             for client in list(self.stop_waiters):
@@ -259,6 +293,7 @@ class Supervisor(GuestLaunch, Clients):
         with contextlib.suppress(OSError):
             self.save_state()
         self.log(f"exiting: {info}")
+        self.release()
         if reason == "stopped":
             for client in list(self.stop_waiters):
                 self.send(client, {"reply": "stop", "ok": True, "synced": info["synced"], "error": ""})
@@ -274,7 +309,7 @@ class Supervisor(GuestLaunch, Clients):
         mounting = self.start_mounts()  # by a child: what follows here runs beside it
         self.fork_early_guest()
         self.mark("early-guest")
-        self.listen()
+        self.server = self.listen()
         self.mark("listen")
         failed = self.finish_mounts(mounting)
         if failed:
@@ -288,31 +323,45 @@ class Supervisor(GuestLaunch, Clients):
         ready_deadline = time.monotonic() + float(self.spec["ready_timeout_s"])
         while True:
             polling = self.state == "starting" and self.ready_watch_id < 0
-            timeout = READY_POLL if polling else TICK
-            for key, _ in self.selector.select(timeout):
-                if key.data == "listen":
-                    self.accept(key.fileobj)  # type: ignore[arg-type]
-                elif key.data == "client":
-                    self.read(key.fileobj)  # type: ignore[arg-type]
-                elif key.data == "guest":
-                    self.on_guest_exit()
-                elif key.data == "ready-watch":
-                    self.on_run_dir_event()
-                elif key.data == "output":
-                    self.drain_output()
+            self.serve(READY_POLL if polling else TICK)
             now = time.monotonic()
             if self.state == "starting" and self.guest_alive():
                 self.check_ready()
                 if self.state == "starting" and now > ready_deadline:
                     self.kill_guest()
                     self.exit("not-ready", error=f"the guest did not answer within {self.spec['ready_timeout_s']}s")
-            if self.guest_alive() and self.stop_force is None and oom_kills(self.spec["oom_file"]) > self.oom_base:
-                # The kernel killed in this guest: the whole "VM" goes, as on a real host.
-                self.log("the OOM killer killed in the guest's cgroup: killing the guest")
-                self.kill_guest()
-            if self.stop_force is False and self.guest_alive() and now > self.stop_deadline:
-                self.log("graceful stop: the grace period is over: SIGKILL")
-                self.kill_guest()
+            self.watch(now)
+            if self.state == "ready" and self.can_hand_over():
+                self.hand_over()  # to the node supervisor: does not return if it took the instance
+
+    def serve(self, timeout: float) -> None:
+        """Handle what is ready on our descriptors within `timeout` seconds."""
+        for key, _ in self.selector.select(timeout):
+            if key.data == "listen":
+                self.accept(key.fileobj)  # type: ignore[arg-type]
+            elif key.data == "client":
+                self.read(key.fileobj)  # type: ignore[arg-type]
+            elif key.data == "guest":
+                self.on_guest_exit()
+            elif key.data == "ready-watch":
+                self.on_run_dir_event()
+            elif key.data == "output":
+                self.drain_output()
+            else:
+                self.dispatch_other(key.data)
+
+    def dispatch_other(self, data: Any) -> None:
+        """An event of a descriptor only a subclass registers (node_supervisor.py's Parked)."""
+
+    def watch(self, now: float) -> None:
+        """Every TICK: the OOM killer's kills, and a graceful stop's grace period."""
+        if self.guest_alive() and self.stop_force is None and oom_kills(self.spec["oom_file"]) > self.oom_base:
+            # The kernel killed in this guest: the whole "VM" goes, as on a real host.
+            self.log("the OOM killer killed in the guest's cgroup: killing the guest")
+            self.kill_guest()
+        if self.stop_force is False and self.guest_alive() and now > self.stop_deadline:
+            self.log("graceful stop: the grace period is over: SIGKILL")
+            self.kill_guest()
 
 
 def main() -> None:
@@ -333,6 +382,7 @@ def main() -> None:
         (directory / "exit.json").unlink()
     given = [a.removeprefix("--userns-fd=") for a in sys.argv[2:] if a.startswith("--userns-fd=")]
     supervisor = Supervisor(directory, started, int(given[0]) if given else -1)
+    supervisor.lock_fd = lock
     try:
         supervisor.run()
     except SystemExit:

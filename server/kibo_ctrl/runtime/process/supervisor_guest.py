@@ -262,8 +262,16 @@ class GuestLaunch:
         """With bubblewrap as root and cgroups: the guest's first process now (see guest_start.py)."""
         if self.namespace is None or self.spec.get("rootless") or not self.spec["cgroup_procs"]:
             return
+        status = -1
+        if self.spec.get("node_supervisor"):
+            # How the guest ends, for the node supervisor (supervisor_handover.py).
+            self.status_fd, status = os.pipe2(os.O_CLOEXEC)
         self.early = guest_start.EarlyGuest(
-            list(self.spec["cgroup_procs"]), list(self.spec.get("rlimits", [])), self.namespace, self.guest_output()
+            list(self.spec["cgroup_procs"]),
+            list(self.spec.get("rlimits", [])),
+            self.namespace,
+            self.guest_output(),
+            status,
         )
 
     def _enter_cgroup(self) -> None:
@@ -298,10 +306,16 @@ class GuestLaunch:
         if self.early is not None:
             split = argv.index("--")
             early, self.early = self.early, None
+            given = argv[1:split]
+            if early.status >= 0:
+                # The guest is to outlive us (held by the node supervisor): not bwrap's
+                # --die-with-parent, and how it ends goes through the status pipe.
+                given = [o for o in given if o != "--die-with-parent"]
+                given += ["--json-status-fd", str(early.status)]
             try:
                 return early.start(
                     argv[0],
-                    argv[1:split],
+                    given,
                     argv[split:],
                     self.spec["env"],
                     self.spec["cwd"],

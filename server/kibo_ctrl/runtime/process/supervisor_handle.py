@@ -100,8 +100,18 @@ def parent_pid(pid: int) -> int:
 
 
 def kill_supervisor(directory: Path) -> None:
-    """SIGKILL the supervisor recorded in state.json, if it is still that process."""
+    """SIGKILL the supervisor recorded in state.json, if it is still that process; of an
+    instance the node supervisor holds, the guest (every process in its cgroups), whose
+    exit the node supervisor then handles: the node supervisor holds others."""
     state = read_json(directory / "state.json") or {}
+    if state.get("parked"):
+        spec = read_json(directory / "spec.json") or {}
+        for procs in spec.get("cgroup_procs") or ():
+            with contextlib.suppress(OSError, ValueError):
+                for member in Path(procs).read_text().split():
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(int(member), signal.SIGKILL)
+        return
     pid = int(state.get("supervisor_pid") or 0)
     if pid > 0 and start_time(pid) == state.get("supervisor_start"):
         with contextlib.suppress(ProcessLookupError):

@@ -85,6 +85,13 @@ def oom_kills(path: str) -> int:
         return 0
 
 
+def forget_oom(path: str) -> None:
+    """Close `path`'s kept file (the node supervisor holds many instances, one after another)."""
+    fd = _OOM_FDS.pop(path, None)
+    if fd is not None:
+        os.close(fd)
+
+
 def start_time(pid: int) -> int:
     """The kernel's start time of a process (field 22 of /proc/PID/stat), to tell PIDs apart."""
     stat = Path(f"/proc/{pid}/stat").read_text()

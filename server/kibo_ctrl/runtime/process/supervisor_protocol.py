@@ -52,6 +52,7 @@ class Clients:
         def guest_alive(self) -> bool: ...
         def finish_stop(self) -> None: ...
         def force_kill(self) -> None: ...
+        def signal_entry(self, signum: int) -> None: ...
 
     def listen(self) -> socket.socket:
         server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -137,5 +138,4 @@ class Clients:
                 self.stop_deadline = time.monotonic() + float(self.spec["grace_s"])
                 target = self.guest_pid or (self.guest.pid if self.guest else 0)
                 self.log(f"graceful stop: SIGTERM to the guest ({target})")
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(target, signal.SIGTERM)
+                self.signal_entry(signal.SIGTERM)
