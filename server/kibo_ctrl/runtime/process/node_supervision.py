@@ -4,8 +4,10 @@ The runtime starts the node supervisor of its data directory (or finds the one a
 control plane started: it outlives a kill -9, holding its guests) and stays connected to it,
 which keeps it from exiting while the runtime runs; a new supervisor is told its name in its
 spec, and hands its guest over once ready (supervisor_handover.py). If the node supervisor
-is gone when a launch writes its spec, it is started again; if it cannot be had, the spec
-names none and the instance keeps its own supervisor, as with `--supervisor instance`."""
+dies, its connection ends and a thread here starts another at once, which re-adopts the
+guests it held (node_holdings.py) while their handles wait for it (supervisor_handle.py,
+READOPT_S). If it cannot be had, specs name none and each instance keeps its own
+supervisor, as with `--supervisor instance`."""
 
 from __future__ import annotations
 
@@ -36,18 +38,47 @@ class NodeSupervision:
         self._channel: socket.socket | None = None
         self._process: subprocess.Popen[bytes] | None = None
         self._lock = threading.Lock()  # launches write their specs in threads
+        self._closing = False
+        self._watcher: threading.Thread | None = None
 
     def name_for_launch(self) -> str:
         """The node supervisor's name for a new supervisor's spec ("" if there is none)."""
         with self._lock:
             if not self._connected():
                 self._start()
+            if self._channel is not None and self._watcher is None:
+                self._watcher = threading.Thread(target=self._watch, name="node supervisor watch", daemon=True)
+                self._watcher.start()
             return self.name if self._channel is not None else ""
+
+    def _watch(self) -> None:
+        """Start another node supervisor as soon as ours is gone (its guests wait for one)."""
+        while not self._closing:
+            channel = self._channel
+            data = b""
+            if channel is not None:
+                with contextlib.suppress(OSError):
+                    data = channel.recv(16)
+            if self._closing:
+                return
+            if data:
+                continue  # it never writes to us: nothing to do with it
+            with self._lock:
+                if self._channel is channel and channel is not None:
+                    log.warning("the node supervisor exited: starting another (it re-adopts the guests)")
+                    channel.close()
+                    self._channel = None
+            if channel is None:
+                time.sleep(1.0)  # none could be started: try again later
+            self.name_for_launch()
 
     def close(self) -> None:
         """At the runtime's shutdown: the node supervisor runs on while it holds guests."""
+        self._closing = True
         with self._lock:
             if self._channel is not None:
+                with contextlib.suppress(OSError):
+                    self._channel.shutdown(socket.SHUT_RDWR)  # wakes the watcher
                 self._channel.close()
                 self._channel = None
             if self._process is not None:

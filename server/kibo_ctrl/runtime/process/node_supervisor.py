@@ -22,15 +22,16 @@ as supervisors do, and a restarted control plane re-attaches to its instances th
 own sockets. It holds DATA_DIR/runtime/node-supervisor.lock (a second one exits at once),
 listens on the abstract unix socket NAME (SOCK_SEQPACKET, own uid only) for hand-overs and
 for the runtime's connection, and exits when it holds no instance and no runtime is
-connected (after a START_GRACE_S start). If it dies, its instances' connections and locks
-go with it: the control plane sees each VMM gone (VmmExited CRASH) and releases the
-guests, which were not tied to it.
+connected (after a START_GRACE_S start). If it dies, its guests run on (nothing ties them to
+it) and the runtime starts another at once (node_supervision.py), which re-adopts them
+before it listens (`readopt_all`, node_holdings.py); the instances' handles wait for that
+(supervisor_handle.py READOPT_S). A guest that ended meanwhile gets its exit.json ("exit":
+the control plane reports a crash).
 
 Standard library only, like supervisor.py (it imports supervisor.py by path)."""
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import fcntl
 import json
@@ -48,12 +49,14 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from kibo_ctrl.runtime.process.guest_start import Started
+    from kibo_ctrl.runtime.process.node_holdings import Gone, Held, handed_over, read_state, readopt
     from kibo_ctrl.runtime.process.supervisor import TICK, Supervisor
     from kibo_ctrl.runtime.process.supervisor_handover import MAX_FDS, MESSAGE
     from kibo_ctrl.runtime.process.supervisor_os import forget_oom, sync_all, write_json
 else:
     sys.path.insert(0, str(Path(__file__).parent))  # run as a script: its sibling modules
     from guest_start import Started
+    from node_holdings import Gone, Held, handed_over, read_state, readopt
     from supervisor import TICK, Supervisor
     from supervisor_handover import MAX_FDS, MESSAGE
     from supervisor_os import forget_oom, sync_all, write_json
@@ -94,9 +97,10 @@ class ParkedGuest(Started):
 class Parked(Supervisor):
     """One handed-over instance (see the module docstring)."""
 
-    def __init__(self, directory: Path, message: dict[str, Any], fds: list[int]) -> None:
+    def __init__(self, directory: Path, held: Held, readopted: bool = False) -> None:
         super().__init__(directory)
         self.parked = True
+        self.readopted = readopted  # after a restart of ours: no synced trees (node_holdings.py)
         self.syncing = False  # a graceful stop's sync runs (`finish_stop`)
         self.force_deadline = 0.0  # a force stop's kill is due then (0: none)
         self.sync_outcomes: dict[int, list[str]] = {}  # by the done pipe of each sync running
@@ -106,29 +110,24 @@ class Parked(Supervisor):
         self.selector = self.epoll
         flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
         self.log_fd = os.open(directory / "supervisor.log", flags, 0o600)
-        taken = iter(fds)
-        self.lock_fd = next(taken)
-        self.server = socket.socket(fileno=next(taken))
-        self.pidfd = next(taken)
-        self.status_fd = next(taken)
-        self.output_fd = next(taken) if message["output"] else -1
-        clients = [(socket.socket(fileno=next(taken)), base64.b64decode(b)) for b in message["clients"]]
-        self.sync_dirs = [next(taken) for _ in range(int(message["sync_dirs"]))]
+        self.lock_fd, self.server, self.pidfd = held.lock_fd, held.server, held.pidfd
+        self.status_fd, self.status_number, self.output_fd = held.status_fd, held.status_number, held.output_fd
+        self.sync_dirs = held.sync_dirs
         # The trees as this process reaches them: through the directories handed over.
         self.spec["sync_paths"] = [f"/proc/self/fd/{fd}" for fd in self.sync_dirs]
-        self.guest = ParkedGuest(int(message["sandbox_pid"]), self.pidfd, self.status_fd)
-        self.guest_pid = int(message["guest_pid"])
-        self.guest_start = int(message["guest_start"] or 0)
+        self.guest = ParkedGuest(held.sandbox_pid, self.pidfd, self.status_fd)
+        self.sandbox_start = held.sandbox_start
+        self.guest_pid, self.guest_start = held.guest_pid, held.guest_start
         self.entry_fd = self._entry_pidfd()
-        self.oom_base = int(message["oom_base"])
-        self.state, self.why = str(message["state"]), str(message["why"])
-        self.output_logged = int(message["output_logged"])
+        self.oom_base = held.oom_base
+        self.state, self.why = held.state, held.why
+        self.output_logged = held.output_logged
         self.server.setblocking(False)
         self.selector.register(self.server, selectors.EVENT_READ, "listen")
         self.selector.register(self.pidfd, selectors.EVENT_READ, "guest")
         if self.output_fd >= 0:
             self.selector.register(self.output_fd, selectors.EVENT_READ, "output")
-        for client, pending in clients:
+        for client, pending in held.clients:
             client.setblocking(False)
             self.clients[client.fileno()] = client
             self.buffers[client.fileno()] = pending
@@ -177,6 +176,9 @@ class Parked(Supervisor):
     def finish_stop(self) -> None:
         if self.stop_force:
             super().finish_stop()  # exits, without a sync
+        elif self.readopted:
+            # Nothing of the trees to sync here: the runtime syncs the images (module docstring).
+            self.exit("stopped", synced=False)
         elif not self.syncing:
             self._sync_beside("synced")
 
@@ -267,6 +269,41 @@ class NodeSupervisor:
 
     def log(self, message: str) -> None:
         print(f"{time.strftime('%H:%M:%S')} node supervisor {os.getpid()}: {message}", flush=True)
+
+    def readopt_all(self) -> None:
+        """After a restart of ours: the guests a previous node supervisor held, found again
+        (node_holdings.py); those that ended meanwhile get their exit.json."""
+        for directory in sorted(self.instances_dir.iterdir()) if self.instances_dir.is_dir() else ():
+            state = read_state(directory)
+            if not state.get("parked") or state.get("state") not in ("ready", "idle", "stopping"):
+                continue
+            if (directory / "exit.json").exists():
+                continue
+            try:
+                spec = json.loads((directory / "spec.json").read_text())
+                held = readopt(directory, state, str(spec["socket"]))
+                if held is None:
+                    continue  # someone holds it
+                parked = Parked(directory, held, readopted=True)
+            except Gone as gone:
+                self.log(f"{directory.name}: {gone}")
+                with contextlib.suppress(OSError):
+                    why = f"the guest ended while no supervisor held it ({gone})"
+                    write_json(
+                        directory / "exit.json",
+                        {"reason": "exit", "code": None, "signal": None, "synced": False, "error": why},
+                    )
+                continue
+            except (OSError, ValueError, KeyError) as error:
+                self.log(f"{directory.name}: not re-adopted: {error}")
+                continue
+            self.hold(parked)
+            parked.log(f"re-adopted after a restart of the node supervisor (guest {parked.guest_pid})")
+
+    def hold(self, parked: Parked) -> None:
+        self.instances[parked.epoll.fileno()] = parked
+        self.selector.register(parked.epoll.fileno(), selectors.EVENT_READ, ("instance", parked))
+        parked.save_state()
 
     def run(self) -> None:
         self.log(f"serving {self.listener.getsockname()!r}")
@@ -395,7 +432,7 @@ class NodeSupervisor:
                 os.close(fd)
             raise
         try:
-            return Pending(Parked(directory, message, fds), supervisor)
+            return Pending(Parked(directory, handed_over(message, fds)), supervisor)
         except BaseException:
             os.close(supervisor)
             for fd in fds:
@@ -409,9 +446,7 @@ class NodeSupervisor:
         self.selector.unregister(pending.supervisor_pidfd)
         os.close(pending.supervisor_pidfd)
         parked = pending.parked
-        self.instances[parked.epoll.fileno()] = parked
-        self.selector.register(parked.epoll.fileno(), selectors.EVENT_READ, ("instance", parked))
-        parked.save_state()
+        self.hold(parked)
         parked.log(f"holds the instance (guest {parked.guest_pid})")
         self.log(f"{parked.dir.name}: taken ({len(self.instances)} held)")
         # Whatever happened while it was handed over (a request, the guest's exit): now.
@@ -443,9 +478,11 @@ def main() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind("\0" + name)
-    listener.listen(64)
     listener.setblocking(False)
-    NodeSupervisor(data_dir.resolve(), listener).run()
+    node = NodeSupervisor(data_dir.resolve(), listener)
+    node.readopt_all()  # before the runtime can connect: it then finds them held
+    listener.listen(64)
+    node.run()
 
 
 if __name__ == "__main__":

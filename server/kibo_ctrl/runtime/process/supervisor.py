@@ -121,6 +121,8 @@ class Supervisor(GuestLaunch, Clients, HandOver):
         # bwrap's --json-status-fd (read end), which says how the guest ended to a node
         # supervisor that is not bwrap's parent (supervisor_handover.py); -1: none.
         self.status_fd = -1
+        self.status_number = -1  # its write end's number in bwrap (a node supervisor re-opens it)
+        self.sandbox_start = 0  # bwrap's start time, to tell it from a later process with its PID
         # Whether this process is the node supervisor holding the instance (node_supervisor.py).
         self.parked = False
 
@@ -175,6 +177,9 @@ class Supervisor(GuestLaunch, Clients, HandOver):
                 "supervisor_pid": os.getpid(),
                 "supervisor_start": start_time(os.getpid()),
                 "sandbox_pid": self.guest.pid if self.guest else 0,
+                "sandbox_start": self.sandbox_start,
+                "status_fd": self.status_number,
+                "oom_base": self.oom_base,
                 "guest_pid": self.guest_pid,
                 "guest_start": self.guest_start,
                 "state": self.state,

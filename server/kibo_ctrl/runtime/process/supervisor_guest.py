@@ -77,6 +77,8 @@ class GuestLaunch:
         # (and guest_start, the entry's start time: an int, not declared here, where the name
         # would hide the guest_start module from the annotations below)
         pidfd: int
+        status_number: int
+        sandbox_start: int
         selector: selectors.BaseSelector
         oom_base: int
         namespace: userns.GuestNamespace | None
@@ -297,6 +299,8 @@ class GuestLaunch:
         self.mark("bwrap-fork")
         self.guest = self._start_guest()
         self.mark("bwrap-exec")
+        with contextlib.suppress(OSError, ValueError):
+            self.sandbox_start = start_time(self.guest.pid)
         self.pidfd = os.pidfd_open(self.guest.pid)
         self.selector.register(self.pidfd, selectors.EVENT_READ, "guest")
         self.save_state()
@@ -312,6 +316,7 @@ class GuestLaunch:
                 # --die-with-parent, and how it ends goes through the status pipe.
                 given = [o for o in given if o != "--die-with-parent"]
                 given += ["--json-status-fd", str(early.status)]
+                self.status_number = early.status
             try:
                 return early.start(
                     argv[0],

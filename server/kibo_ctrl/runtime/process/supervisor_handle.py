@@ -19,6 +19,10 @@ from ...domain.reports import ExitReason, GuestReset, GuestResponding, Report, V
 
 log = logging.getLogger(__name__)
 
+# How long the handle of a guest the node supervisor held waits for a new node supervisor
+# to re-adopt it after the old one died (node_supervision.py starts it at once).
+READOPT_S = 10.0
+
 
 class SupervisorHost(Protocol):
     """What a supervisor handle needs of the runtime that started it."""
@@ -200,7 +204,17 @@ class Supervised:
         await self._closed()
 
     async def _gone(self) -> bool:
-        """After EOF: wait (briefly) until the supervisor has exited; reaps our own child."""
+        """After EOF: wait (briefly) until the supervisor has exited; reaps our own child.
+        False: it runs (reconnect), as does a held guest re-adopted by a new node supervisor."""
+        if self._held_by_node():
+            deadline = asyncio.get_running_loop().time() + READOPT_S
+            while asyncio.get_running_loop().time() < deadline:
+                if lock_held(self.dir):
+                    return False
+                if (self.dir / "exit.json").exists():
+                    return True
+                await asyncio.sleep(0.05)
+            return True
         process = self.process
         for _ in range(500):
             if process is not None:
@@ -210,6 +224,11 @@ class Supervised:
                 return True
             await asyncio.sleep(0.01)
         return False
+
+    def _held_by_node(self) -> bool:
+        """Whether the node supervisor held this instance and went without ending it."""
+        state = read_json(self.dir / "state.json") or {}
+        return bool(state.get("parked")) and not (self.dir / "exit.json").exists()
 
     async def _receive(self, message: dict[str, Any]) -> None:
         if "state" in message:

@@ -68,6 +68,8 @@ class HandOver:
         guest_pid: int
         pidfd: int
         status_fd: int
+        status_number: int
+        sandbox_start: int
         output_fd: int
         output_logged: int
         lock_fd: int
@@ -141,6 +143,8 @@ class HandOver:
         fds += [c.fileno() for c in clients] + sync_dirs
         message = {
             "sandbox_pid": self.guest.pid,
+            "sandbox_start": self.sandbox_start,
+            "status_number": self.status_number,
             "guest_pid": self.guest_pid,
             "guest_start": getattr(self, "guest_start", 0),
             "oom_base": self.oom_base,
