@@ -128,3 +128,40 @@ def test_a_runtime_connection_is_held_and_dropped(node: tuple[str, subprocess.Po
         with pytest.raises(TimeoutError):
             channel.recv(65536)  # no answer: it is held
     assert process.poll() is None
+
+
+FAKE_SUPERVISOR = """
+import json, os, socket, sys
+name = sys.argv[2]
+channel = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+channel.connect("\\0" + name)
+read, write = os.pipe()
+message = {"handover": {"sandbox_pid": 1, "sandbox_start": 1, "status_number": 3, "guest_pid": 1,
+           "guest_start": 0, "oom_base": 0, "state": "ready", "why": "", "output": False,
+           "output_logged": 0, "clients": [""], "sync_dirs": 0}}
+listening = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+# Five descriptors as the message says, but a pipe where its client's socket is due.
+socket.send_fds(channel, [json.dumps(message).encode()], [read, listening.fileno(), read, write, read])
+print(channel.recv(65536).decode())
+"""
+
+
+def test_a_supervisor_handing_over_what_is_no_socket_is_refused(
+    node: tuple[str, subprocess.Popen[bytes]], tmp_path: Path
+) -> None:
+    """A process that passes for a supervisor of this data directory (its command line) but
+    sends a pipe where a client's socket is due: refused, and nothing of it is kept."""
+    name, process = node
+    script = tmp_path / "supervisor.py"
+    script.write_text(FAKE_SUPERVISOR)
+    instance = Path(process.args[4]) / "instances" / "w-1"  # type: ignore[index]
+    instance.mkdir()
+    (instance / "spec.json").write_text("{}")
+    before = len(os.listdir(f"/proc/{process.pid}/fd"))
+    done = subprocess.run(
+        [sys.executable, str(script), str(instance), name], capture_output=True, timeout=10, check=True
+    )
+    assert "error" in json.loads(done.stdout)
+    time.sleep(0.1)
+    assert len(os.listdir(f"/proc/{process.pid}/fd")) <= before
+    assert process.poll() is None

@@ -52,11 +52,24 @@ class Held:
 
 
 def handed_over(message: dict[str, Any], fds: list[int]) -> Held:
-    """See supervisor_handover.py for the message and the order of the descriptors."""
+    """See supervisor_handover.py for the message and the order of the descriptors. Raises
+    (ValueError, OSError: a descriptor that is no socket where one is due) owning none of
+    `fds`: the caller closes them."""
+    output, pending = bool(message["output"]), [base64.b64decode(b) for b in message["clients"]]
+    if len(fds) != 4 + output + len(pending) + int(message["sync_dirs"]):
+        raise ValueError("the descriptors do not match the message")
     taken = iter(fds)
-    lock_fd, server, pidfd, status_fd = next(taken), socket.socket(fileno=next(taken)), next(taken), next(taken)
-    output_fd = next(taken) if message["output"] else -1
-    clients = [(socket.socket(fileno=next(taken)), base64.b64decode(b)) for b in message["clients"]]
+    lock_fd, server_fd, pidfd, status_fd = next(taken), next(taken), next(taken), next(taken)
+    output_fd = next(taken) if output else -1
+    made: list[socket.socket] = []
+    try:
+        for fd in [server_fd] + [next(taken) for _ in pending]:
+            made.append(socket.socket(fileno=fd))
+    except BaseException:
+        for wrapped in made:
+            wrapped.detach()  # not closed by the socket object: the caller closes every fd
+        raise
+    server, clients = made[0], list(zip(made[1:], pending, strict=True))
     return Held(
         lock_fd=lock_fd,
         server=server,
@@ -157,6 +170,17 @@ def _reader_of(pid: int, number: int) -> int:
         os.close(fd)
         return -1
     return fd
+
+
+def release(held: Held) -> None:
+    """Close what `held` holds (a hand-over or re-adoption that went no further)."""
+    held.server.close()
+    for client, _ in held.clients:
+        client.close()
+    for fd in (held.lock_fd, held.pidfd, held.status_fd, held.output_fd, *held.sync_dirs):
+        if fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
 
 def read_state(directory: Path) -> dict[str, Any]:

@@ -49,14 +49,14 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from kibo_ctrl.runtime.process.guest_start import Started
-    from kibo_ctrl.runtime.process.node_holdings import Gone, Held, handed_over, read_state, readopt
+    from kibo_ctrl.runtime.process.node_holdings import Gone, Held, handed_over, read_state, readopt, release
     from kibo_ctrl.runtime.process.supervisor import TICK, Supervisor
     from kibo_ctrl.runtime.process.supervisor_handover import MAX_FDS, MESSAGE
     from kibo_ctrl.runtime.process.supervisor_os import forget_oom, sync_all, write_json
 else:
     sys.path.insert(0, str(Path(__file__).parent))  # run as a script: its sibling modules
     from guest_start import Started
-    from node_holdings import Gone, Held, handed_over, read_state, readopt
+    from node_holdings import Gone, Held, handed_over, read_state, readopt, release
     from supervisor import TICK, Supervisor
     from supervisor_handover import MAX_FDS, MESSAGE
     from supervisor_os import forget_oom, sync_all, write_json
@@ -284,7 +284,11 @@ class NodeSupervisor:
                 held = readopt(directory, state, str(spec["socket"]))
                 if held is None:
                     continue  # someone holds it
-                parked = Parked(directory, held, readopted=True)
+                try:
+                    parked = Parked(directory, held, readopted=True)
+                except BaseException:
+                    release(held)
+                    raise
             except Gone as gone:
                 self.log(f"{directory.name}: {gone}")
                 with contextlib.suppress(OSError):
@@ -432,12 +436,17 @@ class NodeSupervisor:
                 os.close(fd)
             raise
         try:
-            return Pending(Parked(directory, handed_over(message, fds)), supervisor)
+            held = handed_over(message, fds)
         except BaseException:
             os.close(supervisor)
             for fd in fds:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
+                os.close(fd)
+            raise
+        try:
+            return Pending(Parked(directory, held), supervisor)
+        except BaseException:
+            os.close(supervisor)
+            release(held)
             raise
 
     def activate(self, pending: Pending) -> None:
