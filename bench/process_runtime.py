@@ -75,7 +75,7 @@ class Server:
     timings: bool = False  # KIBO_PROCESS_TIMINGS=1: each launch leaves its timings (the breakdown)
     python: str = sys.executable  # another checkout's interpreter (bench/process_ab.py)
     env: dict[str, str] = field(default_factory=dict)  # more of the server's environment
-    supervisor: str = "instance"  # --supervisor: who holds ready guests
+    supervisor: str = "auto"  # --supervisor: who holds ready guests
 
     @property
     def address(self) -> str:
@@ -580,7 +580,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--floor-runs", type=int, default=30, help="runs of the bwrap floor (default 30)")
     parser.add_argument(
-        "--supervisor", choices=("instance", "node"), default="instance", help="the server's --supervisor (instance)"
+        "--supervisor", choices=("auto", "instance", "node"), default="auto", help="the server's --supervisor (auto)"
     )
     args = parser.parse_args(argv)
     if os.geteuid() != 0 or not shutil.which("bwrap"):

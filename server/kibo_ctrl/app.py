@@ -116,7 +116,7 @@ class Config:
     stop_grace_ms: float = 10_000.0
     guest_id_base: int = 100_000  # host uids/gids base..base+65535 are the guests'
     storage_overcommit: float = 1.0
-    supervisor: str = "instance"  # who holds ready guests: instance (one process each) or node
+    supervisor: str = "auto"  # who holds ready guests: node (one process for all) or instance; auto
     # GET /metrics on the HTTP listener: operator token (default), open, or off.
     metrics: MetricsAccess = MetricsAccess.OPERATOR
     # Traces: an OpenTelemetry TracerProvider (cli.py builds it from the OTEL_* variables); None: off.

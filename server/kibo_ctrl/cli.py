@@ -148,10 +148,11 @@ def serve(
     supervisor: Annotated[
         SupervisorMode,
         typer.Option(
-            help="Process runtime: who holds a ready guest: its own supervisor process (instance), or one "
-            "node supervisor for all (node: ~1 MiB per idle workspace instead of ~3.5; see README).",
+            help="Process runtime: who holds a ready guest: one node supervisor for all (node: ~1 MiB per "
+            "idle workspace), or its own supervisor process (instance: ~3.5 MiB); auto: node where it works "
+            "(bwrap as root, with cgroups). See README.",
         ),
-    ] = SupervisorMode.INSTANCE,
+    ] = SupervisorMode.AUTO,
     sim_backend: Annotated[Backend, typer.Option(help="Backend personality of the simulator.")] = Backend.FIRECRACKER,
     sim_step_ms: Annotated[float, typer.Option(min=0, help="Simulated time each lifecycle step takes.")] = 20.0,
     sim_nodes: Annotated[int, typer.Option(min=1, max=64, help="How many simulated nodes.")] = 1,
@@ -463,7 +464,7 @@ def node(
     ] = 1.0,
     supervisor: Annotated[
         SupervisorMode, typer.Option(help="Process runtime: who holds ready guests (as kibo-ctrl serve).")
-    ] = SupervisorMode.INSTANCE,
+    ] = SupervisorMode.AUTO,
     data_plane_listen: Annotated[
         str,
         typer.Option(

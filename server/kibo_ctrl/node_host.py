@@ -55,7 +55,7 @@ class NodeConfig:
     stop_grace_ms: float = 10_000.0
     guest_id_base: int = 100_000
     storage_overcommit: float = 1.0
-    supervisor: str = "instance"
+    supervisor: str = "auto"
     # Where this node serves its guests to the control plane (process runtime): the data
     # plane's last hop. `data_plane_address` is what the control plane dials (default: this
     # host's address towards the control plane, with the port bound).

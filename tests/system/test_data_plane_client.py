@@ -24,7 +24,7 @@ from kibo_cli.main import app
 from typer.testing import CliRunner, Result
 
 from tests.server import ServerProcess
-from tests.system.test_process_runtime import processes, reap, sandbox_server, supervisor_processes
+from tests.system.test_process_runtime import processes, reap, sandbox_server
 
 FLAGS = ("--runtime", "process", "--sandbox", "bwrap", "--settle-ms", "3000", "--stop-grace-ms", "2000")
 SMALL = wp.WorkspaceSpec(resources=wp.Resources(vcpus=1, memory_mib=64))
@@ -304,11 +304,12 @@ def test_reads_retry_a_restarting_guest_and_exec_does_not(server_factory: Callab
             credential = client.issue_data_plane_credential(workspace_id).credential
             client.write_workspace_file(credential, "/data/kept", b"across the reboot")
             instance = slow_server.data_dir / "instances" / f"{workspace_id}-g1"
-            [supervisor] = supervisor_processes(f"supervisor.py {instance}")
-            guest = json.loads((instance / "state.json").read_text())["guest_pid"]
-            os.kill(int(guest), signal.SIGUSR1)  # /run/kibo/bin/reboot in the guest
-            # The old VMM is gone: the new one's guest answers only 3 s after it starts.
-            poll(lambda: supervisor not in processes(f"supervisor.py {instance}"))
+            # Its VMM: the node supervisor, or its own supervisor (--supervisor instance).
+            recorded = json.loads((instance / "state.json").read_text())
+            os.kill(int(recorded["guest_pid"]), signal.SIGUSR1)  # /run/kibo/bin/reboot in the guest
+            # A new VMM runs: its guest answers only 3 s after it starts.
+            vmm = recorded["supervisor_pid"]
+            poll(lambda: json.loads((instance / "state.json").read_text())["supervisor_pid"] != vmm)
             with pytest.raises(kibotos.UnavailableError):
                 client.read_workspace_file(credential, "/data/kept", retry_unavailable=0)
             with pytest.raises(kibotos.UnavailableError):

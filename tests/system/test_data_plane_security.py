@@ -132,7 +132,7 @@ def flood_writer(server: ServerProcess) -> int:
 
 @pytest.fixture(scope="module")
 def server(server_factory: Callable[..., ServerProcess]) -> Iterator[ServerProcess]:
-    with sandbox_server(server_factory) as started:
+    with sandbox_server(server_factory, "--supervisor", "auto") as started:  # the default, as users run it
         yield started
 
 

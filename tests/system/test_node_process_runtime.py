@@ -25,8 +25,10 @@ from tests.system.test_process_runtime import (
     agent_pid,
     processes,
     reap,
+    state,
     supervisor_processes,
     supervisors,
+    wait_until,
 )
 
 NODE_FLAGS = ("--sandbox", "bwrap", "--stop-grace-ms", "2000", "--storage-overcommit", "100")
@@ -65,7 +67,10 @@ async def test_a_process_node_readopts_its_sandbox_after_kill9(
 
             kept = await eventually(placed, within=30, what="a workspace AVAILABLE on the process node")
             assert kept.node_id == "node-p"
-            [supervisor] = supervisors(host, kept)
+            # Its supervisor hands the ready guest to the node's node supervisor (the default).
+            await wait_until(lambda: bool(state(host, kept).get("parked")) and not supervisors(host, kept))
+            supervisor = int(state(host, kept)["supervisor_pid"])
+            assert processes(f"node_supervisor.py {node.data_dir}") == [supervisor]
             guest = agent_pid(host, kept)
 
             # The data plane reaches the guest through its node: client -> control plane
@@ -90,21 +95,24 @@ async def test_a_process_node_readopts_its_sandbox_after_kill9(
             node.start()
             again = await client.wait_for(kept.workspace_id, S.WORKSPACE_STATE_AVAILABLE, within=30)
             assert again.execution_generation == kept.execution_generation
-            # Adopted, not started again: the same supervisor and guest, and only them.
-            assert supervisors(host, kept) == [supervisor]
+            # Adopted, not started again: the same node supervisor and guest, and only them.
+            assert processes(f"node_supervisor.py {node.data_dir}") == [supervisor]
+            assert int(state(host, kept)["supervisor_pid"]) == supervisor
             assert agent_pid(host, kept) == guest
             assert len(supervisor_processes(f"supervisor.py {node.data_dir}")) == 1
             # The new agent made a new secret: the data plane follows it.
             credential = await plane.credential(kept.workspace_id)
             assert (await plane.exec(credential, "cat", "/data/note"))[1] == b"through the node"
-            # Fully controllable after the adoption: a graceful stop ends both processes.
+            # Fully controllable after the adoption: a graceful stop ends the guest.
             response = await client.stop(kept.workspace_id)
             assert response.workspace.state == S.WORKSPACE_STATE_STOPPED
-            assert not _alive(supervisor) and not _alive(guest)
+            assert not _alive(guest)
             await client.delete(kept.workspace_id)
             assert (await client.wait_steady(kept.workspace_id, within=30)).state == S.WORKSPACE_STATE_DELETED
         assert node.stop() == 0, node.log()
         assert not processes(f"{node.data_dir}/instances")
+        # Holding nothing, with no node agent connected: the node supervisor exits.
+        await wait_until(lambda: not _alive(supervisor), within=15)
     finally:
         node.kill()
         reap(node.data_dir)

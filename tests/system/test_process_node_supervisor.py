@@ -23,6 +23,7 @@ from kibo.ctrl.v1 import workspace_pb2 as wp
 
 from tests.client import Client, S
 from tests.server import ServerProcess
+from tests.system.test_process_launch_path import ALLOWED, _descendants, _fd_targets
 from tests.system.test_process_runtime import (
     CONFIRMED,
     FLAGS,
@@ -116,6 +117,23 @@ async def test_ready_guests_are_held_by_one_node_supervisor(nc: Client, node_ser
     await delete(nc, again, node_server)
     await delete(nc, forced.workspace, node_server)
     assert not cgroups_left(node_server.data_dir)
+
+
+async def test_no_descriptor_of_a_supervisor_reaches_the_guest(nc: Client, node_server: ServerProcess) -> None:
+    """bwrap holds the write end of its status pipe for the node supervisor (its
+    --json-status-fd); nothing inside the sandbox holds it, nor anything else of ours."""
+    workspace = await create(nc)
+    await handed_over(node_server, workspace)
+    sandbox = int(state(node_server, workspace)["sandbox_pid"])
+    status = _fd_targets(sandbox)[int(state(node_server, workspace)["status_fd"])]
+    assert status.startswith("pipe:")
+    inside = [pid for pid in _descendants(sandbox) if pid != sandbox]
+    assert agent_pid(node_server, workspace) in inside
+    for pid in inside:
+        held = _fd_targets(pid)
+        strays = {fd: t for fd, t in held.items() if not t.startswith(ALLOWED) or t == status}
+        assert not strays, f"guest process {pid} holds {strays}"
+    await delete(nc, workspace, node_server)
 
 
 async def test_guest_exits_take_the_same_paths(nc: Client, node_server: ServerProcess) -> None:

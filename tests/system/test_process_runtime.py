@@ -50,6 +50,10 @@ FLAGS = (
     "2000",
     "--storage-overcommit",
     "100",
+    # These tests are of supervisors of their own (their processes, their mount namespaces);
+    # the node supervisor's are test_process_node_supervisor.py.
+    "--supervisor",
+    "instance",
 )
 SMALL = wp.Resources(vcpus=1, memory_mib=128)
 
@@ -143,7 +147,7 @@ def on_volume(server: ServerProcess, workspace: wp.Workspace) -> Path:
 
 def reap(data_dir: Path) -> None:
     """Teardown: no supervisor, guest process or cgroup of this data directory outlives the tests."""
-    for pid in processes(f"supervisor.py {data_dir}"):
+    for pid in processes(f"supervisor.py {data_dir}"):  # the node supervisor's command line too
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + 5

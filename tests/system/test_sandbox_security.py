@@ -40,7 +40,8 @@ CAP_SETS = ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")
 
 @pytest.fixture(scope="module")
 def secure_server(server_factory: Callable[..., ServerProcess]) -> Iterator[ServerProcess]:
-    with sandbox_server(server_factory, "--backend", "firecracker") as server:
+    # The default supervisor (the node supervisor holds the ready guests): what users run.
+    with sandbox_server(server_factory, "--backend", "firecracker", "--supervisor", "auto") as server:
         yield server
 
 

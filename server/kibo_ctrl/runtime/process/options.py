@@ -20,6 +20,7 @@ from .idmap import IdRange
 class SupervisorMode(StrEnum):
     """Who holds a ready guest (`ProcessOptions.supervisor`, `--supervisor`)."""
 
+    AUTO = "auto"  # node where it works (bwrap as root, with cgroups), else instance
     INSTANCE = "instance"  # its own supervisor process (supervisor.py)
     NODE = "node"  # the node supervisor its supervisor hands it to (node_supervisor.py)
 
@@ -54,8 +55,9 @@ class ProcessOptions:
     # (bench/process_runtime.py --breakdown sets KIBO_PROCESS_TIMINGS=1). Off: no cost.
     timings: bool = field(default_factory=lambda: os.environ.get("KIBO_PROCESS_TIMINGS") == "1")
     # Who holds a ready guest: its own supervisor process ("instance"), or the node supervisor
-    # it hands the guest to ("node": supervisor_handover.py, node_supervisor.py).
-    supervisor: str = "instance"
+    # it hands the guest to ("node": supervisor_handover.py, node_supervisor.py); "auto": node
+    # where it works.
+    supervisor: str = "auto"
 
 
 class ProcessSettings(Protocol):

@@ -173,14 +173,13 @@ class ProcessRuntime:
             )
         # Ready guests held by the node supervisor instead of a supervisor each (--supervisor node).
         self.node_supervision: NodeSupervision | None = None
-        if options.supervisor == SupervisorMode.NODE.value:
+        mode = SupervisorMode(options.supervisor)
+        if mode is not SupervisorMode.INSTANCE:
             if self.isolation == "bwrap" and not self.rootless and self.cgroups.parents:
                 self.node_supervision = NodeSupervision(self.data_dir)
                 self.node_supervision.name_for_launch()  # started now: launches do not wait for it
-            else:
+            elif mode is SupervisorMode.NODE:
                 log.warning("--supervisor node needs bwrap as root with cgroups: each instance keeps its supervisor")
-        elif options.supervisor != SupervisorMode.INSTANCE.value:
-            raise ValueError(f"--supervisor is instance or node, not {options.supervisor!r}")
         log.info(
             "process runtime: isolation %s (guest ids: host %d+%d), limits %s, base image %s, personality %s",
             self.isolation_name,
