@@ -1,5 +1,5 @@
 """Two process runtimes side by side on a shared, noisy machine: `python -m bench.process_ab
---a PYTHON [--b PYTHON] [--b-env K=V] [--rounds N]`.
+--a PYTHON [--b PYTHON] [--b-env K=V] [--a-supervisor MODE] [--b-supervisor MODE] [--rounds N]`.
 
 Each side is a `kibo-ctrl serve --runtime process` of its own (PYTHON: the interpreter of a
 checkout's venv, e.g. /work/main/.venv/bin/python; default: this one) on its own data
@@ -45,14 +45,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--a", default=sys.executable, help="side A's python (a checkout's venv)")
     parser.add_argument("--b", default=sys.executable, help="side B's python (default: this one)")
     parser.add_argument("--b-env", action="append", default=[], help="K=V in side B's environment")
+    for side in ("a", "b"):
+        parser.add_argument(
+            f"--{side}-supervisor", choices=("auto", "instance", "node"), default="auto", help="its --supervisor"
+        )
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     root = Path(tempfile.mkdtemp(prefix="kibo-procab-"))
     b_env = dict(item.split("=", 1) for item in args.b_env)
     sides = {
-        "A": Server(root / "a" / "data", python=args.a),
-        "B": Server(root / "b" / "data", python=args.b, env=b_env),
+        "A": Server(root / "a" / "data", python=args.a, supervisor=args.a_supervisor),
+        "B": Server(root / "b" / "data", python=args.b, env=b_env, supervisor=args.b_supervisor),
     }
     created: dict[str, list[str]] = {name: [] for name in sides}
     times: dict[str, dict[str, list[float]]] = {

@@ -148,8 +148,8 @@ def serve(
     supervisor: Annotated[
         SupervisorMode,
         typer.Option(
-            help="Process runtime: who holds a ready guest: one node supervisor for all (node: ~1 MiB per "
-            "idle workspace), or its own supervisor process (instance: ~3.5 MiB); auto: node where it works "
+            help="Process runtime: who holds a ready guest: one node supervisor for all (node: ~0.7 MiB per "
+            "idle workspace), or its own supervisor process (instance: ~3.3 MiB); auto: node where it works "
             "(bwrap as root, with cgroups). See README.",
         ),
     ] = SupervisorMode.AUTO,
