@@ -37,7 +37,9 @@ How guest exits map to reports (per personality):
   exits: VmmExited(HOST_OOM) on both (FAILED, then the server's force stop).
 - the guest's init exits in any other way (a guest "kernel panic"): VmmExited(CRASH).
 - the supervisor is killed from outside (no exit.json): VmmExited(CRASH); its guest dies
-  with it (PR_SET_PDEATHSIG / --die-with-parent), the instance keeps its parts.
+  with it (PR_SET_PDEATHSIG / --die-with-parent), the instance keeps its parts. A guest
+  held by the node supervisor is not tied to it: a killed node supervisor is replaced and
+  re-adopts its guests (node_supervision.py); a guest that ended meanwhile is a CRASH.
 
 Restart safety: `adopt` re-attaches to the supervisors that outlived the control plane,
 reports the dead and kills the orphans (`adoption.py`).

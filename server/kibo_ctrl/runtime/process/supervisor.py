@@ -28,6 +28,11 @@ guest halted. A graceful stop whose sync fails also leaves it idle (`why: sync-f
 
 INSTANCE_DIR/state.json records the supervisor's and the guest's PIDs.
 
+With a node supervisor named in its spec (`--supervisor node`, the default where it works),
+the guest is started without the death signal, and once it is ready this process hands the
+instance to the node supervisor and exits (supervisor_handover.py, node_supervisor.py),
+which then serves it with this same class (`Parked`).
+
 With bubblewrap isolation (`prepare_guest`, `_start_guest`: supervisor_guest.py) the guest
 runs in its own user namespace mapped to the node's unprivileged id range (spec
 `host_id_base`, `host_id_count`):
