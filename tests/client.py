@@ -138,7 +138,7 @@ class Client:
         """The same API over the Connect protocol on the HTTP listener."""
         from tests.connect_client import ConnectStub, connect_clients
 
-        clients = connect_clients(http_address)
+        clients, transport = connect_clients(http_address)
         headers = {"authorization": f"Bearer {token}"} if token else {}
         try:
             ws_, obs_, vol_, sim_ = (ConnectStub(c, headers) for c in clients)
@@ -146,6 +146,7 @@ class Client:
         finally:
             for client in clients:
                 await client.close()
+            await transport.aclose()
 
     # -- commands, settled: resend the same request until the command is terminal ---------
 

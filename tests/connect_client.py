@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
+import pyqwest
 from connectrpc.code import Code
 from connectrpc.errors import ConnectError
 from google.protobuf import any_pb2
@@ -107,11 +108,21 @@ class ConnectStub:
         return call
 
 
-def connect_clients(http_address: str) -> list[Any]:
+# Idle connections are dropped here before the server closes them (its --http-idle-timeout,
+# 5 s by default): with pyqwest's default (90 s) a request sent on a connection the server
+# was closing that instant failed with "connection reset by peer" (UNAVAILABLE), a flake.
+POOL_IDLE_S = 2.0
+
+
+def connect_clients(http_address: str) -> tuple[list[Any], pyqwest.HTTPTransport]:
+    """The services' Connect clients, and their one transport (the caller acloses it)."""
     base = f"http://{http_address}"
-    return [
-        workspace_service_connect.WorkspaceServiceClient(base),
-        observation_service_connect.WorkspaceObservationServiceClient(base),
-        volume_service_connect.VolumeServiceClient(base),
-        simulator_connect.SimulatorServiceClient(base),
+    transport = pyqwest.HTTPTransport(pool_idle_timeout=POOL_IDLE_S)
+    http = pyqwest.Client(transport)
+    clients = [
+        workspace_service_connect.WorkspaceServiceClient(base, http_client=http),
+        observation_service_connect.WorkspaceObservationServiceClient(base, http_client=http),
+        volume_service_connect.VolumeServiceClient(base, http_client=http),
+        simulator_connect.SimulatorServiceClient(base, http_client=http),
     ]
+    return clients, transport
