@@ -28,7 +28,15 @@ import socket
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kibo_ctrl.runtime.process.supervisor_os import pidfd_if
+else:  # imported by path, as node_supervisor.py (a script) imports it: its siblings
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from supervisor_os import pidfd_if
 
 
 @dataclass
@@ -106,15 +114,11 @@ def readopt(directory: Path, state: dict[str, Any], socket_name: str) -> Held | 
     opened: list[int] = [lock_fd]
     try:
         pid, started = int(state.get("sandbox_pid") or 0), int(state.get("sandbox_start") or 0)
-        try:
-            pidfd = os.pidfd_open(pid) if pid > 0 and started else -1
-        except ProcessLookupError:
-            pidfd = -1
+        # Without its start time a PID could be anyone's: not re-adopted.
+        pidfd = pidfd_if(pid, started) if pid > 0 and started else -1
         if pidfd < 0:
             raise Gone("the guest is not running")
         opened.append(pidfd)
-        if _start_time(pid) != started:
-            raise Gone("the guest is not running (its PID is another process's)")
         number = int(state.get("status_fd", -1))
         status_fd = _reader_of(pid, number) if number >= 0 else -1
         if status_fd >= 0:
@@ -150,14 +154,6 @@ def readopt(directory: Path, state: dict[str, Any], socket_name: str) -> Held | 
         for fd in opened:
             os.close(fd)
         raise
-
-
-def _start_time(pid: int) -> int:
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return -1
-    return int(text[text.rindex(")") + 2 :].split()[19])
 
 
 def _reader_of(pid: int, number: int) -> int:

@@ -52,14 +52,14 @@ if TYPE_CHECKING:
     from kibo_ctrl.runtime.process.node_holdings import Gone, Held, handed_over, read_state, readopt, release
     from kibo_ctrl.runtime.process.supervisor import TICK, Supervisor
     from kibo_ctrl.runtime.process.supervisor_handover import MAX_FDS, MESSAGE
-    from kibo_ctrl.runtime.process.supervisor_os import forget_oom, sync_all, write_json
+    from kibo_ctrl.runtime.process.supervisor_os import forget_oom, pidfd_if, sync_all, write_json
 else:
     sys.path.insert(0, str(Path(__file__).parent))  # run as a script: its sibling modules
     from guest_start import Started
     from node_holdings import Gone, Held, handed_over, read_state, readopt, release
     from supervisor import TICK, Supervisor
     from supervisor_handover import MAX_FDS, MESSAGE
-    from supervisor_os import forget_oom, sync_all, write_json
+    from supervisor_os import forget_oom, pidfd_if, sync_all, write_json
 
 EXIT_BUSY = 75
 # How long a new node supervisor waits for its first instance or runtime before it exits.
@@ -135,15 +135,7 @@ class Parked(Supervisor):
 
     def _entry_pidfd(self) -> int:
         """A pidfd of the guest's entry process, if it is still the one recorded."""
-        try:
-            fd = os.pidfd_open(self.guest_pid)
-            stat = Path(f"/proc/{self.guest_pid}/stat").read_text()
-        except OSError:
-            return -1
-        if self.guest_start and int(stat[stat.rindex(")") + 2 :].split()[19]) != self.guest_start:
-            os.close(fd)
-            return -1
-        return fd
+        return pidfd_if(self.guest_pid, self.guest_start)
 
     def log(self, message: str) -> None:
         line = f"{time.strftime('%H:%M:%S')} node supervisor {os.getpid()}: {message}\n"

@@ -68,7 +68,14 @@ if TYPE_CHECKING:
     from kibo_ctrl.runtime.process.supervisor_guest import GuestLaunch
     from kibo_ctrl.runtime.process.supervisor_guest import _load_storage as _load_storage
     from kibo_ctrl.runtime.process.supervisor_handover import HandOver
-    from kibo_ctrl.runtime.process.supervisor_os import oom_kills, reap_answered, start_time, sync_all, write_json
+    from kibo_ctrl.runtime.process.supervisor_os import (
+        kill_cgroups,
+        oom_kills,
+        reap_answered,
+        start_time,
+        sync_all,
+        write_json,
+    )
     from kibo_ctrl.runtime.process.supervisor_protocol import Clients
 else:
     sys.path.insert(0, str(Path(__file__).parent))  # run as a script: its sibling modules
@@ -77,7 +84,7 @@ else:
     from supervisor_guest import GuestLaunch
     from supervisor_guest import _load_storage as _load_storage  # forkserver.py calls it here
     from supervisor_handover import HandOver
-    from supervisor_os import oom_kills, reap_answered, start_time, sync_all, write_json
+    from supervisor_os import kill_cgroups, oom_kills, reap_answered, start_time, sync_all, write_json
     from supervisor_protocol import Clients
 
 TICK = 0.25
@@ -212,11 +219,7 @@ class Supervisor(GuestLaunch, Clients, HandOver):
             self.early = None
         if self.guest is not None and self.exit_status is None:
             self.signal_sandbox(signal.SIGKILL)
-        for procs in self.spec["cgroup_procs"]:
-            with contextlib.suppress(OSError, ValueError):
-                for pid in Path(procs).read_text().split():
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(int(pid), signal.SIGKILL)
+        kill_cgroups(list(self.spec["cgroup_procs"]))
 
     def signal_sandbox(self, signum: int) -> None:
         """Signal bwrap (our child here: its PID is not reused before we wait for it)."""

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 from ...domain.model import Backend
 from ...domain.reports import ExitReason, GuestReset, GuestResponding, Report, VmmExited
+from .supervisor_os import kill_cgroups
 
 log = logging.getLogger(__name__)
 
@@ -109,12 +110,7 @@ def kill_supervisor(directory: Path) -> None:
     exit the node supervisor then handles: the node supervisor holds others."""
     state = read_json(directory / "state.json") or {}
     if state.get("parked"):
-        spec = read_json(directory / "spec.json") or {}
-        for procs in spec.get("cgroup_procs") or ():
-            with contextlib.suppress(OSError, ValueError):
-                for member in Path(procs).read_text().split():
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(int(member), signal.SIGKILL)
+        kill_cgroups(list((read_json(directory / "spec.json") or {}).get("cgroup_procs") or ()))
         return
     pid = int(state.get("supervisor_pid") or 0)
     if pid > 0 and start_time(pid) == state.get("supervisor_start"):

@@ -92,6 +92,31 @@ def forget_oom(path: str) -> None:
         os.close(fd)
 
 
+def kill_cgroups(procs_files: list[str]) -> None:
+    """SIGKILL every process listed in these cgroup.procs files (a guest's, whole)."""
+    for procs in procs_files:
+        with contextlib.suppress(OSError, ValueError):
+            for pid in Path(procs).read_text().split():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(pid), signal.SIGKILL)
+
+
+def pidfd_if(pid: int, started: int) -> int:
+    """A pidfd of `pid` if it runs and (`started` non-zero) started then; else -1."""
+    try:
+        fd = os.pidfd_open(pid)
+    except (OSError, ValueError):
+        return -1
+    try:
+        same = not started or start_time(pid) == started
+    except (OSError, ValueError):
+        same = False
+    if not same:
+        os.close(fd)
+        return -1
+    return fd
+
+
 def start_time(pid: int) -> int:
     """The kernel's start time of a process (field 22 of /proc/PID/stat), to tell PIDs apart."""
     stat = Path(f"/proc/{pid}/stat").read_text()
