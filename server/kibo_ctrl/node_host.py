@@ -24,7 +24,7 @@ from .runtime.base import Closable, GuestAccess, Runtime
 from .runtime.process.options import options_from
 from .runtime.process.runtime import ProcessRuntime
 from .runtime.sim.simulator import SimBoard, SimNode
-from .transport.grpc import service_handler
+from .transport.grpc import EXCLUSIVE_PORT, bind, service_handler
 from .transport.node_client import GrpcLink, targets
 
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
@@ -57,10 +57,16 @@ class NodeConfig:
     storage_overcommit: float = 1.0
     supervisor: str = "auto"
     # Where this node serves its guests to the control plane (process runtime): the data
-    # plane's last hop. `data_plane_address` is what the control plane dials (default: this
-    # host's address towards the control plane, with the port bound).
-    data_plane_listen: str = "0.0.0.0:50052"
+    # plane's last hop. Default: this host's address on the route to the control plane (the
+    # loopback address when the control plane is on this host), port 50052; never every
+    # interface unless asked. `data_plane_address` is what the control plane dials (default:
+    # that address, with the port bound).
+    data_plane_listen: str = ""
     data_plane_address: str = ""
+
+
+# The guest hop's default port (--data-plane-listen): one node agent per host takes it.
+DATA_PLANE_PORT = 50052
 
 
 def default_node_id() -> str:
@@ -128,17 +134,20 @@ class NodeHost:
     async def _serve_guests(self, guests: GuestAccess) -> tuple[str, str]:
         """Serve NodeGuestService for the control plane; the (address, secret) to declare."""
         secret = secrets.token_urlsafe(32)
-        self._server = grpc.aio.server(options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)])
+        options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES), EXCLUSIVE_PORT]
+        self._server = grpc.aio.server(options=options)
         service = routes.node_guest_service(NodeGuestApi(guests))
         self._server.add_generic_rpc_handlers([service_handler(service, guest_authenticator(secret))])
-        port = self._server.add_insecure_port(self.config.data_plane_listen)
-        if port == 0:
-            raise OSError(f"cannot listen on {self.config.data_plane_listen}")
+        listen = self.config.data_plane_listen or _join(_route_host(self.config), DATA_PLANE_PORT)
+        try:
+            port = bind(self._server, listen)
+        except OSError as error:
+            raise OSError(
+                f"{error} (--data-plane-listen: another node agent on this host needs a port of its own)"
+            ) from None
         await self._server.start()
-        address = self.config.data_plane_address or f"{_advertised_host(self.config)}:{port}"
-        log.info(
-            "serving the data plane's hop to this node's guests on %s (as %s)", self.config.data_plane_listen, address
-        )
+        address = self.config.data_plane_address or _join(_advertised_host(self.config, listen), port)
+        log.info("serving the data plane's hop to this node's guests on %s (as %s)", listen, address)
         return address, secret
 
     @property
@@ -159,12 +168,21 @@ class NodeHost:
             await closable.close()
 
 
-def _advertised_host(config: NodeConfig) -> str:
+def _join(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _advertised_host(config: NodeConfig, listen: str) -> str:
     """The host part the control plane dials: the listen host, unless it is a wildcard; then
     this host's address on the route to the control plane."""
-    host = config.data_plane_listen.rpartition(":")[0].strip("[]")
+    host = listen.rpartition(":")[0].strip("[]")
     if host not in ("", "0.0.0.0", "::"):
         return host
+    return _route_host(config)
+
+
+def _route_host(config: NodeConfig) -> str:
+    """This host's address on the route to the control plane (no packet is sent)."""
     target = targets(config.control_plane)[0].rpartition(":")[0].strip("[]") or "127.0.0.1"
     with socket.socket(socket.AF_INET6 if ":" in target else socket.AF_INET, socket.SOCK_DGRAM) as probe:
         probe.connect((target, 9))  # no packet is sent: this only picks the route

@@ -18,6 +18,30 @@ from ..domain.errors import InvalidArgument
 from .errors import status_of
 from .rpc import NO_OBSERVER, RpcObserver, ServerStream, Service
 
+# grpc's servers set SO_REUSEPORT on their sockets by default, so a second server bound to a
+# taken port takes it too and the kernel splits the connections between the two: two node
+# agents on one host both "served" 0.0.0.0:50052 and the control plane's calls reached either
+# (issue 26). Every kibo gRPC server binds with this option, so the second one fails at start.
+EXCLUSIVE_PORT = ("grpc.so_reuseport", 0)
+
+
+def bind(server: grpc.aio.Server, address: str, credentials: grpc.ServerCredentials | None = None) -> int:
+    """Bind `address` (HOST:PORT) to a server made with `EXCLUSIVE_PORT`; the port bound. A port
+    that is taken, or a host that is not this machine's, is an OSError that names the address."""
+    try:
+        if credentials is None:
+            port = server.add_insecure_port(address)
+        else:
+            port = server.add_secure_port(address, credentials)
+    except RuntimeError:  # grpc's "Failed to bind to address ..."
+        port = 0
+    if port == 0:
+        raise OSError(
+            f"cannot listen on {address}: the port is in use (by another kibo-ctrl?) or the host is not this machine's"
+        )
+    return port
+
+
 UnaryFn = Callable[[Any, Caller], Awaitable[Message | Encoded[Any]]]
 StreamFn = Callable[[Any, Caller], AsyncGenerator[Message | Encoded[Any], None]]
 

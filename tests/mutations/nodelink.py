@@ -1,0 +1,25 @@
+"""Mutations of the node listeners' protections (issue 26, item 6)."""
+
+from tests.mutations.base import Mutation
+
+_LISTENERS = "tests/system/test_node_listeners.py"
+
+MUTATIONS = [
+    Mutation(
+        claim="A second server or node agent on a taken gRPC port fails at its start, naming the address",
+        code="server/kibo_ctrl/transport/grpc.py",
+        find='EXCLUSIVE_PORT = ("grpc.so_reuseport", 0)',
+        replace='EXCLUSIVE_PORT = ("grpc.so_reuseport", 1)',
+        tests=(
+            f"{_LISTENERS}::test_a_second_server_on_a_taken_grpc_port_fails_naming_it",
+            f"{_LISTENERS}::test_two_node_agents_on_one_host_each_serve_their_own_guests",
+        ),
+    ),
+    Mutation(
+        claim="A node's guest hop listens on its address towards the control plane, not on every interface",
+        code="server/kibo_ctrl/node_host.py",
+        find="_join(_route_host(self.config), DATA_PLANE_PORT)",
+        replace='_join("0.0.0.0", DATA_PLANE_PORT)',
+        tests=(f"{_LISTENERS}::test_the_guest_hop_binds_the_route_to_the_control_plane_by_default",),
+    ),
+]
