@@ -53,7 +53,7 @@ from .telemetry.metrics import Metrics
 from .telemetry.runtime import MeteredRuntime
 from .telemetry.tracing import Observers, Tracing
 from .transport.connect import application
-from .transport.grpc import service_handler
+from .transport.grpc import EXCLUSIVE_PORT, bind, service_handler
 from .transport.http import SERVERS, HttpLimits, HttpServer, open_file_limit
 from .transport.http_guard import BodyLimits, guard
 from .transport.node_guest_client import NodeGuests
@@ -321,6 +321,7 @@ class App:
             ("grpc.max_allowed_incoming_connections", self._grpc_connection_cap()),
             ("grpc.server_handshake_timeout_ms", GRPC_HANDSHAKE_TIMEOUT_MS),
             ("grpc.max_connection_idle_ms", GRPC_MAX_CONNECTION_IDLE_MS),
+            EXCLUSIVE_PORT,
         ]
         self.server = grpc.aio.server(options=options)
         # The RPC tables (routes.py): each proto method bound to its handler.
@@ -349,12 +350,7 @@ class App:
         names += [health.SERVICE_NAME, reflection.SERVICE_NAME]
         reflection.enable_server_reflection(names, self.server)
         tls = self.config.tls
-        if tls is None:
-            self.port = self.server.add_insecure_port(self.config.listen)
-        else:
-            self.port = self.server.add_secure_port(self.config.listen, tls.grpc_credentials())
-        if self.port == 0:
-            raise OSError(f"cannot listen on {self.config.listen}")
+        self.port = bind(self.server, self.config.listen, None if tls is None else tls.grpc_credentials())
         await self.server.start()
         self.http: HttpServer | None = None
         if self.config.http_listen:

@@ -469,9 +469,11 @@ def node(
         str,
         typer.Option(
             help="Process runtime: where this node serves its guests' data plane (exec, files) to the "
-            "control plane, HOST:PORT; only the control plane's calls (with this join's secret) are taken."
+            "control plane, HOST:PORT; only the control plane's calls (with this join's secret) are taken. "
+            "Default: this host's address on the route to the control plane, port 50052. A second node "
+            "agent on one host needs a port of its own: a taken port fails the start."
         ),
-    ] = "0.0.0.0:50052",
+    ] = "",
     data_plane_address: Annotated[
         str,
         typer.Option(
