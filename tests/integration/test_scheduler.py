@@ -12,6 +12,7 @@ from kibo.ctrl.v1 import workspace_pb2 as wp
 from kibo.ctrl.v1 import workspace_service_pb2 as ws
 
 from tests.client import Client, S, meta
+from tests.nodes import admin
 from tests.server import ServerProcess
 
 PHASE = obs.InstancePhase
@@ -84,3 +85,56 @@ async def test_instances_show_each_execution_with_its_internal_phase(client: Cli
     await client.delete(workspace.workspace_id)
     *_, last = await instances(client, workspace.workspace_id)
     assert last.phase == PHASE.INSTANCE_PHASE_RELEASED and not last.holds_execution
+
+
+async def _unschedulable_reason(client: Client, workspace_id: str) -> str:
+    pending = [i for i in await instances(client, workspace_id) if i.phase == PHASE.INSTANCE_PHASE_PENDING]
+    assert len(pending) == 1, pending
+    return str(pending[0].reason)
+
+
+async def test_a_workspace_starts_only_on_the_node_that_holds_its_disks(two_nodes: ServerProcess) -> None:
+    """A node's disks are its own: a stopped workspace whose node is cordoned waits, with the
+    node named, rather than starting on the other (empty) node with empty disks (issue 26).
+    A kept volume follows the same rule into the next workspace it is bound to."""
+    small = wp.Resources(vcpus=1, memory_mib=512)
+    async with Client.connect(two_nodes.address) as client:
+        first = await client.create(resources=small)
+        home = first.node_id
+        await client.stop(first.workspace_id)
+        await admin(two_nodes.address, "CordonNode", home)
+        try:
+            started = await client.ws.StartWorkspace(
+                ws.StartWorkspaceRequest(metadata=meta(), workspace_id=first.workspace_id)
+            )
+            assert started.workspace.state == S.WORKSPACE_STATE_STARTING
+            reason = await _unschedulable_reason(client, first.workspace_id)
+            assert f"its disks are on node {home}, which is cordoned" in reason, reason
+            events = [e for e in await client.events(first.workspace_id) if e.type == obs.EVENT_TYPE_UNSCHEDULABLE]
+            assert events and home in events[-1].message
+        finally:
+            await admin(two_nodes.address, "UncordonNode", home)
+        placed = await client.wait_for(first.workspace_id, S.WORKSPACE_STATE_AVAILABLE)
+        assert placed.node_id == home
+
+        # A kept volume: its files are on the node of the workspace it was first bound to.
+        volume = await client.create_volume(1)
+        binding = wp.VolumeBinding(volume_id=volume.volume_id, mount_path="/mnt/kept")
+        user = await client.create(resources=small, volumes=[binding])
+        volume_home = user.node_id
+        await client.delete(user.workspace_id)
+        assert (await client.wait_steady(user.workspace_id)).state == S.WORKSPACE_STATE_DELETED
+        await admin(two_nodes.address, "CordonNode", volume_home)
+        try:
+            created = await client.ws.CreateWorkspace(
+                ws.CreateWorkspaceRequest(metadata=meta(), spec=wp.WorkspaceSpec(resources=small, volumes=[binding]))
+            )
+            assert created.workspace.state == S.WORKSPACE_STATE_CREATING
+            reason = await _unschedulable_reason(client, created.workspace.workspace_id)
+            assert f"its disks are on node {volume_home}, which is cordoned" in reason, reason
+        finally:
+            await admin(two_nodes.address, "UncordonNode", volume_home)
+        again = await client.wait_for(created.workspace.workspace_id, S.WORKSPACE_STATE_AVAILABLE)
+        assert again.node_id == volume_home
+        for workspace_id in (first.workspace_id, again.workspace_id):
+            await client.delete(workspace_id)

@@ -1,4 +1,4 @@
-"""Mutations of the node listeners' protections (issue 26, item 6)."""
+"""Mutations of the node protections of issue 26: listeners (item 6), disks kept with their node (item 3)."""
 
 from tests.mutations.base import Mutation
 
@@ -21,5 +21,12 @@ MUTATIONS = [
         find="_join(_route_host(self.config), DATA_PLANE_PORT)",
         replace='_join("0.0.0.0", DATA_PLANE_PORT)',
         tests=(f"{_LISTENERS}::test_the_guest_hop_binds_the_route_to_the_control_plane_by_default",),
+    ),
+    Mutation(
+        claim="A workspace starts only on the node that holds its disks (layer, volumes), waiting with that node named",
+        code="server/kibo_ctrl/engine/placement.py",
+        find=" and wants.pin in (None, node.id)]",
+        replace="]",
+        tests=("tests/integration/test_scheduler.py::test_a_workspace_starts_only_on_the_node_that_holds_its_disks",),
     ),
 ]

@@ -289,6 +289,11 @@ class Workspace(msgspec.Struct):
     storage: StoragePending = msgspec.field(default_factory=StoragePending)
     version: int = 0
     tenant: str = "default"
+    # The node whose disk holds its writable layer and own volume (a node's storage is its
+    # own: no runtime shares disks between nodes). Set when its first instance is placed; a
+    # later start is placed there only, and waits while that node is not ready, rather than
+    # starting elsewhere with empty disks (issue 26). Cleared when the pool is declared lost.
+    storage_node: str | None = None
     # Derived at every save (domain/conditions.py); stored for their transition times.
     conditions: list[Condition] = msgspec.field(default_factory=list)
 
@@ -375,6 +380,10 @@ class Volume(msgspec.Struct):
     # them (storage_release_time: when they were gone).
     storage_pending: bool = False
     storage_release_time: float | None = None
+    # The node whose disk holds its files, once a workspace using it was placed (as
+    # Workspace.storage_node): a workspace it is bound to is placed there only.
+    storage_node: str | None = None
+
 
 
 def command_key(tenant: str, command_id: str) -> str:

@@ -5,24 +5,34 @@ a create or start runs it at once when its instance is the only one waiting."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
-from ..domain.model import Component, EventType, Instance, Phase, Workspace
+from ..domain.model import Component, EventType, Instance, Phase, Volume, Workspace
 from ..domain.nodes import NodeRecord
 from ..store.base import Reader, Tx
 from . import steps
 from .steps import event, save
 
-__all__ = ["Backlog", "place_if_first", "schedule_pending", "selects"]
+__all__ = ["Backlog", "Wants", "place_if_first", "schedule_pending", "selects"]
+
+
+class Wants(NamedTuple):
+    """Where a workspace may run: the labels its node must carry, and the node its disks are
+    on (None: not placed yet, any node of the selector). Neither changes while it waits."""
+
+    selector: dict[str, str]
+    pin: str | None
 
 
 @dataclass
 class Backlog:
-    """What a pass left waiting, for the next: the node selector of each waiting instance's
-    workspace (a selector never changes: the next pass need not read the workspace of an
-    instance that still waits for the same reason, under load most of a pass), their sizes,
-    and the capacity of each node that was ready."""
+    """What a pass left waiting, for the next: where each waiting instance's workspace may
+    run (its selector and the node its disks are on: neither changes while it waits, so the
+    next pass need not read the workspace of an instance that still waits for the same
+    reason, under load most of a pass), their sizes, and the capacity of each node that was
+    ready."""
 
-    selectors: dict[str, dict[str, str]] = field(default_factory=dict)
+    selectors: dict[str, Wants] = field(default_factory=dict)
     sizes: set[tuple[int, int]] = field(default_factory=set)
     capacity: dict[str, tuple[int, int]] = field(default_factory=dict)
 
@@ -54,26 +64,34 @@ def schedule_pending(tx: Tx, backlog: Backlog | None = None, owners: dict[str, W
     mine = owners or {}
     known, sizes = left.selectors, set()
     pending = tx.unscheduled_instances()
-    nodes = [record for record in tx.list_nodes() if record.ready] if pending else []
+    members = {record.id: record for record in tx.list_nodes()} if pending else {}
+    nodes = [record for record in members.values() if record.ready]
     usage = {node.id: tx.node_usage(node.id) for node in nodes}
-    waiting: dict[str, dict[str, str]] = {}
+    waiting: dict[str, Wants] = {}
     for instance in pending:
         workspace: Workspace | None = None
-        selector = known.get(instance.workspace_id)
-        if selector is None:
+        volumes: list[Volume] = []
+        wants = known.get(instance.workspace_id)
+        conflict = ""
+        if wants is None:
             workspace = _owner(tx, instance, mine)
             if workspace is None:
                 continue
-            selector = workspace.node_selector
-        selected = [node for node in nodes if selects(selector, node)]
+            volumes = _volumes(tx, workspace)
+            pins = sorted({pin for pin in (workspace.storage_node, *(v.storage_node for v in volumes)) if pin})
+            if len(pins) > 1:
+                conflict = f"unschedulable: its disks are on several nodes ({', '.join(pins)})"
+            wants = Wants(workspace.node_selector, pins[0] if pins else None)
+        selector = wants.selector
+        selected = [node for node in nodes if selects(selector, node) and wants.pin in (None, node.id)]
         fits = [
             node
             for node in selected
             if usage[node.id][0] + instance.vcpus <= node.vcpus
             and usage[node.id][1] + instance.memory_mib <= node.memory_mib
         ]
-        if not fits:
-            reason = _unschedulable(instance.vcpus, instance.memory_mib, selector, bool(selected))
+        if conflict or not fits:
+            reason = conflict or _unschedulable(instance.vcpus, instance.memory_mib, wants, selected, members)
             if instance.reason != reason:
                 workspace = _owner(tx, instance, mine) if workspace is None else workspace
                 if workspace is None:
@@ -81,12 +99,14 @@ def schedule_pending(tx: Tx, backlog: Backlog | None = None, owners: dict[str, W
                 instance.reason = reason
                 event(tx, workspace, EventType.UNSCHEDULABLE, message=reason)
                 save(tx, workspace, instance)
-            waiting[instance.workspace_id] = selector
+            waiting[instance.workspace_id] = wants
             sizes.add((instance.vcpus, instance.memory_mib))
             continue
-        workspace = _owner(tx, instance, mine) if workspace is None else workspace
         if workspace is None:
-            continue
+            workspace = _owner(tx, instance, mine)
+            if workspace is None:
+                continue
+            volumes = _volumes(tx, workspace)
 
         def free_share(node: NodeRecord) -> float:
             cpu, memory = usage[node.id]
@@ -101,6 +121,12 @@ def schedule_pending(tx: Tx, backlog: Backlog | None = None, owners: dict[str, W
         instance.holds = [Component.RESERVATION]
         instance.reason = ""
         workspace.node_id = node.id
+        # Its disks are made on this node's disk at its first launch: it runs here from now on.
+        workspace.storage_node = workspace.storage_node or node.id
+        for volume in volumes:
+            if volume.storage_node is None:
+                volume.storage_node = node.id
+                tx.put_volume(volume)
         steps.mark_running(tx, workspace)
         event(tx, workspace, EventType.SCHEDULED, message=f"scheduled on {node.id}")
         save(tx, workspace, instance)
@@ -115,13 +141,34 @@ def _owner(tx: Tx, instance: Instance, owners: dict[str, Workspace]) -> Workspac
     return None if workspace is None or workspace.instance_id != instance.id else workspace
 
 
+def _volumes(tx: Tx, workspace: Workspace) -> list[Volume]:
+    """The records of the volumes bound to the workspace."""
+    found = (tx.get_volume(binding.volume_id) for binding in workspace.bindings)
+    return [volume for volume in found if volume is not None]
+
+
 def selects(selector: dict[str, str], node: NodeRecord) -> bool:
     """Whether the node's labels include every key and value of the selector."""
     return all(node.labels.get(key) == value for key, value in selector.items())
 
 
-def _unschedulable(vcpus: int, memory_mib: int, selector: dict[str, str], any_selected: bool) -> str:
-    if selector and not any_selected:
-        wanted = ",".join(f"{k}={v}" for k, v in sorted(selector.items()))
+def _unschedulable(
+    vcpus: int, memory_mib: int, wants: Wants, selected: list[NodeRecord], members: dict[str, NodeRecord]
+) -> str:
+    pin = wants.pin
+    if pin is not None:
+        held = f"its disks are on node {pin}"
+        record = members.get(pin)
+        if record is None:
+            return f"unschedulable: {held}, which is no longer a member; it starts there if {pin} joins again"
+        if not record.ready:
+            why = "silent (its lease ran out)" if record.silent else "draining" if record.draining else "cordoned"
+            return f"unschedulable: {held}, which is {why}; it starts there once {pin} is ready"
+        if not selects(wants.selector, record):
+            wanted = ",".join(f"{k}={v}" for k, v in sorted(wants.selector.items()))
+            return f"unschedulable: {held}, which lacks the labels {wanted}"
+        return f"unschedulable: {held}, which does not have {vcpus} vCPU and {memory_mib} MiB free"
+    if wants.selector and not selected:
+        wanted = ",".join(f"{k}={v}" for k, v in sorted(wants.selector.items()))
         return f"unschedulable: no ready node has the labels {wanted}"
     return f"unschedulable: no ready node has {vcpus} vCPU and {memory_mib} MiB free"
