@@ -240,6 +240,44 @@ async def rejected(call: Awaitable[Any]) -> ErrorInfo:
     raise AssertionError("the call was accepted")
 
 
+@dataclass(frozen=True)
+class Answer:
+    """A refused call as the wire carried it: its code, its message and its trailing metadata
+    (the error details' bytes among them), for comparing two answers byte for byte."""
+
+    code: grpc.StatusCode
+    message: str
+    trailing: tuple[tuple[str, str | bytes], ...]
+
+    def naming(self, old: str, new: str) -> Answer:
+        """This answer with `old` (an ID) written as `new`; IDs of one length keep every
+        length prefix in the details' bytes, so the bytes compare exactly."""
+        assert len(old) == len(new), (old, new)
+
+        def swap(value: str | bytes) -> str | bytes:
+            return value.replace(old.encode(), new.encode()) if isinstance(value, bytes) else value.replace(old, new)
+
+        return Answer(self.code, self.message.replace(old, new), tuple((k, swap(v)) for k, v in self.trailing))
+
+
+def missing_like(existing: str) -> str:
+    """An ID of the same form and length as `existing` (its 20 hex digits redrawn) that names
+    nothing: what a caller who guessed would send."""
+    digits = existing.rsplit("-", 1)[0] if existing.count("-") > 1 else existing
+    start = digits.index("-") + 1
+    fresh = uuid.uuid4().hex[: len(digits) - start]
+    return existing[:start] + fresh + existing[len(digits) :]
+
+
+async def answer_of(call: Awaitable[Any]) -> Answer:
+    """Await a call that must be refused: the answer it got."""
+    try:
+        await call
+    except grpc.aio.AioRpcError as error:
+        return Answer(error.code(), error.details() or "", tuple(error.trailing_metadata() or ()))
+    raise AssertionError("the call was accepted")
+
+
 async def assert_conflict(call: Awaitable[Any]) -> None:
     error = await rejected(call)
     assert (error.code, error.reason) == (grpc.StatusCode.FAILED_PRECONDITION, "CONFLICT")

@@ -32,7 +32,7 @@ from .engine.expiry import ExpiryLoop
 from .engine.hub import Hub
 from .engine.local_link import LocalLink
 from .engine.node_agent import NodeAgent
-from .engine.node_registry import NodeRegistry
+from .engine.node_registry import NodePolicy, NodeRegistry
 from .engine.scheduler import Scheduler
 from .engine.service import Quotas, Service, Settings
 from .runtime.base import Closable, GuestAccess, MachineObserver, Runtime
@@ -96,6 +96,11 @@ class Config:
     node_memory_mib: int = 16 * 1024 * 1024
     settle_ms: float = 1000.0
     node_timeout_ms: float = 3000.0
+    # What a joining node may claim, and the pools besides "local" that several nodes may
+    # declare (engine/node_registry.py NodePolicy).
+    node_max_vcpus: int = 4096
+    node_max_memory_mib: int = 16 * 1024 * 1024
+    shared_storage_pools: tuple[str, ...] = ()
     # Run the embedded node(s) in this process (False: `serve --no-local-node`, only nodes
     # that join over kibo.node.v1 run workspaces).
     local_node: bool = True
@@ -169,7 +174,15 @@ class App:
         self.authenticator = await self._authenticator()
         # Nodes: the registry (leases, feeds) serves the local node agents and the remote
         # ones (kibo.node.v1) alike; the scheduler places on the nodes it records.
-        self.registry = NodeRegistry(self.store, config.node_timeout_ms / 1000, self.clock)
+        # The embedded nodes' capacity is the operator's own (its flags, or the host's), not a claim.
+        embedded = range(config.sim_nodes if config.runtime == "sim" else 1) if config.local_node else range(0)
+        policy = NodePolicy(
+            config.node_max_vcpus,
+            config.node_max_memory_mib,
+            frozenset({storage_pool, *config.shared_storage_pools}),
+            embedded=frozenset(f"node-{i + 1}" for i in embedded),
+        )
+        self.registry = NodeRegistry(self.store, config.node_timeout_ms / 1000, self.clock, policy=policy)
         await self.registry.load()
         self.hub.listen(self.registry.on_changes)
         scheduler = Scheduler(self.store)

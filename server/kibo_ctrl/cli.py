@@ -164,6 +164,20 @@ def serve(
     node_timeout_ms: Annotated[
         float, typer.Option(min=50, help="A node's lease: silence after which its workspaces are UNKNOWN.")
     ] = 3000.0,
+    node_max_vcpus: Annotated[
+        int, typer.Option(min=1, help="The most vCPUs a node may claim when it joins; a join claiming more is refused.")
+    ] = 4096,
+    node_max_memory_mib: Annotated[
+        int, typer.Option(min=128, help="The most memory (MiB) a node may claim when it joins; more is refused.")
+    ] = 16 * 1024 * 1024,
+    shared_storage_pool: Annotated[
+        list[str] | None,
+        typer.Option(
+            metavar="POOL",
+            help="A storage pool several nodes may declare (repeat for more); besides the control plane's own "
+            "(local), a pool belongs to the first node that joins with it.",
+        ),
+    ] = None,
     local_node: Annotated[
         bool,
         typer.Option(
@@ -237,6 +251,9 @@ def serve(
         node_memory_mib=node_memory_mib,
         settle_ms=settle_ms,
         node_timeout_ms=node_timeout_ms,
+        node_max_vcpus=node_max_vcpus,
+        node_max_memory_mib=node_max_memory_mib,
+        shared_storage_pools=tuple(shared_storage_pool or ()),
         local_node=local_node,
         backend=backend,
         sandbox=sandbox,

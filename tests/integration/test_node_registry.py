@@ -1,7 +1,8 @@
 """The node registry's feed and leases, in process on a real store: a cursor continues
 where it stood; a cursor of another incarnation, or one the log no longer reaches, gets a
 snapshot; a lease that runs out makes the node silent, and a renewal brings it back (which,
-unlike the silence, tells the scheduler there may be room)."""
+unlike the silence, tells the scheduler there may be room). A join is held to the operator's
+policy (capacity, pools), and a volume's release is taken from the node that holds it only."""
 
 from __future__ import annotations
 
@@ -11,11 +12,11 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from kibo_ctrl.domain.errors import Conflict, InvalidArgument
-from kibo_ctrl.domain.model import Instance, Node
+from kibo_ctrl.domain.errors import Conflict, InvalidArgument, NotFound
+from kibo_ctrl.domain.model import Instance, Node, Volume, VolumeState
 from kibo_ctrl.engine import node_registry
 from kibo_ctrl.engine.node_link import Batch, Cursor, Declaration, InstanceWork
-from kibo_ctrl.engine.node_registry import NodeRegistry
+from kibo_ctrl.engine.node_registry import NodePolicy, NodeRegistry
 from kibo_ctrl.store.base import Changes
 from kibo_ctrl.store.sqlite import SqliteStore
 
@@ -127,3 +128,61 @@ async def test_a_lease_that_runs_out_makes_the_node_silent_and_a_renewal_brings_
         loop.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await loop
+
+
+async def test_a_join_claiming_more_than_the_policy_allows_is_refused(store: SqliteStore) -> None:
+    policy = NodePolicy(max_vcpus=64, max_memory_mib=65536, embedded=frozenset({"node-0"}))
+    registry = NodeRegistry(store, 60.0, policy=policy)
+    await registry.load()
+    for node, field, limit in (
+        (Node("node-1", 65, 8192, "local"), "vcpus", "at most 64"),
+        (Node("node-1", 8, 65537, "local"), "memory_mib", "at most 65536 MiB"),
+    ):
+        with pytest.raises(InvalidArgument) as refused:
+            await registry.join(Declaration(node))
+        assert refused.value.field == field and limit in refused.value.message
+    assert await store.read(lambda r: r.list_nodes()) == []
+    await registry.join(Declaration(Node("node-1", 64, 65536, "local")))  # at the limit: taken
+    # The control plane's embedded node offers what its operator configured: not a claim.
+    await registry.join(Declaration(Node("node-0", 128, 131072, "local")))
+
+
+async def test_a_pool_is_bound_to_its_node_unless_shared(store: SqliteStore) -> None:
+    registry = NodeRegistry(store, 60.0, policy=NodePolicy(shared_pools=frozenset({"local", "nfs"})))
+    await registry.load()
+    await registry.join(Declaration(Node("node-1", 8, 8192, "ssd-1")))
+    before = await store.read(lambda r: r.list_nodes())
+    # Another node may not declare itself into node-1's pool; node-1 may not move to another.
+    for node in (Node("node-2", 8, 8192, "ssd-1"), Node("node-1", 8, 8192, "local")):
+        with pytest.raises(Conflict) as refused:
+            await registry.join(Declaration(node))
+        assert refused.value.field == "storage_pool"
+    assert await store.read(lambda r: r.list_nodes()) == before
+    # Shared pools take any number of nodes; a node rejoining with its own pool is fine.
+    for name in ("node-2", "node-3"):
+        await registry.join(Declaration(Node(name, 8, 8192, "local")))
+        await registry.join(Declaration(Node(f"{name}-nfs", 8, 8192, "nfs")))
+    await registry.join(Declaration(Node("node-1", 16, 8192, "ssd-1")))
+
+
+async def test_a_node_releases_only_the_volumes_routed_to_it(store: SqliteStore) -> None:
+    """n2 shares n1's pool; the volume's release is n1's (the pool's first node): n2's report
+    answers as for a volume that does not exist and leaves the volume pending."""
+    registry = NodeRegistry(store, 60.0)
+    await registry.load()
+    store.subscribe(registry.on_changes)
+    for node in ("n1", "n2"):
+        await registry.join(Declaration(Node(node, 8, 8192, "local")))
+    pending = Volume("vol-00000000000000000001", "local", 1, VolumeState.DELETED, 0.0, storage_pending=True)
+    await store.transact(lambda tx: tx.put_volume(pending))
+    answers = []
+    for volume_id in (pending.id, "vol-00000000000000000002"):
+        with pytest.raises(NotFound) as refused:
+            await registry.volume_released("n2", volume_id)
+        answers.append((refused.value.message.replace(volume_id, "ID"), refused.value.field, refused.value.hint))
+    assert answers[0] == answers[1]
+    assert await store.read(lambda r: r.get_volume(pending.id)) == pending
+    await registry.volume_released("n1", pending.id)
+    released = await store.read(lambda r: r.get_volume(pending.id))
+    assert released is not None and not released.storage_pending
+    await registry.volume_released("n1", pending.id)  # a repeat: harmless

@@ -5,7 +5,8 @@ Who may act as which node: a node token acts as the node it was made for (its `t
 field holds the node ID), and only as it; with authentication off (`--insecure-no-auth`,
 the local operator) a caller acts as the node it names. Any other token is refused. Every
 request is checked before the registry is asked, and the registry checks what the node
-names (its instances, its pool) inside the transaction, so a refused call changes nothing."""
+names (its instances, the storage and volumes routed to it) inside the transaction, so a
+refused call changes nothing; another node's object answers NOT_FOUND, as a missing one."""
 
 from __future__ import annotations
 

@@ -5,9 +5,19 @@ api/node_api.py over gRPC) calls this, so they keep the same rules.
 The feed is built from the hub's commits (level records, not edges) and numbered per node;
 a recent stretch is kept so a node that reconnects continues after its cursor, and a node
 whose cursor is too old or from another incarnation gets a snapshot read from the store.
-Every call names the node it acts as (a node token is bound to one): an instance, a
-workspace's storage or a volume of another node is refused, and a refused call changes
-nothing.
+Every call names the node it acts as (a node token is bound to one), and every report is
+checked, in the transaction that folds it, against what that node owns: its instances, and
+the storage and volumes whose release is routed to it. Anything else (another node's object
+or an ID that does not exist) answers the same NOT_FOUND, and a refused call changes nothing.
+
+What a node may claim at its join is the operator's policy (`NodePolicy`): at most
+`max_vcpus` and `max_memory_mib` (a claim over them is refused, not clamped: a node that
+declares more than it may is misconfigured or lying, and either way its operator should hear
+it); and its storage pool is bound to it. A node keeps the pool of its first join (its
+retained files are there), and a pool other than the shared ones (the control plane's own,
+where every workspace and volume is made, and those the operator names) belongs to the first
+node that declared it: another node cannot declare itself into a pool to be handed its
+storage work.
 
 Several replicas on one database (PostgreSQL) each have a registry; a node may join, renew
 and report through any of them. Each registry learns the others' node records from the
@@ -25,11 +35,12 @@ import logging
 import math
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from ..domain.clock import SYSTEM_CLOCK, Clock
-from ..domain.errors import Conflict, InvalidArgument, NotFound, PermissionDenied, StoreError
-from ..domain.model import Instance, Workspace
+from ..domain.errors import Conflict, InvalidArgument, NotFound, StoreError
+from ..domain.model import Instance, Node, Workspace
 from ..domain.nodes import NodeRecord, labels, node_id
 from ..domain.reports import Report, StorageReleased
 from ..runtime.base import LaunchSpec
@@ -81,6 +92,39 @@ class _Feed:
         return [entry for entry in self.log if entry[0] > seq]
 
 
+@dataclass(frozen=True)
+class NodePolicy:
+    """What the operator lets a joining node claim (kibo-ctrl serve --node-max-vcpus,
+    --node-max-memory-mib, --shared-storage-pool). The limits are the simulator's node's own
+    defaults; the control plane's pool ("local") is shared by the nodes that declare it. The
+    `embedded` nodes (in the control plane's process) offer what the operator configured for
+    them: that is not a claim, and no limit applies to it."""
+
+    max_vcpus: int = 4096
+    max_memory_mib: int = 16 * 1024 * 1024
+    shared_pools: frozenset[str] = field(default_factory=lambda: frozenset({"local"}))
+    embedded: frozenset[str] = frozenset()
+
+    def check_capacity(self, node: Node) -> None:
+        """Refuse a claim over the limits (before any transaction: nothing is stored)."""
+        if node.id in self.embedded:
+            return
+        if node.vcpus > self.max_vcpus:
+            raise InvalidArgument(
+                f"node {node.id} claims {node.vcpus} vCPUs; a node may claim at most {self.max_vcpus}",
+                field="vcpus",
+                hint="declare fewer (kibo-ctrl node --vcpus), or the operator raises kibo-ctrl serve --node-max-vcpus",
+            )
+        if node.memory_mib > self.max_memory_mib:
+            raise InvalidArgument(
+                f"node {node.id} claims {node.memory_mib} MiB of memory; a node may claim at most "
+                f"{self.max_memory_mib} MiB",
+                field="memory_mib",
+                hint="declare less (kibo-ctrl node --memory-mib), or the operator raises kibo-ctrl serve "
+                "--node-max-memory-mib",
+            )
+
+
 def storage_owed(workspace: Workspace) -> bool:
     """A workspace whose retained layer or volumes some node must still delete."""
     return bool(workspace.storage.layer or workspace.storage.volume_ids)
@@ -93,9 +137,11 @@ class NodeRegistry:
         lease_seconds: float,
         clock: Clock = SYSTEM_CLOCK,
         persist_every_leases: float = PERSIST_EVERY_LEASES,
+        policy: NodePolicy | None = None,
     ) -> None:
         self._store = store
         self._clock = clock
+        self.policy = policy or NodePolicy()
         self.lease_seconds = lease_seconds
         self.persist_s = persist_every_leases * lease_seconds
         # Names this incarnation's feed numbers: a cursor from another one means a snapshot.
@@ -169,6 +215,7 @@ class NodeRegistry:
         labels(declaration.labels)
         if node.vcpus <= 0 or node.memory_mib <= 0:
             raise InvalidArgument("a node declares at least 1 vCPU and 1 MiB of memory", field="vcpus")
+        self.policy.check_capacity(node)
         if not node.storage_pool or len(node.storage_pool) > 63:
             raise InvalidArgument("a node declares a storage pool (1 to 63 characters)", field="storage_pool")
         if len(declaration.data_plane_address) > 255 or (
@@ -195,6 +242,7 @@ class NodeRegistry:
 
     def _join(self, tx: Tx, declaration: Declaration, now: float) -> bool:
         node = declaration.node
+        self._check_pool(tx, node)
         record = tx.get_node(node.id) or NodeRecord(node.id, node.vcpus, node.memory_mib, node.storage_pool)
         record.vcpus, record.memory_mib, record.storage_pool = node.vcpus, node.memory_mib, node.storage_pool
         record.labels = dict(declaration.labels)
@@ -203,6 +251,29 @@ class NodeRegistry:
         record.data_plane_token = declaration.data_plane_token
         record.join_time = tx.now
         return self._renew_record(tx, record, now)
+
+    def _check_pool(self, tx: Tx, node: Node) -> None:
+        """A node keeps the pool of its first join; a new node may declare a shared pool or one
+        no node holds. (Nodes that shared a pool before this rule keep it: only a node new to
+        a pool is refused.)"""
+        known = tx.get_node(node.id)
+        if known is not None:
+            if known.storage_pool != node.storage_pool:
+                raise Conflict(
+                    f"node {node.id} serves storage pool {known.storage_pool}, not {node.storage_pool[:63]}: "
+                    "its retained files are there",
+                    field="storage_pool",
+                    hint=f"join with --storage-pool {known.storage_pool}, or as a new node ID",
+                )
+            return
+        pool = node.storage_pool
+        if pool not in self.policy.shared_pools and any(n.storage_pool == pool for n in tx.list_nodes()):
+            raise Conflict(
+                f"storage pool {pool} belongs to another node",
+                field="storage_pool",
+                hint=f"declare a pool of this node's own (--storage-pool), or the operator shares it "
+                f"(kibo-ctrl serve --shared-storage-pool {pool})",
+            )
 
     def stretch(self, now: float) -> int:
         """Which stretch of `persist_s` (counted from time 0) `now` is in."""
@@ -370,22 +441,20 @@ class NodeRegistry:
                 feed.append(InstanceWork(instance))
         for workspace in changes.workspaces.values():
             if storage_owed(workspace):
-                owner = self._storage_owner(workspace.storage_pool, workspace.node_id)
+                owner = self._storage_owner(workspace.storage_pool, _files_on(workspace))
                 if owner is not None:
                     item = StorageWork(workspace.id, tuple(workspace.storage.volume_ids))
                     self._feeds[owner].append(item)
         for volume in changes.volumes.values():
             if volume.storage_pending:
-                owner = self._storage_owner(volume.storage_pool, None)
+                owner = self._storage_owner(volume.storage_pool, volume.storage_node)
                 if owner is not None:
                     self._feeds[owner].append(VolumeWork(volume.id))
 
-    def _storage_owner(self, pool: str, ran_on: str | None) -> str | None:
-        """The node that deletes files of `pool`: the one the workspace ran on when it is of
-        that pool, else the pool's first node by ID (so exactly one node does it)."""
-        if ran_on is not None and self._pools.get(ran_on) == pool and ran_on in self._feeds:
-            return ran_on
-        return min((n for n, p in self._pools.items() if p == pool and n in self._feeds), default=None)
+    def _storage_owner(self, pool: str, files_on: str | None) -> str | None:
+        """The node that deletes files of `pool` (`_holder`), from the nodes seen here: where
+        the work is routed. The reports are checked against the same rule in the store."""
+        return _holder(pool, files_on, {n: p for n, p in self._pools.items() if n in self._feeds})
 
     def _feed(self, node: str) -> _Feed:
         feed = self._feeds.get(node)
@@ -423,10 +492,10 @@ class NodeRegistry:
     def _snapshot(self, reader: Reader, node: str) -> list[Work]:
         items: list[Work] = [InstanceWork(i) for i in reader.node_instances(node)]
         for workspace in reader.storage_pending():
-            if storage_owed(workspace) and self._storage_owner(workspace.storage_pool, workspace.node_id) == node:
+            if storage_owed(workspace) and self._storage_owner(workspace.storage_pool, _files_on(workspace)) == node:
                 items.append(StorageWork(workspace.id, tuple(workspace.storage.volume_ids)))
         for volume in reader.volumes_storage_pending():
-            if self._storage_owner(volume.storage_pool, None) == node:
+            if self._storage_owner(volume.storage_pool, volume.storage_node) == node:
                 items.append(VolumeWork(volume.id))
         return items
 
@@ -435,8 +504,6 @@ class NodeRegistry:
     async def launch_spec(self, node: str, instance_id: str, step: int) -> LaunchSpec:
         def read(reader: Reader) -> LaunchSpec:
             instance = _own_instance(reader, node, instance_id)
-            if instance is None:
-                raise NotFound(f"no instance {instance_id}", field="instance_id")
             if step != instance.step:
                 raise Conflict(f"step {step} of {instance_id} was superseded by step {instance.step}", field="step")
             workspace = reader.get_workspace(instance.workspace_id)
@@ -479,12 +546,11 @@ class NodeRegistry:
 
         def apply(tx: Tx) -> None:
             workspace = tx.get_workspace(report.workspace_id)
-            if workspace is None or not storage_owed(workspace):
+            # Another node's (or no) workspace: one answer, so a node learns nothing of others'.
+            if workspace is None or _storage_holder(tx, workspace.storage_pool, _files_on(workspace)) != node:
+                raise NotFound(f"node {node} holds no storage of workspace {report.workspace_id}", field="workspace_id")
+            if not storage_owed(workspace):
                 return  # released already: a repeated report
-            if workspace.storage_pool != self._pools.get(node):
-                raise PermissionDenied(
-                    f"workspace {report.workspace_id}'s storage is not in node {node}'s pool", field="workspace_id"
-                )
             controller.apply_storage(tx, report)
 
         await self._store.transact(apply)
@@ -494,10 +560,11 @@ class NodeRegistry:
 
         def apply(tx: Tx) -> None:
             volume = tx.get_volume(volume_id)
-            if volume is None or not volume.storage_pending:
-                return
-            if volume.storage_pool != self._pools.get(node):
-                raise PermissionDenied(f"volume {volume_id} is not in node {node}'s pool", field="volume_id")
+            # Another node's (or no) volume: one answer, so a node learns nothing of others'.
+            if volume is None or _storage_holder(tx, volume.storage_pool, volume.storage_node) != node:
+                raise NotFound(f"node {node} holds no volume {volume_id}", field="volume_id")
+            if not volume.storage_pending:
+                return  # released already: a repeated report
             controller.apply_volume_released(tx, volume_id)
 
         await self._store.transact(apply)
@@ -519,19 +586,37 @@ def _more_room(before: Placement | None, after: Placement) -> bool:
     return ready and (vcpus > before[1] or memory_mib > before[2] or labels != before[3])
 
 
-def _own_instance(reader: Reader, node: str, instance_id: str) -> Instance | None:
+def _own_instance(reader: Reader, node: str, instance_id: str) -> Instance:
+    """The node's own instance. Another node's and one that does not exist get the same
+    NOT_FOUND (records are never deleted, so the node's own always exists): a node learns
+    nothing of what other nodes run."""
     instance = reader.get_instance(instance_id)
-    if instance is not None and instance.node_id != node:
-        # The same answer whether the instance exists elsewhere or not would leak nothing
-        # more; but a node asking for another's instance is a bug or an attack: say so.
-        raise PermissionDenied(f"instance {instance_id} is not on node {node}", field="instance_id")
+    if instance is None or instance.node_id != node:
+        raise NotFound(f"node {node} has no instance {instance_id}", field="instance_id")
     return instance
+
+
+def _holder(pool: str, files_on: str | None, pools: Mapping[str, str]) -> str | None:
+    """The one node that deletes files of `pool`, given each node's pool: the node they are on
+    (`files_on`: the node whose disk holds them, or that the workspace ran on) when it serves
+    that pool, else the pool's first node by ID (files never written anywhere)."""
+    if files_on is not None and pools.get(files_on) == pool:
+        return files_on
+    return min((n for n, p in pools.items() if p == pool), default=None)
+
+
+def _files_on(workspace: Workspace) -> str | None:
+    return workspace.storage_node or workspace.node_id
+
+
+def _storage_holder(reader: Reader, pool: str, files_on: str | None) -> str | None:
+    """`_holder`, read in the caller's transaction: what a node's release report is checked
+    against (the feed routes the work by the same rule, from the commits it sees)."""
+    return _holder(pool, files_on, {n.id: n.storage_pool for n in reader.list_nodes()})
 
 
 def _apply_report(tx: Tx, node: str, report: Report) -> None:
     instance = _own_instance(tx, node, report.instance_id)
-    if instance is None:
-        return  # gone (deleted): a late report, as the controller ignores it
     if report.step is not None and report.step > instance.step:
         raise InvalidArgument(
             f"step {report.step} of {report.instance_id} was never asked (its step is {instance.step})", field="step"
