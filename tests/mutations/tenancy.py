@@ -1,10 +1,16 @@
-"""Mutations of tenancy: what a node may report (issue 27 item 6)."""
+"""Mutations of tenancy: what a node may report (issue 27 item 6), and another tenant's IDs
+answering exactly like missing ones (issue 35 item 3)."""
 
 from tests.mutations.base import Mutation
 
 _REGISTRY = "server/kibo_ctrl/engine/node_registry.py"
 _NODE_API = "tests/integration/test_node_api.py"
 _NODE_REGISTRY = "tests/integration/test_node_registry.py"
+_CROSS = "tests/integration/test_cross_tenant.py"
+_CROSS_BOTH = (
+    f"{_CROSS}::test_another_tenants_ids_answer_exactly_like_missing_ones[grpc]",
+    f"{_CROSS}::test_another_tenants_ids_answer_exactly_like_missing_ones[connect]",
+)
 
 MUTATIONS = [
     Mutation(
@@ -66,5 +72,39 @@ MUTATIONS = [
         find="        self.policy.check_capacity(node)\n",
         replace="",
         tests=(f"{_NODE_REGISTRY}::test_a_join_claiming_more_than_the_policy_allows_is_refused",),
+    ),
+    Mutation(
+        claim="Another tenant cannot issue a data-plane credential on a workspace (it would exec as root there); "
+        "its ID answers like a missing one",
+        code="server/kibo_ctrl/api/data_plane.py",
+        find="if workspace is None or workspace.deleted or workspace.tenant != caller.tenant:",
+        replace="if workspace is None or workspace.deleted:",
+        tests=(*_CROSS_BOTH, f"{_CROSS}::test_a_credential_reaches_its_own_workspace_only"),
+    ),
+    Mutation(
+        claim="Another tenant's workspace, volume, command, events and cleanup status answer exactly like a "
+        "missing ID's: code, message and details",
+        code="server/kibo_ctrl/api/control_plane.py",
+        find='raise NotFound(f"workspace {workspace_id} not found", field="workspace_id")\n        return workspace',
+        replace='raise NotFound(f"workspace {workspace_id} not found", field="workspace_id" if workspace is None '
+        'else "workspace")\n        return workspace',
+        tests=_CROSS_BOTH,
+    ),
+    Mutation(
+        claim="Another tenant's workspace, volume, command, events and cleanup status answer exactly like a "
+        "missing ID's: code, message and details",
+        code="server/kibo_ctrl/api/control_plane.py",
+        find='raise NotFound(f"volume {volume_id} not found", field="volume_id")\n        return vol_pb2',
+        replace='raise NotFound(f"volume {volume_id} not found" + ("" if volume is None else " here"), '
+        'field="volume_id")\n        return vol_pb2',
+        tests=_CROSS_BOTH,
+    ),
+    Mutation(
+        claim="Another tenant's workspace, volume, command, events and cleanup status answer exactly like a "
+        "missing ID's: code, message and details",
+        code="server/kibo_ctrl/engine/service.py",
+        find="if workspace is None or workspace.tenant != request.tenant:",
+        replace="if workspace is None:",
+        tests=_CROSS_BOTH,
     ),
 ]
