@@ -15,7 +15,7 @@ import pytest
 from kibo_ctrl.domain.errors import Conflict, InvalidArgument, NotFound
 from kibo_ctrl.domain.model import Instance, Node, Volume, VolumeState
 from kibo_ctrl.engine import node_registry
-from kibo_ctrl.engine.node_link import Batch, Cursor, Declaration, InstanceWork
+from kibo_ctrl.engine.node_link import Batch, Cursor, Declaration, InstanceWork, VolumeWork
 from kibo_ctrl.engine.node_registry import NodePolicy, NodeRegistry
 from kibo_ctrl.store.base import Changes
 from kibo_ctrl.store.sqlite import SqliteStore
@@ -186,3 +186,40 @@ async def test_a_node_releases_only_the_volumes_routed_to_it(store: SqliteStore)
     released = await store.read(lambda r: r.get_volume(pending.id))
     assert released is not None and not released.storage_pending
     await registry.volume_released("n1", pending.id)  # a repeat: harmless
+
+
+async def test_a_volume_on_a_nodes_disk_is_released_by_that_node_only(store: SqliteStore) -> None:
+    """A deleted volume whose files are on n2 (its storage_node) goes to n2's feed, not to the
+    pool's first node n1, and only n2's report releases it: routing and check agree."""
+    registry = NodeRegistry(store, 60.0)
+    await registry.load()
+    store.subscribe(registry.on_changes)
+    for node in ("n1", "n2"):
+        await registry.join(Declaration(Node(node, 8, 8192, "local")))
+    on_n2 = Volume(
+        "vol-00000000000000000003", "local", 1, VolumeState.DELETED, 0.0, storage_pending=True, storage_node="n2"
+    )
+    feeds = {node: registry.feed(node, None) for node in ("n1", "n2")}
+    for feed in feeds.values():
+        assert (await next_batch(feed)).snapshot
+    await store.transact(lambda tx: tx.put_volume(on_n2))
+    # Live, from the commit: only n2's feed gets it (n1's gets nothing, so it has no batch).
+    (item,) = (await next_batch(feeds["n2"])).items
+    assert isinstance(item, VolumeWork) and item.volume_id == on_n2.id
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(anext(feeds["n1"]), 0.2)
+    for feed in feeds.values():
+        await feed.aclose()
+    # And in a snapshot (a node that reconnects).
+    fed = {}
+    for node in ("n1", "n2"):
+        feed = registry.feed(node, None)
+        fed[node] = [i.volume_id for i in (await next_batch(feed)).items if isinstance(i, VolumeWork)]
+        await feed.aclose()
+    assert fed == {"n1": [], "n2": [on_n2.id]}
+    with pytest.raises(NotFound):
+        await registry.volume_released("n1", on_n2.id)
+    assert await store.read(lambda r: r.get_volume(on_n2.id)) == on_n2
+    await registry.volume_released("n2", on_n2.id)
+    released = await store.read(lambda r: r.get_volume(on_n2.id))
+    assert released is not None and not released.storage_pending

@@ -33,6 +33,30 @@ MUTATIONS = [
         tests=(f"{_NODE_API}::test_a_node_reports_released_only_the_storage_routed_to_it",),
     ),
     Mutation(
+        claim="A deleted volume's files are destroyed by the node whose disk holds them: its release is routed "
+        "to that node, and only that node's report is taken",
+        code=_REGISTRY,
+        find="owner = self._storage_owner(volume.storage_pool, volume.storage_node)",
+        replace="owner = self._storage_owner(volume.storage_pool, None)",
+        tests=(f"{_NODE_REGISTRY}::test_a_volume_on_a_nodes_disk_is_released_by_that_node_only",),
+    ),
+    Mutation(
+        claim="A deleted volume's files are destroyed by the node whose disk holds them: its release is routed "
+        "to that node, and only that node's report is taken",
+        code=_REGISTRY,
+        find="if volume is None or _storage_holder(tx, volume.storage_pool, volume.storage_node) != node:",
+        replace="if volume is None or _storage_holder(tx, volume.storage_pool, None) != node:",
+        tests=(f"{_NODE_REGISTRY}::test_a_volume_on_a_nodes_disk_is_released_by_that_node_only",),
+    ),
+    Mutation(
+        claim="A deleted volume's files are destroyed by the node whose disk holds them: its release is routed "
+        "to that node, and only that node's report is taken",
+        code=_REGISTRY,
+        find="if self._storage_owner(volume.storage_pool, volume.storage_node) == node:",
+        replace="if self._storage_owner(volume.storage_pool, None) == node:",
+        tests=(f"{_NODE_REGISTRY}::test_a_volume_on_a_nodes_disk_is_released_by_that_node_only",),
+    ),
+    Mutation(
         claim="A node reports on and reads the launch spec of its own instances only; another node's answers "
         "NOT_FOUND like a missing one",
         code=_REGISTRY,
