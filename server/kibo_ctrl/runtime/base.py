@@ -6,16 +6,17 @@ app.py, which builds the runtimes, hands each capability to whoever uses it:
 
 - `GuestAccess`: commands and files inside a running guest (the data plane);
 - `MachineObserver`: which parts of a workspace are on this machine (cleanup status);
-- `Closable`: connections to drop at shutdown.
+- `Closable`: connections to drop at shutdown;
+- `GuestLimitCounters`: how often guests ran into their limits (read by the metrics).
 
-The simulator has none of them; the process runtime has all three."""
+The simulator has none of them; the process runtime has all four."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from ..domain.model import (
     Backend,
@@ -163,4 +164,12 @@ class MachineObserver(Protocol):
 class Closable(Protocol):
     async def close(self) -> None:
         """At control-plane shutdown: drop connections; what runs keeps running."""
+        ...
+
+
+@runtime_checkable
+class GuestLimitCounters(Protocol):
+    def pids_limit_hits(self) -> int:
+        """Forks refused in this node's guests because a PIDs limit was reached (a counter).
+        Blocking, cheap: read at scrape."""
         ...

@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.metrics_core import Metric
 from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.registry import Collector
 
 from ..domain.model import Command, CommandState, Node, WorkspaceState
 from ..store.base import Changes, Reader
@@ -143,6 +146,8 @@ class Metrics:
             "Data-plane calls (exec, file reads and writes) running now.",
             registry=registry,
         )
+        self.guest_limit_hits = GuestLimitHits()
+        registry.register(self.guest_limit_hits)
         self._seen: OrderedDict[str, CommandState] = OrderedDict()
         self._nodes: list[Node] = []
 
@@ -198,6 +203,32 @@ class Metrics:
             self.node_reserved_vcpus.labels(node_id).set(vcpus)
             self.node_reserved_memory.labels(node_id).set(memory_mib * MIB)
         return generate_latest(self.registry)
+
+
+class GuestLimitHits(Collector):
+    """kibo_guest_pids_limit_hits_total{node}: forks refused in a node's guests because a
+    PIDs limit (a guest's own, or the node's budget) was reached, read from the node's
+    runtime at scrape (runtime/base.py `GuestLimitCounters`; telemetry/runtime.py wires it).
+    By node only: which workspace it was is the guest's business and its own pids.events."""
+
+    def __init__(self) -> None:
+        self.readers: dict[str, Callable[[], int]] = {}
+
+    def watch(self, node_id: str, pids_limit_hits: Callable[[], int]) -> None:
+        self.readers[node_id] = pids_limit_hits
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            "kibo_guest_pids_limit_hits",
+            "Forks refused in a node's guests because a PIDs limit (the guest's or the node's) was reached.",
+            labels=("node",),
+        )
+        for node_id, read in self.readers.items():
+            try:
+                family.add_metric((node_id,), read())
+            except (OSError, ValueError):
+                continue  # a cgroup file that could not be read: no sample this scrape, not a failed scrape
+        yield family
 
 
 def _age(report_age: Callable[[str], float | None], node_id: str) -> Callable[[], float]:

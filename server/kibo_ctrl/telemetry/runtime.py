@@ -10,7 +10,15 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 from ..domain.model import Instance, Phase, StopDurability
-from ..runtime.base import DestroyError, LaunchError, LaunchSpec, RestartError, Runtime, SyncError
+from ..runtime.base import (
+    DestroyError,
+    GuestLimitCounters,
+    LaunchError,
+    LaunchSpec,
+    RestartError,
+    Runtime,
+    SyncError,
+)
 from .metrics import Metrics
 from .tracing import TraceParentOf, Tracing
 
@@ -53,6 +61,8 @@ class MeteredRuntime:
         self.backend = inner.backend
         self.events = inner.events
         self.reachable = inner.reachable
+        if isinstance(inner, GuestLimitCounters):  # the process runtime: its guests' PID limits
+            metrics.guest_limit_hits.watch(node_id, inner.pids_limit_hits)
 
     def capabilities(self) -> list[str]:
         return self.inner.capabilities()

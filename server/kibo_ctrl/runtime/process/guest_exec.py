@@ -7,7 +7,7 @@ JOB_JSON = {"mode": "exec", "argv": [...], "env": {...}, "cwd": "/"}
 
 It joins the guest's cgroup (its limits apply, and a stop kills it; forked from the
 instance's job door it was born there: forkserver.py), opens the guest's namespaces (user,
-IPC, UTS, network, PID, mount) through /proc/<guest>/ns, enters its root, becomes the
+IPC, UTS, network, PID, cgroup, mount) through /proc/<guest>/ns, enters its root, becomes the
 guest's root (host uid `host_id_base`, see idmap.py; rootless: the server's own uid, its
 groups kept), drops every capability and the bounding set, sets no_new_privs, loads the
 guest's seccomp filter (like every guest process: see userns.py, seccomp.py), and then
@@ -48,8 +48,10 @@ PR_CAPBSET_DROP = 24
 PR_SET_NO_NEW_PRIVS = 38
 CAP_VERSION_3 = 0x20080522
 CLONE_NEWUSER = 0x10000000
-# The user namespace first: the others belong to it.
-NAMESPACES = ("user", "ipc", "uts", "net", "pid", "mnt")
+# The user namespace first: the others belong to it. The cgroup namespace too, entered
+# once this process is in the guest's cgroups: the command's /proc/self/cgroup then reads
+# `/` (the guest's cgroup is its root), not the host's cgroup paths (issue 27.5).
+NAMESPACES = ("user", "ipc", "uts", "net", "pid", "cgroup", "mnt")
 
 _libc = ctypes.CDLL(None, use_errno=True)
 # Set in a job door (forkserver.py), which joined the instance's cgroups for its jobs: each

@@ -58,6 +58,11 @@ class ProcessOptions:
     # it hands the guest to ("node": supervisor_handover.py, node_supervisor.py); "auto": node
     # where it works.
     supervisor: str = "auto"
+    # The tasks (processes and threads) all guests of this node may hold together: the
+    # `pids.max` of the runtime's parent cgroup, which each guest's share is cut from
+    # (cgroups.py). 0: the kernel's task limit less a reserve (cgroups.node_pids_budget).
+    # (KIBO_NODE_PIDS_MAX: the operator's override, and the tests' way to a small node.)
+    pids_budget: int = field(default_factory=lambda: int(os.environ.get("KIBO_NODE_PIDS_MAX") or 0))
 
 
 class ProcessSettings(Protocol):

@@ -142,7 +142,7 @@ class ProcessRuntime:
                 "run only code you would run on this host yourself."
             )
         tag = hashlib.sha256(str(self.data_dir).encode()).hexdigest()[:10]
-        self.cgroups = Cgroups(tag, options.limits)
+        self.cgroups = Cgroups(tag, options.limits, options.pids_budget)
         if self.cgroups.mode in ("rlimit", "none"):
             log.warning("no writable cgroup: memory is limited by rlimits only, CPU is not limited")
         if options.base_image is not None and not options.base_image.is_dir():
@@ -215,6 +215,11 @@ class ProcessRuntime:
         """bwrap, bwrap-rootless (a guest escape reaches this server's unprivileged user
         only), none or unavailable (every launch fails: see `unavailable`)."""
         return "bwrap-rootless" if self.rootless else self.isolation
+
+    def pids_limit_hits(self) -> int:
+        """runtime/base.py `GuestLimitCounters`: forks refused in this node's guests by a
+        PIDs limit (cgroups.py; 0 without cgroups)."""
+        return self.cgroups.pids_limit_hits()
 
     def capabilities(self) -> list[str]:
         caps = [

@@ -7,7 +7,8 @@ Two isolation modes, picked once at start-up (`detect`):
   the guest holds a capability (all sets and the bounding set empty), no_new_privs is set,
   and the seccomp filter of seccomp.py applies to everything in it. /proc/sys, /proc/bus,
   /proc/fs, /proc/irq and /proc/sysrq-trigger are read-only, the entries of
-  MASKED_PATHS are hidden, /sys is absent.
+  MASKED_PATHS are hidden (the host's disks, boot command line, kernel configuration,
+  memory zones and interrupts among them), /sys is absent.
   Rootless (the control plane is not root, `rootless()`): the same, except that the
   guest's user namespace maps only the control plane's own uid and gid (`guest_id_map`), so
   a guest that escapes is that user (said at start-up: `rootless_warning`; capability
@@ -86,7 +87,10 @@ POWEROFF = f"""#!/bin/sh
 RUN="${{KIBO_RUN:-{GUEST_RUN}}}"
 exec kill -USR2 "$(cat "$RUN/agent.pid")"
 """
-GUEST_SCRIPTS = {"agent": AGENT, "reboot": REBOOT, "poweroff": POWEROFF}
+# The empty file masked /proc files are bound from (/run/kibo/bin/empty): a masked file
+# reads as empty. (/dev/null, bound under /proc's nodev, refused every open with EACCES.)
+EMPTY = "empty"
+GUEST_SCRIPTS = {"agent": AGENT, "reboot": REBOOT, "poweroff": POWEROFF, EMPTY: ""}
 
 # Read-only in the guest, and hidden (an empty file or directory over them), like the OCI
 # runtimes' defaults: kernel tunables, host devices' state, and what leaks host-wide state.
@@ -101,6 +105,25 @@ MASKED_PATHS = (
     "/proc/acpi",
     "/proc/asound",
     "/proc/scsi",
+    # Issue 27.5, and the rest of its kind (SECURITY.md, the sandbox, item 5, says why each
+    # other /proc file stays). The host's block devices, one loop device per workspace with
+    # its size and I/O counters: a guest has no block device (its /dev holds none, /sys is
+    # absent), its disks are mounted filesystems whose sizes statfs gives, so it sees none.
+    "/proc/partitions",
+    "/proc/diskstats",
+    "/proc/mdstat",  # the host's RAID arrays and their member disks
+    "/proc/swaps",  # the host's swap devices and files, by path
+    "/proc/cmdline",  # the host's boot command line (root device, console, tunables)
+    "/proc/config.gz",  # the host kernel's build configuration
+    # The host's memory and devices at work: per-zone and fragmentation counters, every
+    # device's interrupts per CPU, softirqs per CPU (other tenants' activity, as it happens),
+    # and the hardware's memory and I/O port map.
+    "/proc/zoneinfo",
+    "/proc/buddyinfo",
+    "/proc/interrupts",
+    "/proc/softirqs",
+    "/proc/iomem",
+    "/proc/ioports",
 )
 
 
@@ -127,9 +150,10 @@ class Command:
     entry_depth: int
 
 
-def proc_protection() -> list[str]:
+def proc_protection(empty: str) -> list[str]:
     """bwrap options that make kernel tunables read-only and hide host-wide /proc entries
-    (only those this kernel has: bwrap cannot mount over a missing file)."""
+    (only those this kernel has: bwrap cannot mount over a missing file): a directory under
+    an empty read-only tmpfs, a file under `empty` (an empty file), read-only."""
     options: list[str] = []
     for path in READ_ONLY_PATHS:
         if os.path.exists(path):
@@ -138,7 +162,7 @@ def proc_protection() -> list[str]:
         if os.path.isdir(path):
             options += ["--tmpfs", path, "--remount-ro", path]
         elif os.path.exists(path):
-            options += ["--ro-bind", "/dev/null", path]
+            options += ["--ro-bind", empty, path]
     return options
 
 
@@ -169,7 +193,8 @@ def command(mode: str, plan: GuestPlan) -> Command:
         ]
         if plan.base is None:
             argv += ["--ro-bind", "/usr", "/usr"]
-        argv += ["--proc", "/proc", *proc_protection(), "--dev", "/dev", "--tmpfs", "/tmp"]
+        argv += ["--proc", "/proc", *proc_protection(str(plan.run_dir / "bin" / EMPTY))]
+        argv += ["--dev", "/dev", "--tmpfs", "/tmp"]
         for source, target in plan.binds:
             argv += ["--bind", str(source), target]
         argv += ["--bind", str(plan.run_dir), GUEST_RUN, "--ro-bind", str(plan.run_dir / "bin"), GUEST_BIN]

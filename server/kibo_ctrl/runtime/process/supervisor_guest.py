@@ -247,6 +247,10 @@ class GuestLaunch:
             with os.fdopen(fd, "wb") as copy:
                 copy.write(script)
         staged = {os.path.join(self.spec["run_dir"], "bin"): scripts}
+        # Each file too: the masked /proc files are bound from one (sandbox.EMPTY).
+        staged.update(
+            (os.path.join(self.spec["run_dir"], "bin", name), f"{scripts}/{name}") for name in os.listdir(scripts)
+        )
         for i, source in enumerate(self.spec["staged"]):
             target = f"{stage}/t{i}"
             os.mkdir(target, 0o700)
