@@ -152,6 +152,15 @@ def number(path: Path) -> int:
     return int(text(path))  # "max" (no limit) fails here
 
 
+def quota_cpus(directory: Path) -> float:
+    """The CPUs a cgroup's quota allows (v2 cpu.max, v1 cpu.cfs_quota_us; -1: none)."""
+    if (directory / "cpu.max").exists():
+        quota, period = text(directory / "cpu.max").split()
+        return -1.0 if quota == "max" else int(quota) / int(period)
+    quota_us = number(directory / "cpu.cfs_quota_us")
+    return -1.0 if quota_us < 0 else quota_us / number(directory / "cpu.cfs_period_us")
+
+
 def flat(path: Path) -> dict[str, int]:
     """A flat-keyed cgroup file (pids.events, cpu.stat)."""
     return {key: int(val) for key, _, val in (line.partition(" ") for line in text(path).splitlines())}
@@ -263,6 +272,7 @@ async def test_a_cpu_hog_gets_its_quota_and_no_more(lc: Client, limits_server: S
     data = DataPlane(lc)
     credential = await data.credential(workspace.workspace_id)
     cpu = cgroup_dir(limits_server, workspace, "cpu.stat")
+    assert quota_cpus(cpu) == 1.0
     throttled = flat(cpu / "cpu.stat")["nr_throttled"]
     code, out, err = await data.exec(credential, "python3", "-c", HOG, "2")
     assert code == 0, err
@@ -270,7 +280,8 @@ async def test_a_cpu_hog_gets_its_quota_and_no_more(lc: Client, limits_server: S
     # Two busy processes on (at least) two host CPUs: one CPU-second per second at most.
     assert (os.cpu_count() or 1) >= 2, "the hog needs two host CPUs to be able to exceed one"
     assert used <= 1.3 * 1 * wall, (used, wall)
-    assert flat(cpu / "cpu.stat")["nr_throttled"] > throttled
+    if used >= 0.8 * wall:  # it reached its quota (a busy test machine may give it less): held there
+        assert flat(cpu / "cpu.stat")["nr_throttled"] > throttled, (used, wall)
     await delete(lc, workspace, limits_server)
 
 
