@@ -2,7 +2,8 @@
 
     python examples/python/async_stop_start.py --server 127.0.0.1:50051 [--workspace ws-...]
 
-Without --workspace, a new workspace is created first.
+Without --workspace, a new workspace is created first, and deleted at the end: an example
+leaves nothing behind (a workspace given with --workspace is the caller's, and stays).
 """
 
 from __future__ import annotations
@@ -15,13 +16,18 @@ import kibotos
 
 async def run(server: str | None, workspace_id: str | None) -> None:
     async with kibotos.AsyncClient(server) as client:
-        if workspace_id is None:
-            workspace_id = (await client.create_workspace()).workspace.workspace_id
-        stopped = await client.stop_workspace(workspace_id)  # settled: the stop is terminal
-        print(f"{workspace_id} {kibotos.state_name(stopped.workspace.state)}")
-        started = await client.start_workspace(workspace_id, settle=False)  # send once, then follow
-        workspace = await client.wait_workspace(started.workspace, started.command.command_id, timeout=60)
-        print(f"{workspace_id} {kibotos.state_name(workspace.state)} {workspace.execution_generation}")
+        created = None if workspace_id else (await client.create_workspace()).workspace.workspace_id
+        workspace_id = workspace_id or created
+        assert workspace_id is not None
+        try:
+            stopped = await client.stop_workspace(workspace_id)  # settled: the stop is terminal
+            print(f"{workspace_id} {kibotos.state_name(stopped.workspace.state)}")
+            started = await client.start_workspace(workspace_id, settle=False)  # send once, then follow
+            workspace = await client.wait_workspace(started.workspace, started.command.command_id, timeout=60)
+            print(f"{workspace_id} {kibotos.state_name(workspace.state)} {workspace.execution_generation}")
+        finally:
+            if created is not None:  # what this example made, it deletes
+                await client.delete_workspace(created)
 
 
 def main() -> None:

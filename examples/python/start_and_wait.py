@@ -2,7 +2,8 @@
 
     python examples/python/start_and_wait.py --server 127.0.0.1:50051 [--workspace ws-...]
 
-Without --workspace, a new workspace is created and stopped first.
+Without --workspace, a new workspace is created and stopped first, and deleted at the end: an
+example leaves nothing behind (a workspace given with --workspace is the caller's, and stays).
 """
 
 from __future__ import annotations
@@ -21,23 +22,27 @@ def main() -> None:
     args = parser.parse_args()
 
     with kibotos.Client(args.server) as client:
-        if args.workspace:
-            stopped = client.get_workspace(args.workspace)
-        else:
-            created = client.create_workspace().workspace
-            stopped = client.stop_workspace(created.workspace_id).workspace
+        created = None if args.workspace else client.create_workspace().workspace.workspace_id
+        try:
+            if created is None:
+                stopped = client.get_workspace(args.workspace)
+            else:
+                stopped = client.stop_workspace(created).workspace
 
-        command_id = kibotos.new_command_id("example")
-        started = client.workspaces.StartWorkspace(
-            ws.StartWorkspaceRequest(
-                metadata=wp.CommandMetadata(command_id=command_id),
-                workspace_id=stopped.workspace_id,
-                expected_expiration_revision=stopped.expiration.revision,
+            command_id = kibotos.new_command_id("example")
+            started = client.workspaces.StartWorkspace(
+                ws.StartWorkspaceRequest(
+                    metadata=wp.CommandMetadata(command_id=command_id),
+                    workspace_id=stopped.workspace_id,
+                    expected_expiration_revision=stopped.expiration.revision,
+                )
             )
-        )
-        # Follows WatchWorkspace until the start is terminal and the workspace steady.
-        workspace = client.wait_workspace(started.workspace, command_id, timeout=60)
-        print(f"{workspace.workspace_id} {kibotos.state_name(workspace.state)} {workspace.execution_generation}")
+            # Follows WatchWorkspace until the start is terminal and the workspace steady.
+            workspace = client.wait_workspace(started.workspace, command_id, timeout=60)
+            print(f"{workspace.workspace_id} {kibotos.state_name(workspace.state)} {workspace.execution_generation}")
+        finally:
+            if created is not None:  # what this example made, it deletes
+                client.delete_workspace(created)
 
 
 if __name__ == "__main__":

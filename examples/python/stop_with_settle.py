@@ -2,7 +2,8 @@
 
     python examples/python/stop_with_settle.py --server 127.0.0.1:50051 [--workspace ws-...]
 
-Without --workspace, a new workspace is created first.
+Without --workspace, a new workspace is created first, and deleted at the end: an example
+leaves nothing behind (a workspace given with --workspace is the caller's, and stays).
 """
 
 from __future__ import annotations
@@ -22,19 +23,23 @@ def main() -> None:
     settle_options = kibotos.SettleOptions(timeout=60)
 
     with kibotos.Client(args.server) as client:
-        workspace_id = args.workspace or client.create_workspace().workspace.workspace_id
+        created = None if args.workspace else client.create_workspace().workspace.workspace_id
+        workspace_id = args.workspace or created
+        try:
+            current = client.workspaces.GetWorkspace(ws.GetWorkspaceRequest(workspace_id=workspace_id))
+            request = ws.StopWorkspaceRequest(
+                metadata=wp.CommandMetadata(command_id=kibotos.new_command_id("example")),
+                workspace_id=workspace_id,
+                expected_expiration_revision=current.workspace.expiration.revision,
+            )
+            # Resends the identical request (same command ID) until the stop is terminal.
+            stopped = kibotos.settle(lambda: client.workspaces.StopWorkspace(request), settle_options)
 
-        current = client.workspaces.GetWorkspace(ws.GetWorkspaceRequest(workspace_id=workspace_id))
-        request = ws.StopWorkspaceRequest(
-            metadata=wp.CommandMetadata(command_id=kibotos.new_command_id("example")),
-            workspace_id=workspace_id,
-            expected_expiration_revision=current.workspace.expiration.revision,
-        )
-        # Resends the identical request (same command ID) until the stop is terminal.
-        stopped = kibotos.settle(lambda: client.workspaces.StopWorkspace(request), settle_options)
-
-        durability = wp.StopDurability.Name(stopped.command.result.durability)
-        print(f"{workspace_id} {kibotos.state_name(stopped.workspace.state)} {durability}")
+            durability = wp.StopDurability.Name(stopped.command.result.durability)
+            print(f"{workspace_id} {kibotos.state_name(stopped.workspace.state)} {durability}")
+        finally:
+            if created is not None:  # what this example made, it deletes
+                client.delete_workspace(created)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,10 @@
 """The examples under examples/python/, run as a user would: `python X.py --server HOST:PORT`,
 against a server with authentication on (its default) and nothing but the SDK's token
-discovery to find the token: the server's pointer to its admin token, whatever its --data-dir."""
+discovery to find the token: the server's pointer to its admin token, whatever its --data-dir.
+
+Every example deletes what it made (issue 36 item 1: run one after another, they used to
+leave a STOPPED and an AVAILABLE workspace each time): the `made` fixture deletes what a test
+made itself, then fails the test if any other workspace is left."""
 
 from __future__ import annotations
 
@@ -40,6 +44,24 @@ def sdk(firecracker: ServerProcess) -> Iterator[kibotos.Client]:
         yield client
 
 
+def _live(client: kibotos.Client) -> set[str]:
+    return {w.workspace_id for w in client.list_workspaces()}
+
+
+@pytest.fixture
+def made(sdk: kibotos.Client) -> Iterator[list[str]]:
+    """The workspaces the test made itself (it appends them), deleted after it; then no other
+    workspace may be left than those there before: what an example made, it deleted."""
+    before = _live(sdk)
+    mine: list[str] = []
+    yield mine
+    for workspace_id in mine:
+        if sdk.get_workspace(workspace_id).state != S.WORKSPACE_STATE_DELETED:
+            sdk.delete_workspace(workspace_id)
+    left = _live(sdk) - before
+    assert not left, f"the examples left workspaces behind: {sorted(left)}"
+
+
 def run(server: ServerProcess, name: str, *args: str) -> subprocess.CompletedProcess[str]:
     environment = {k: v for k, v in os.environ.items() if k != "KIBO_TOKEN"}
     return subprocess.run(
@@ -71,8 +93,9 @@ def test_every_example_is_tested() -> None:
     assert {p.name for p in EXAMPLES.glob("*.py")} == tested
 
 
-def test_stop_with_settle(firecracker: ServerProcess, sdk: kibotos.Client) -> None:
+def test_stop_with_settle(firecracker: ServerProcess, sdk: kibotos.Client, made: list[str]) -> None:
     workspace_id = sdk.create_workspace().workspace.workspace_id
+    made.append(workspace_id)
     done = run(firecracker, "stop_with_settle.py", "--workspace", workspace_id)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == [workspace_id, "STOPPED", "STOP_DURABILITY_CONFIRMED"]
@@ -80,23 +103,36 @@ def test_stop_with_settle(firecracker: ServerProcess, sdk: kibotos.Client) -> No
     assert stop_id.startswith("example/")
 
 
-def test_start_and_wait(firecracker: ServerProcess, sdk: kibotos.Client) -> None:
+def test_start_and_wait(firecracker: ServerProcess, sdk: kibotos.Client, made: list[str]) -> None:
     workspace_id = sdk.create_workspace().workspace.workspace_id
+    made.append(workspace_id)
     sdk.stop_workspace(workspace_id)
     done = run(firecracker, "start_and_wait.py", "--workspace", workspace_id)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == [workspace_id, "AVAILABLE", "2"]
 
 
-def test_examples_run_without_a_workspace_given(firecracker: ServerProcess, sdk: kibotos.Client) -> None:
-    for name, state in [("start_and_wait.py", "AVAILABLE"), ("async_stop_start.py", "AVAILABLE")]:
+def test_examples_run_without_a_workspace_given_one_after_another_leave_nothing(
+    firecracker: ServerProcess, sdk: kibotos.Client, made: list[str]
+) -> None:
+    """Issue 36 item 1, replayed: `for f in stop_with_settle start_and_wait delete_and_wait
+    async_stop_start; do python examples/python/$f.py; done`. Each does its work on a workspace
+    of its own and deletes it (`made` checks that nothing else is left)."""
+    printed = {
+        "stop_with_settle.py": ["STOPPED", "STOP_DURABILITY_CONFIRMED"],
+        "start_and_wait.py": ["AVAILABLE", "2"],
+        "delete_and_wait.py": ["DELETED"],
+        "async_stop_start.py": ["STOPPED", "AVAILABLE", "2"],
+    }
+    for name, words in printed.items():
         done = run(firecracker, name)
         assert done.returncode == 0, done.stderr
         workspace_id = done.stdout.split()[0]
-        assert kibotos.state_name(sdk.get_workspace(workspace_id).state) == state
+        assert [w for w in done.stdout.split() if w != workspace_id] == words, done.stdout
+        assert sdk.get_workspace(workspace_id).state == S.WORKSPACE_STATE_DELETED, name
 
 
-def test_delete_and_wait(firecracker: ServerProcess, sdk: kibotos.Client) -> None:
+def test_delete_and_wait(firecracker: ServerProcess, sdk: kibotos.Client, made: list[str]) -> None:
     workspace_id = sdk.create_workspace().workspace.workspace_id
     done = run(firecracker, "delete_and_wait.py", "--workspace", workspace_id)
     assert done.returncode == 0, done.stderr
@@ -104,8 +140,11 @@ def test_delete_and_wait(firecracker: ServerProcess, sdk: kibotos.Client) -> Non
     assert sdk.get_workspace(workspace_id).state == S.WORKSPACE_STATE_DELETED
 
 
-def test_recover_from_failed_holding_execution(firecracker: ServerProcess, sdk: kibotos.Client) -> None:
+def test_recover_from_failed_holding_execution(
+    firecracker: ServerProcess, sdk: kibotos.Client, made: list[str]
+) -> None:
     workspace_id = sdk.create_workspace().workspace.workspace_id
+    made.append(workspace_id)
     sdk.inject_fault(workspace_id, sim.FAULT_VMM_CRASH)
     deadline = time.monotonic() + 10
     while sdk.get_workspace(workspace_id).state != S.WORKSPACE_STATE_FAILED:
@@ -116,7 +155,9 @@ def test_recover_from_failed_holding_execution(firecracker: ServerProcess, sdk: 
     assert done.stdout.splitlines() == ["force stop: STOPPED", "start: AVAILABLE"]
 
 
-def test_recover_from_failed_not_holding_execution(firecracker: ServerProcess, sdk: kibotos.Client) -> None:
+def test_recover_from_failed_not_holding_execution(
+    firecracker: ServerProcess, sdk: kibotos.Client, made: list[str]
+) -> None:
     # Arming a fault for the next workspace created reaches the whole node: an operator's.
     with kibotos.Client(firecracker.address, token=make_token(firecracker, "ops", "operator")) as operator:
         operator.inject_fault("", sim.FAULT_CREATE_FAIL)
@@ -124,6 +165,7 @@ def test_recover_from_failed_not_holding_execution(firecracker: ServerProcess, s
         sdk.create_workspace()
     assert caught.value.workspace is not None
     workspace_id = caught.value.workspace.workspace_id
+    made.append(workspace_id)
     done = run(firecracker, "recover_from_failed.py", "--workspace", workspace_id)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
@@ -131,8 +173,11 @@ def test_recover_from_failed_not_holding_execution(firecracker: ServerProcess, s
     assert lines[1] == "start: AVAILABLE"
 
 
-def test_recover_from_failed_when_both_are_rejected(firecracker: ServerProcess, sdk: kibotos.Client) -> None:
+def test_recover_from_failed_when_both_are_rejected(
+    firecracker: ServerProcess, sdk: kibotos.Client, made: list[str]
+) -> None:
     workspace_id = sdk.create_workspace().workspace.workspace_id
+    made.append(workspace_id)
     sdk.stop_workspace(workspace_id)
     sdk.inject_fault(workspace_id, sim.FAULT_STALL)
     sdk.start_workspace(workspace_id, settle=False)  # STARTING, stalled: neither is accepted
