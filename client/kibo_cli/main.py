@@ -63,6 +63,10 @@ def _global(
 ) -> None:
     if (cert is None) != (key is None):
         raise typer.BadParameter("give both --cert and --key")
+    try:
+        kibotos.check_address(server)
+    except ValueError as error:
+        raise typer.BadParameter(str(error), param_hint="--server / KIBO_SERVER") from None
     secure = tls or ca_cert is not None or cert is not None
     found = discover(server, token, given_as="--token")
     use(Settings(server=server, tls=secure, ca_cert=ca_cert, cert=cert, key=key, discovery=found))

@@ -142,7 +142,8 @@ def report(error: kibotos.KiboError) -> None:
         note(f"next: {error.hint}")
     elif isinstance(error, kibotos.UnavailableError):
         note(f"next: is a kibo server running at {settings().server}? (--server or KIBO_SERVER)")
-    elif isinstance(error, kibotos.UnauthenticatedError):
+    elif isinstance(error, kibotos.UnauthenticatedError) and error.field != "credential":
+        # (A refused data-plane credential is not about the token: no token advice.)
         if error.token_discovery:
             note(f"      {error.token_discovery}")
         note("next: pass --token or set KIBO_TOKEN")

@@ -4,7 +4,10 @@ network-policy and revoke-access (workspace_config.py); exec and cp (data_plane.
 
 from __future__ import annotations
 
+import asyncio
 import enum
+import time
+from collections.abc import Callable
 from typing import Annotated
 
 import kibotos
@@ -12,11 +15,12 @@ import typer
 from kibo.ctrl.v1 import command_pb2, workspace_pb2
 from kibo.ctrl.v1 import observation_service_pb2 as obs_pb2
 
-from . import data_plane, output, parsing, render, workspace_config
+from . import data_plane, exit_codes, output, parsing, render, workspace_config
 from .exit_codes import ExitCode
 from .output import Format, note
 from .progress import Progress
 from .session import (
+    CLI_SETTLE,
     DEFAULT_TIMEOUT,
     CommandIdOpt,
     NoWaitOpt,
@@ -29,6 +33,7 @@ from .session import (
     connect,
     fail,
     handle,
+    report,
     run_command,
     timeout_seconds,
 )
@@ -255,22 +260,42 @@ def cleanup_status(workspace_id: WorkspaceId, fmt: OutputOpt = Format.text) -> N
         "layer.\n\n"
         "--force is for a stop that cannot finish (a stuck stop, FAILED still holding execution): "
         'one short sync only, so the result is "not confirmed on disk". It asks for confirmation '
-        "unless --yes, which is required when stdin is not a terminal."
+        "unless --yes, which is required when stdin is not a terminal.\n\n"
+        "--all (instead of an ID) stops every AVAILABLE workspace, or with --label those with these "
+        "labels, several at once; it names them and asks first, unless --yes. None AVAILABLE: "
+        "nothing to do, exit 0."
     )
 )
 @handle
 def stop(
-    workspace_id: WorkspaceId,
+    workspace_id: Annotated[
+        str | None, typer.Argument(help="The workspace ID (ws-...); none with --all.", show_default=False)
+    ] = None,
     force: Annotated[
         bool,
         typer.Option("--force", help="Force stop: do not wait for the guest's writes (the last ones may be lost)."),
     ] = False,
+    all_: Annotated[bool, typer.Option("--all", help="Stop every AVAILABLE workspace (graceful stops).")] = False,
+    label: Annotated[
+        list[str] | None, typer.Option(help="With --all: only those with this KEY=VALUE label (repeatable).")
+    ] = None,
     yes: YesOpt = False,
     no_wait: NoWaitOpt = False,
     timeout: TimeoutOpt = DEFAULT_TIMEOUT,
     command_id: CommandIdOpt = None,
     fmt: OutputOpt = Format.text,
 ) -> None:
+    if all_:
+        if workspace_id is not None or force or command_id is not None:
+            raise fail(
+                "--all stops every AVAILABLE workspace gracefully, each with a command ID of its own: "
+                "give no workspace ID, --force or --command-id with it",
+                ExitCode.USAGE,
+            )
+        _stop_all(label, yes=yes, no_wait=no_wait, seconds=timeout_seconds(timeout), fmt=fmt)
+        return
+    if workspace_id is None or label:
+        raise fail("give the workspace ID to stop, or --all (with any --label)", ExitCode.USAGE)
     command_id = command_id_or_new(command_id)
     seconds = timeout_seconds(timeout)
     with connect() as client:
@@ -309,6 +334,99 @@ def stop(
         )
     elif command.result.durability == workspace_pb2.STOP_DURABILITY_CONFIRMED:
         console.print("Writes: confirmed on disk.", markup=False)
+
+
+# How many stops `stop --all` has in flight at once.
+STOP_ALL_AT_ONCE = 8
+
+
+def _stop_all(label: list[str] | None, *, yes: bool, no_wait: bool, seconds: float, fmt: Format) -> None:
+    """`kibo workspace stop --all [--label K=V]`: what README's "stop it all" runs. Lists the
+    AVAILABLE workspaces (with those labels), names them, asks, then stops them several at once
+    and waits for each; one that cannot be stopped is reported and the others go on."""
+    try:
+        labels = parsing.pairs(label)
+    except typer.BadParameter as error:
+        raise fail(str(error.message), ExitCode.USAGE) from None
+    terms = ["state = AVAILABLE", *(f'labels.{key} = "{value}"' for key, value in labels.items())]
+    with connect() as client:
+        ids = [w.workspace_id for w in client.list_workspaces(filter=" AND ".join(terms))]
+        connection = client.connection
+    which = "AVAILABLE workspace" + (f" with {', '.join(f'{k}={v}' for k, v in labels.items())}" if labels else "")
+    if not ids:
+        note(f"kibo: no {which}: nothing to stop")
+        if fmt is Format.json:
+            output.emit_json({"workspaces": []})
+        return
+    for workspace_id in ids:
+        note(f"Will stop {workspace_id}.")
+    confirm(f"Stop {len(ids)} {which}{'s' if len(ids) > 1 else ''}?", yes, require_terminal=True)
+    console = output.stdout()
+
+    def say(workspace: workspace_pb2.Workspace, command: command_pb2.WorkspaceCommand) -> None:
+        """Each result as it comes (text); -o json prints them all at the end."""
+        if fmt is Format.json:
+            return
+        state = kibotos.state_name(workspace.state)
+        line = f"{workspace.workspace_id} is {state} (command {command.command_id})"
+        if not kibotos.is_terminal(command):  # --no-wait
+            line = f"{workspace.workspace_id}: command {command.command_id} accepted, workspace {state}"
+        console.print(line, markup=False)
+
+    done, failures = asyncio.run(_stop_each(connection, ids, say, no_wait=no_wait, seconds=seconds))
+    if fmt is Format.json:
+        stopped = [{"workspace": output.to_dict(w), "command": output.to_dict(c)} for w, c in done]
+        output.emit_json({"workspaces": stopped})
+    if failures:
+        note(f"kibo: {len(failures)} of {len(ids)} not stopped: {', '.join(failures)}")
+        raise typer.Exit(int(next(iter(failures.values()))))
+
+
+Stopped = tuple[workspace_pb2.Workspace, command_pb2.WorkspaceCommand]
+
+
+async def _stop_each(
+    connection: kibotos.Connection,
+    ids: list[str],
+    on_done: Callable[[workspace_pb2.Workspace, command_pb2.WorkspaceCommand], None],
+    *,
+    no_wait: bool,
+    seconds: float,
+) -> tuple[list[Stopped], dict[str, ExitCode]]:
+    """Stop each workspace (at most STOP_ALL_AT_ONCE at a time), settle and wait for it; return
+    the stopped ones in order and, per workspace that was not, its exit code (said on stderr)."""
+    deadline = time.monotonic() + seconds
+    slots = asyncio.Semaphore(STOP_ALL_AT_ONCE)
+    done: dict[str, Stopped] = {}
+    failures: dict[str, ExitCode] = {}
+    async with kibotos.AsyncClient(connection=connection) as client:
+
+        async def one(workspace_id: str) -> None:
+            command_id = kibotos.new_command_id("kibo")
+            async with slots:
+                try:
+                    if no_wait:
+                        response = await client.stop_workspace(workspace_id, command_id=command_id, settle=False)
+                        done[workspace_id] = (response.workspace, response.command)
+                        on_done(*done[workspace_id])
+                        return
+                    options = kibotos.SettleOptions(
+                        timeout=max(0.1, deadline - time.monotonic()),
+                        initial_backoff=CLI_SETTLE.initial_backoff,
+                        max_backoff=CLI_SETTLE.max_backoff,
+                    )
+                    response = await client.stop_workspace(workspace_id, command_id=command_id, settle=options)
+                    result = await client.wait(workspace_id, command_id, timeout=max(0.1, deadline - time.monotonic()))
+                except kibotos.KiboError as error:
+                    note(f"kibo: {workspace_id} was not stopped:")
+                    report(error)
+                    failures[workspace_id] = exit_codes.of(error)
+                    return
+            done[workspace_id] = (result.workspace, _final(result, response))
+            on_done(*done[workspace_id])
+
+        await asyncio.gather(*(one(workspace_id) for workspace_id in ids))
+    return [done[i] for i in ids if i in done], failures
 
 
 @app.command()

@@ -16,7 +16,7 @@ The token: `token=`, else $KIBO_TOKEN, else a local server's admin token
 from .aio import AsyncClient
 from .client import Client
 from .command_id import RESERVED_PREFIXES, check_command_id, new_command_id
-from .connection import DEFAULT_ADDRESS, Connection, resolve_address
+from .connection import DEFAULT_ADDRESS, Connection, check_address, resolve_address
 from .data_plane import ExecEvent, ExecExit, ExecOutput, ExecResult
 from .errors import (
     AbortedError,
@@ -38,6 +38,7 @@ from .errors import (
     UnauthenticatedError,
     UnavailableError,
     WaitTimeoutError,
+    WrongPortError,
     from_rpc_error,
 )
 from .settle import Backoff, CommandResponse, SettleOptions, settle, settle_async
@@ -79,6 +80,8 @@ __all__ = [
     "WaitOptions",
     "WaitResult",
     "WaitTimeoutError",
+    "WrongPortError",
+    "check_address",
     "check_command_id",
     "command_state_name",
     "from_rpc_error",

@@ -11,7 +11,15 @@ import grpc
 from .errors import KiboError, UnauthenticatedError
 from .token_discovery import ENV_TOKEN, Discovery, discover
 
-__all__ = ["DEFAULT_ADDRESS", "ENV_SERVER", "ENV_TOKEN", "Connection", "TokenStub", "resolve_address"]
+__all__ = [
+    "DEFAULT_ADDRESS",
+    "ENV_SERVER",
+    "ENV_TOKEN",
+    "Connection",
+    "TokenStub",
+    "check_address",
+    "resolve_address",
+]
 
 DEFAULT_ADDRESS = "127.0.0.1:50051"
 ENV_SERVER = "KIBO_SERVER"
@@ -22,6 +30,24 @@ _USER_AGENT = "kibotos/0.1"
 def resolve_address(address: str | None = None) -> str:
     """The address given, else $KIBO_SERVER, else 127.0.0.1:50051."""
     return address or os.environ.get(ENV_SERVER) or DEFAULT_ADDRESS
+
+
+# URL schemes people write before a server's address; grpc would take the whole string for a
+# host name ("Misformatted domain name"). gRPC's own target schemes (dns:, unix:, ipv4:...) pass.
+_URL_SCHEMES = ("http", "https", "grpc", "grpcs")
+
+
+def check_address(address: str) -> str:
+    """`address` if it is a gRPC target (HOST:PORT, or a gRPC target URI such as
+    `dns:///HOST:PORT` or `unix:PATH`); a ValueError that says what to write instead for a URL."""
+    scheme, separator, rest = address.partition("://")
+    if separator and scheme.lower() in _URL_SCHEMES:
+        tls = "; for TLS add --tls (kibotos: tls=True)" if scheme.lower() in ("https", "grpcs") else ""
+        raise ValueError(
+            f"{address!r} is a URL: drop the scheme, the server address is HOST:PORT of its gRPC port "
+            f"(e.g. {rest.split('/')[0] or DEFAULT_ADDRESS}){tls}"
+        )
+    return address
 
 
 @dataclass(frozen=True)
@@ -45,6 +71,9 @@ class Connection:
     channel_options: tuple[tuple[str, Any], ...] = ()
     discovery: Discovery | None = None
 
+    def __post_init__(self) -> None:
+        check_address(self.address)
+
     @classmethod
     def of(
         cls,
@@ -58,8 +87,9 @@ class Connection:
         timeout: float | None = 30.0,
     ) -> Connection:
         """`token` defaults to the token discovery rule (kibotos.token_discovery: $KIBO_TOKEN,
-        then a local server's admin token); any certificate implies TLS."""
-        address = resolve_address(address)
+        then a local server's admin token); any certificate implies TLS. A URL (`http://...`)
+        is a ValueError that says to drop the scheme."""
+        address = check_address(resolve_address(address))
         found = discover(address, token)
         return cls(
             address=address,
@@ -121,8 +151,10 @@ class Connection:
         return TokenStub(stub, metadata) if metadata else stub
 
     def explain(self, error: KiboError) -> KiboError:
-        """Say, on an UNAUTHENTICATED error, where the token came from or where it was looked for."""
-        if isinstance(error, UnauthenticatedError) and self.discovery is not None:
+        """Say, on an UNAUTHENTICATED error about the bearer token, where the token came from or
+        where it was looked for. A data-plane credential refused (field `credential`: revoked,
+        or not valid) is not about the token: no token advice is added to it."""
+        if isinstance(error, UnauthenticatedError) and error.field != "credential" and self.discovery is not None:
             error.token_discovery = self.discovery.describe()
             if self.discovery.token is not None:
                 error.token_discovery += (

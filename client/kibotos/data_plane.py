@@ -31,7 +31,7 @@ from typing import Literal, TypeVar
 
 from kibo.ctrl.v1 import data_plane_service_pb2 as dp
 
-from .errors import KiboError, UnavailableError
+from .errors import KiboError, UnavailableError, WrongPortError
 from .settle import Backoff
 
 __all__ = [
@@ -169,7 +169,7 @@ class _Retry:
         self.backoff = Backoff(0.05, 1.0, 2.0, jitter=0.2)
 
     def delay(self, error: KiboError) -> float:
-        if not isinstance(error, UnavailableError):
+        if not isinstance(error, UnavailableError) or isinstance(error, WrongPortError):
             raise error
         delay = self.backoff.next()
         if time.monotonic() + delay > self.deadline:

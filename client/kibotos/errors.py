@@ -34,6 +34,7 @@ __all__ = [
     "UnauthenticatedError",
     "UnavailableError",
     "WaitTimeoutError",
+    "WrongPortError",
     "from_rpc_error",
     "reason_name",
 ]
@@ -130,6 +131,19 @@ class ConflictError(KiboError):
 
 class UnavailableError(KiboError):
     """UNAVAILABLE: the server cannot be reached right now. Safe to resend a command with its ID."""
+
+
+class WrongPortError(UnavailableError):
+    """UNAVAILABLE because the address answers HTTP/1.x, not gRPC: it is the server's HTTP port
+    (Connect, gRPC-Web, JSON), not its gRPC port. Not retried: resending cannot help."""
+
+
+# What grpc's transport says when the peer answers HTTP/1.x (its chttp2 handshake).
+_HTTP1_PEER = "Trying to connect an http1.x server"
+WRONG_PORT_HINT = (
+    "that address answers HTTP/1.x, not gRPC: it is the server's HTTP port (--http-listen, 8080 by "
+    "default); kibo and kibotos talk to its gRPC port (--listen, 50051 by default)"
+)
 
 
 class UnauthenticatedError(KiboError):
@@ -284,6 +298,9 @@ def from_rpc_error(error: grpc.RpcError) -> KiboError:
         trailers = tuple((str(k), v) for k, v in (error.trailing_metadata() or ()))
     detail, info, retry_delay = _details(trailers)
     cls = _BY_CODE.get(code, KiboError) if code is not None else KiboError
+    if code == grpc.StatusCode.UNAVAILABLE and _HTTP1_PEER in message:
+        cls = WrongPortError
+        detail.hint = detail.hint or WRONG_PORT_HINT
     reason = reason_name(detail.reason) or str(info.reason)
     finer = _BY_REASON.get(reason)
     if finer is not None and issubclass(finer, cls):

@@ -26,6 +26,7 @@ from .errors import (
     RateLimitedError,
     SettleTimeoutError,
     UnavailableError,
+    WrongPortError,
     from_rpc_error,
 )
 from .states import command_state_name, is_terminal
@@ -90,7 +91,8 @@ TRANSIENT = (UnavailableError, DeadlineExceededError, RateLimitedError)
 
 
 def _transient(error: KiboError, options: SettleOptions) -> bool:
-    return options.retry_transport_errors and isinstance(error, TRANSIENT)
+    # A wrong port stays wrong: said at once rather than retried until the deadline.
+    return options.retry_transport_errors and isinstance(error, TRANSIENT) and not isinstance(error, WrongPortError)
 
 
 class _Loop:

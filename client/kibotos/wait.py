@@ -30,6 +30,7 @@ from .errors import (
     RateLimitedError,
     UnavailableError,
     WaitTimeoutError,
+    WrongPortError,
 )
 from .settle import Backoff
 from .states import command_state_name, is_steady, is_terminal, state_name
@@ -154,7 +155,7 @@ class _Waiter:
         if error.code == grpc.StatusCode.UNIMPLEMENTED:
             self.watch = False
             return
-        if isinstance(error, UnavailableError | DeadlineExceededError):
+        if isinstance(error, UnavailableError | DeadlineExceededError) and not isinstance(error, WrongPortError):
             return
         if isinstance(error, RateLimitedError):
             self.retry_delay = error.retry_delay or 0.0

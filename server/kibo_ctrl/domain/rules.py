@@ -136,6 +136,10 @@ HINTS: Mapping[tuple[S, Op], str] = {
     (S.STOPPED, Op.STOP): "the workspace is already stopped",
     (S.AVAILABLE, Op.START): "the workspace is already running",
     (S.FAILED, Op.STOP): "a graceful stop cannot stop a FAILED workspace: force stop it",
+    # What only a STOPPED workspace takes: say so, as the start above says "already running".
+    (S.AVAILABLE, Op.RESIZE): "stop it first: a resize applies to a STOPPED workspace (from its next start)",
+    (S.AVAILABLE, Op.BIND_VOLUME): "stop it first: volumes are bound while the workspace is STOPPED",
+    (S.AVAILABLE, Op.UNBIND_VOLUME): "stop it first: volumes are unbound while the workspace is STOPPED",
 }
 STATE_HINTS: Mapping[S, str] = {
     S.UNKNOWN: "wait for the system to confirm, or resend the original request with the same command ID",
