@@ -69,7 +69,9 @@ def bwrap_plain(root: Path) -> list[str]:
 
 def run_bwrap_hardened(root: Path, ids: IdRange, program: Path) -> None:
     with userns.GuestNamespace(ids.base, ids.count) as namespace:
-        options = [*bwrap_plain(root)[1:-1], "--unshare-cgroup", "--cap-drop", "ALL", *sandbox.proc_protection()]
+        # The masks bound from /dev/null, not the runtime's staged empty file: the same mounts.
+        masks = sandbox.proc_protection("/dev/null")
+        options = [*bwrap_plain(root)[1:-1], "--unshare-cgroup", "--cap-drop", "ALL", *masks]
         seccomp_fd = os.open(program, os.O_RDONLY)
         args = os.memfd_create("bwrap-args", 0)
         os.write(args, b"".join(a.encode() + b"\0" for a in [*options, "--seccomp", str(seccomp_fd)]))
