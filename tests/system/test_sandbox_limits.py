@@ -128,7 +128,8 @@ def limits_server(server_factory: Callable[..., ServerProcess]) -> Iterator[Serv
     _require_sandbox()
     with pytest.MonkeyPatch.context() as env:  # for this server only (it copies the environment)
         env.setenv("KIBO_NODE_PIDS_MAX", str(BUDGET))
-        server = server_factory(*FLAGS[:-2], "--backend", "firecracker", "--metrics", "open")
+        # The default supervisor (the node supervisor holds ready guests), as the security suite.
+        server = server_factory(*FLAGS, "--backend", "firecracker", "--supervisor", "auto", "--metrics", "open")
     try:
         yield server
         server.stop()
