@@ -68,7 +68,7 @@ def durability(value: int) -> str:
 def failure(workspace: workspace_pb2.Workspace) -> str:
     if not workspace.HasField("failure"):
         return "-"
-    stage = workspace.failure.stage or "no operation (the VMM exited unexpectedly)"
+    stage = workspace.failure.stage or "no operation (it ended while running)"
     return f"{workspace.failure.message} (stage: {stage})"
 
 

@@ -8,7 +8,10 @@ In order, the first that gives a token wins:
    a. the pointer a local `kibo-ctrl serve` writes on every start with authentication on,
       `$XDG_STATE_HOME/kibo/servers/HOST_PORT` (default `~/.local/state/...`), keyed by the
       address it listens on; it holds the path of that server's `DATA_DIR/admin.token`, so
-      the token is found whatever `--data-dir` the server was given;
+      the token is found whatever `--data-dir` the server was given. Beside it, `HOST_PORT.pid`
+      names the server's process (PID and start time): a pointer whose server is gone (killed,
+      its port perhaps another server's now) is passed over, and a server removes its own
+      when it stops, and those of servers that are gone when it starts;
    b. the default data dir's `$XDG_DATA_HOME/kibo/admin.token` (`~/.local/share/...`).
 
 `Discovery.describe()` says where the token came from, or everywhere it looked: the
@@ -30,6 +33,8 @@ __all__ = [
     "discover",
     "is_loopback",
     "pointer_path",
+    "prune_pointers",
+    "remove_pointer",
     "write_pointer",
 ]
 
@@ -70,14 +75,92 @@ def pointer_path(address: str) -> Path:
     return _home_dir("XDG_STATE_HOME", ".local", "state") / "kibo" / "servers" / f"{host}_{port}"
 
 
+def _owner_path(pointer: Path) -> Path:
+    """Where the pointer's server process is named: `HOST_PORT.pid` (the pointer itself keeps
+    holding the token file's path alone, as clients of every version read it)."""
+    return pointer.with_name(pointer.name + ".pid")
+
+
+def _start_time(pid: int) -> int | None:
+    """The process's start time (clock ticks after boot, /proc/PID/stat field 22); None when
+    no such process runs (or it is a zombie)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return None if fields[0] in ("Z", "X") else int(fields[19])
+
+
+def _owner() -> str:
+    pid = os.getpid()
+    return f"{pid} {_start_time(pid) or 0}"
+
+
+def _gone(pointer: Path) -> int | None:
+    """The PID of the pointer's server when that server no longer runs (the PID is free, or
+    another process's now); None when it runs, or when no owner was recorded (a pointer of
+    an older server: taken as before)."""
+    try:
+        pid_text, _, started = _owner_path(pointer).read_text().partition(" ")
+        pid, start = int(pid_text), int(started.strip() or 0)
+    except (OSError, ValueError):
+        return None
+    if pid <= 0:
+        return None
+    if not Path("/proc/self/stat").exists():  # no /proc: only whether the PID is taken
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return pid
+        except OSError:
+            pass
+        return None
+    running = _start_time(pid)
+    return pid if running is None or (start and running != start) else None
+
+
 def write_pointer(listen: str, token_file: Path) -> Path:
-    """Record, for clients of this user, where the server on `listen` keeps its admin token."""
+    """Record, for clients of this user, where the server on `listen` (this process) keeps its
+    admin token."""
     path = pointer_path(listen)
     path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(f"{token_file.resolve()}\n")
-    os.replace(temporary, path)
+    for target, text in ((_owner_path(path), _owner()), (path, str(token_file.resolve()))):
+        temporary = target.with_name(target.name + ".tmp")
+        temporary.write_text(f"{text}\n")
+        os.replace(temporary, target)
     return path
+
+
+def remove_pointer(pointer: Path) -> bool:
+    """Remove the pointer if this process wrote it (a server stopping); False if it is another's."""
+    owner = _owner_path(pointer)
+    try:
+        if owner.read_text().strip() != _owner():
+            return False
+    except OSError:
+        return False
+    for path in (pointer, owner):
+        path.unlink(missing_ok=True)
+    return True
+
+
+def prune_pointers() -> list[Path]:
+    """Remove the pointers whose servers are gone (killed, so they could not remove their own);
+    returns them. Those of running servers, and those without an owner, stay."""
+    directory = pointer_path("127.0.0.1:0").parent
+    removed = []
+    try:
+        owners = sorted(directory.glob("*.pid"))
+    except OSError:
+        return []
+    for owner in owners:
+        pointer = owner.with_name(owner.name.removesuffix(".pid"))
+        if _gone(pointer) is not None:
+            for path in (pointer, owner):
+                path.unlink(missing_ok=True)
+            removed.append(pointer)
+    return removed
 
 
 def _candidates(address: str) -> list[Path]:
@@ -126,6 +209,10 @@ def discover(address: str, token: str | None = None, *, given_as: str = "token="
         target = _read(pointer)
         if target is None:
             looked.append(f"{pointer} (no pointer)")
+            continue
+        gone = _gone(pointer)
+        if gone is not None:
+            looked.append(f"{pointer} (passed over: its server, PID {gone}, is gone)")
             continue
         token_file = Path(target)
         found = _read(token_file)

@@ -104,6 +104,9 @@ class Config:
     # Run the embedded node(s) in this process (False: `serve --no-local-node`, only nodes
     # that join over kibo.node.v1 run workspaces).
     local_node: bool = True
+    # Start even when the local node's workspaces were run by another runtime (sim/process)
+    # on this store: the new runtime then takes them as it finds them (`other_runtime`).
+    allow_runtime_change: bool = False
     shutdown_grace_s: float = 5.0
     # Who may do what: bearer tokens (off only with --insecure-no-auth).
     auth: bool = True
@@ -137,6 +140,8 @@ class App:
         self.clock = clock
         self.port = 0
         self._tasks: list[asyncio.Task[None]] = []
+        # Where this server told local clients its admin token is (removed when it stops).
+        self._pointer: Path | None = None
 
     @classmethod
     async def start(cls, config: Config) -> App:
@@ -151,6 +156,13 @@ class App:
         _check_writable(config.data_dir)
         _raise_open_file_limit()
         self.store = await open_store(config.store, config.data_dir, self.clock)
+        if config.local_node and not config.allow_runtime_change:
+            on_sqlite = isinstance(self.store, SqliteStore)
+            where = f"the data dir {config.data_dir}" if on_sqlite else "the store"
+            refusal = await self.store.read(other_runtime, self._local_node_ids(), config.runtime, where, on_sqlite)
+            if refusal:
+                await self.store.close()
+                raise RuntimeError(refusal)
         self.hub = Hub()
         self.store.subscribe(self.hub.publish)
         self.metrics = Metrics()
@@ -227,6 +239,10 @@ class App:
             self._tasks.extend(asyncio.create_task(coroutine) for coroutine in loops())
         await self._serve()
 
+    def _local_node_ids(self) -> list[str]:
+        """node-1 (the simulator: node-1 to node-N): the embedded nodes' IDs."""
+        return [f"node-{i + 1}" for i in range(self.config.sim_nodes if self.config.runtime == "sim" else 1)]
+
     async def _local_nodes(
         self, storage_pool: str, guests: dict[str, GuestAccess]
     ) -> tuple[MachineObserver | None, list[str]]:
@@ -278,13 +294,13 @@ class App:
         existing = await self.store.read(lambda r: r.list_tokens())
         path = self.config.data_dir / tokens.ADMIN_TOKEN_FILE
         if not existing:
-            # A tenant admin, not an operator: this token is the one handed to the first user,
-            # and node-wide powers are minted on purpose, on this machine, with
-            # `kibo-ctrl token create --role operator`.
-            record, token = await tokens.create(self.store, DEFAULT_TENANT, Role.ADMIN)
+            role = first_token_role(self.store)
+            record, token = await tokens.create(self.store, DEFAULT_TENANT, role)
             tokens.write_private(path, token)
-            log.warning("first start: created admin token %s (tenant %s) in %s", record.id, DEFAULT_TENANT, path)
-        tokens.point_clients_at(self.config.listen, path)
+            log.warning(
+                "first start: created %s token %s (tenant %s) in %s", role.value, record.id, DEFAULT_TENANT, path
+            )
+        self._pointer = tokens.point_clients_at(self.config.listen, path)
 
         async def lookup(digest: str) -> TokenRecord | None:
             return await self.store.read(lambda r: r.find_token(digest))
@@ -407,6 +423,7 @@ class App:
 
     async def stop(self) -> None:
         """Finish in-flight calls, stop the loops, close the store."""
+        tokens.unpoint(self._pointer)  # local clients no longer find a token for this address
         await self.health.enter_graceful_shutdown()
         self.hub.close()
         # Ends the nodes' feeds (WatchSteps streams) at once, so the server's grace is not spent on them.
@@ -428,6 +445,48 @@ class App:
         await self.store.close()
         if self.tracing is not None:
             self.tracing.shutdown()  # flushes the spans still batched
+
+
+def runtime_of(capabilities: list[str]) -> str:
+    """The runtime a node declared at its last join: `sim` or `process`, from its capability
+    `runtime.<runtime>.<personality>`; "" when it declared none."""
+    return next((c.split(".")[1] for c in capabilities if c.startswith("runtime.") and c.count(".") == 2), "")
+
+
+def other_runtime(reader: Reader, node_ids: list[str], runtime: str, where: str, whole_store: bool) -> str:
+    """Why this server must not drive its embedded nodes with `runtime` (empty: it may): the
+    store says a node of theirs last ran another runtime, and it still has workspaces there.
+    That runtime's sandboxes are out of this one's reach: the process runtime finds no sandbox
+    of a simulated instance (it would end FAILED), the simulator would take a real sandbox for
+    its own and never stop it. `whole_store`: every workspace of this store is the embedded
+    node's (SQLite); else (PostgreSQL) only its instances are counted."""
+    for node_id in node_ids:
+        record = reader.get_node(node_id)
+        ran = runtime_of(record.capabilities) if record is not None else ""
+        if ran in ("", runtime):
+            continue
+        running = len(reader.node_instances(node_id))
+        kept = sum(n for _, _, n in reader.workspace_counts()) if whole_store else running
+        if not (kept or running):
+            continue
+        return (
+            f"{where} holds {kept} workspace{'s' if kept != 1 else ''} ({running} with an instance) that "
+            f"{node_id} ran on the {ran} runtime; --runtime {runtime} cannot reach them (its workspaces "
+            f"would come back FAILED, or its sandboxes run on unseen). Serve with --runtime {ran} (and stop "
+            f"or delete them), or use another --data-dir; --allow-runtime-change starts anyway and lets "
+            f"the {runtime} runtime take them as it finds them"
+        )
+    return ""
+
+
+def first_token_role(store: Store) -> Role:
+    """The role of the token a first start writes to DATA_DIR/admin.token (the file keeps its
+    name: clients find it there). On the embedded SQLite store, `operator`: whoever can read
+    that file (mode 0600, the server's user) can open DATA_DIR/kibo.db and mint an operator
+    token with `kibo-ctrl token create` anyway, so the weaker token only hid the machine's own
+    node and /metrics from its owner. On PostgreSQL, `admin` (a tenant admin) as before:
+    minting there needs the database's credentials, which a reader of the file may not have."""
+    return Role.OPERATOR if isinstance(store, SqliteStore) else Role.ADMIN
 
 
 def _raise_open_file_limit() -> None:

@@ -186,6 +186,14 @@ def serve(
             "with kibo-ctrl node run workspaces.",
         ),
     ] = True,
+    allow_runtime_change: Annotated[
+        bool,
+        typer.Option(
+            "--allow-runtime-change",
+            help="Start even if this data dir's workspaces ran on another --runtime: the new runtime takes "
+            "them as it finds them (without it, such a start is refused, saying how many and which runtime).",
+        ),
+    ] = False,
     insecure_no_auth: Annotated[
         bool, typer.Option(help="No tokens: anyone who reaches the server is admin. Local experiments only.")
     ] = False,
@@ -219,8 +227,9 @@ def serve(
 ) -> None:
     """Run the control plane until SIGTERM or SIGINT.
 
-    On first start it creates an admin token for tenant `default` in DATA_DIR/admin.token
-    (mode 0600); `kibo` finds it there. Make more with `kibo-ctrl token create`.
+    On first start it creates a token for tenant `default` in DATA_DIR/admin.token (mode
+    0600; role operator on the embedded SQLite store, the machine owner's; admin on
+    PostgreSQL); `kibo` finds it there. Make more with `kibo-ctrl token create`.
 
     The HTTP port may face the internet: a request without a valid token is refused from
     its headers (its body is never read), and the --http-* limits bound what any client
@@ -255,6 +264,7 @@ def serve(
         node_max_memory_mib=node_max_memory_mib,
         shared_storage_pools=tuple(shared_storage_pool or ()),
         local_node=local_node,
+        allow_runtime_change=allow_runtime_change,
         backend=backend,
         sandbox=sandbox,
         limits=limits,
@@ -411,18 +421,26 @@ def _tune_gc() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
 
 
+def _runs_what(config: Config) -> str:
+    """What runs this server's workspaces, for its start line: its own node's runtime, or
+    (--no-local-node) none here: --runtime then names nothing this process runs."""
+    if not config.local_node:
+        return "no local node (workspaces run on the nodes that join: kibo-ctrl node)"
+    personality = config.sim_backend if config.runtime == "sim" else config.backend
+    return f"runtime {config.runtime}/{personality.value}"
+
+
 async def _serve(config: Config) -> None:
     app = await App.start(config)
     _tune_gc()
     log = logging.getLogger("kibo")
     log.info(
-        "serving gRPC on %s (port %d), HTTP on %s, data in %s, runtime %s/%s",
+        "serving gRPC on %s (port %d), HTTP on %s, data in %s, %s",
         config.listen,
         app.port,
         config.http_listen or "-",
         config.data_dir,
-        config.runtime,
-        (config.sim_backend if config.runtime == "sim" else config.backend).value,
+        _runs_what(config),
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -7,7 +7,7 @@ import os
 import uuid
 from pathlib import Path
 
-from kibotos.token_discovery import write_pointer
+from kibotos.token_discovery import prune_pointers, remove_pointer, write_pointer
 
 from .api.auth import new_token, token_hash
 from .domain.access import Role, TokenRecord, tenant_name
@@ -45,15 +45,30 @@ def write_private(path: Path, text: str) -> None:
     os.replace(temporary, path)
 
 
-def point_clients_at(listen: str, token_file: Path) -> None:
+def point_clients_at(listen: str, token_file: Path) -> Path | None:
     """Tell this user's clients (`kibo`, kibotos) where the admin token of the server on `listen`
-    is, whatever its --data-dir: a pointer file the SDK's token discovery reads. Best effort:
-    a server that cannot write it still serves (clients then need --token or KIBO_TOKEN)."""
+    is, whatever its --data-dir: a pointer file the SDK's token discovery reads, naming this
+    process (the pointer is removed when it stops: `unpoint`). Pointers of servers that are
+    gone are removed first. Best effort: a server that cannot write it still serves (clients
+    then need --token or KIBO_TOKEN); None then."""
     if not token_file.exists():
-        return
+        return None
     try:
+        for stale in prune_pointers():
+            log.info("removed %s: its server is gone", stale)
         pointer = write_pointer(listen, token_file)
     except OSError as error:
         log.warning("could not record where the admin token is for local clients (%s): %s", listen, error)
-        return
+        return None
     log.info("local clients find the admin token %s through %s", token_file, pointer)
+    return pointer
+
+
+def unpoint(pointer: Path | None) -> None:
+    """A stopping server's pointer goes with it (unless another process wrote it since)."""
+    if pointer is None:
+        return
+    try:
+        remove_pointer(pointer)
+    except OSError as error:
+        log.warning("could not remove %s: %s", pointer, error)

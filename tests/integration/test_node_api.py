@@ -117,7 +117,7 @@ async def test_a_node_token_is_refused_by_the_tenant_and_admin_apis(
     error = await refused(node.admin.ListNodes(adm.ListNodesRequest(), metadata=node.metadata))
     assert error.code == grpc.StatusCode.PERMISSION_DENIED
     # A tenant admin is not an operator either.
-    tenant = RawNode(channel, secured_cluster.admin_token)
+    tenant = RawNode(channel, make_token(secured_cluster, "default", "admin"))
     error = await refused(tenant.admin.CordonNode(adm.CordonNodeRequest(node_id="node-t"), metadata=tenant.metadata))
     assert error.code == grpc.StatusCode.PERMISSION_DENIED
 

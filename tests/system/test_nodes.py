@@ -221,7 +221,7 @@ async def test_a_node_joins_with_its_token_and_an_operator_manages_it_with_kibo_
         assert listed()["node-s"]["labels"] == {"zone": "a"}
         assert "node-t" not in listed()
         # A tenant admin may not manage nodes.
-        refused = kibo(server, server.admin_token, "node", "cordon", "node-s")
+        refused = kibo(server, make_token(server, "default", "admin"), "node", "cordon", "node-s")
         assert refused.returncode != 0 and "PERMISSION_DENIED" in refused.stderr
         assert listed()["node-s"]["state"] == "NODE_STATE_READY"
 

@@ -80,6 +80,7 @@ def workspace(record: Workspace) -> workspace_pb2.Workspace:
             mount_path=b.mount_path,
             delete_with_workspace=b.delete_with_workspace,
             storage_pool=record.storage_pool,
+            capacity_gib=b.capacity_gib,
         )
         for b in record.bindings
     ]

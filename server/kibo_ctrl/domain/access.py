@@ -49,7 +49,10 @@ class Caller:
         if RANK[self.role] < RANK[Role.OPERATOR]:
             raise PermissionDenied(
                 f"{what} reaches every workspace on the node and needs an operator token",
-                hint="an operator token is made on the server's machine: kibo-ctrl token create --role operator",
+                hint=(
+                    "an operator token is made on the server's machine: kibo-ctrl token create --tenant "
+                    f"{self.tenant} --role operator (a new server's first admin.token is one on SQLite)"
+                ),
             )
 
 

@@ -202,6 +202,10 @@ class Binding(msgspec.Struct):
     volume_id: str
     mount_path: str
     delete_with_workspace: bool
+    # The volume's capacity, copied from its record when bound (a volume's capacity never
+    # changes), so a workspace renders its volumes' sizes without reading each volume.
+    # 0 in workspaces stored before it was kept here.
+    capacity_gib: int = 0
 
 
 class NetworkPolicy(msgspec.Struct):

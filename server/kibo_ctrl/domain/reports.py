@@ -82,6 +82,9 @@ class RestartFailed(Report):
 @dataclass(frozen=True)
 class VmmExited(Report):
     reason: ExitReason = ExitReason.CRASH
+    # What ended, in the runtime's words (a process sandbox has no VMM: its supervisor, or its
+    # guest, ended); "" for the generic wording of `reason`.
+    detail: str = ""
 
 
 @dataclass(frozen=True)

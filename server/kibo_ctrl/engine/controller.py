@@ -55,6 +55,8 @@ _ANNOUNCED = frozenset({Phase.PROVISIONING, Phase.STOPPING})
 MAX_RESETS = 3
 RESET_WINDOW = 600.0
 
+# A runtime's own words for what ended (VmmExited.detail) replace CRASH's, up to this long.
+MAX_DETAIL = 300
 _EXIT_FAILURES: dict[ExitReason, str] = {
     ExitReason.CRASH: "the VMM exited unexpectedly (killed, or the guest kernel panicked)",
     ExitReason.HOST_OOM: "host memory ran out: the host kernel killed the VMM; the server is force-stopping it",
@@ -273,6 +275,8 @@ def _vmm_exited(tx: Tx, workspace: Workspace, instance: Instance, report: VmmExi
         return
     message = _EXIT_FAILURES.get(report.reason)
     if message is not None:
+        if report.reason is ExitReason.CRASH and report.detail:
+            message = report.detail[:MAX_DETAIL]  # what ended, as the runtime names it
         steps.fail_execution(workspace, "", message, tx.now)
     owed = _OWED_STOPS.get(report.reason)
     if owed is not None:

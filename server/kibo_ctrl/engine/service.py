@@ -168,12 +168,19 @@ class Service:
             create_time=tx.now,
             workspace_id=workspace_id,
         )
-        bindings = [Binding(volume_id=own_volume.id, mount_path="/data", delete_with_workspace=True)]
+        bindings = [
+            Binding(
+                volume_id=own_volume.id,
+                mount_path="/data",
+                delete_with_workspace=True,
+                capacity_gib=own_volume.capacity_gib,
+            )
+        ]
         for binding in spec.bindings:
             volume = self._bindable_volume(tx, binding.volume_id, workspace_id, request.tenant)
             volume.workspace_id = workspace_id
             tx.put_volume(volume)
-            bindings.append(binding)
+            bindings.append(_sized(binding, volume))
         _check_mount_paths(bindings)
         tx.put_volume(own_volume)
         expiration = Expiration()
@@ -338,6 +345,7 @@ class Service:
         assert binding is not None
         rules.check(request.kind, steps.rule_facts(workspace))
         volume = self._bindable_volume(tx, binding.volume_id, workspace.id, workspace.tenant)
+        binding = _sized(binding, volume)
         bindings = [b for b in workspace.bindings if b.volume_id != binding.volume_id] + [binding]
         _check_mount_paths(bindings)
         command = self._immediate(tx, workspace, request, f"volume {binding.volume_id} bound at {binding.mount_path}")
@@ -477,6 +485,11 @@ class Service:
             self._graceful_stop(tx, workspace, command_id, "expiration", StopCause.EXPIRED)
         else:
             save(tx, workspace, None, message=f"expiration found the workspace {workspace.state.name}: nothing to do")
+
+
+def _sized(binding: Binding, volume: Volume) -> Binding:
+    """The binding with its volume's capacity, which the workspace's volumes show."""
+    return Binding(binding.volume_id, binding.mount_path, binding.delete_with_workspace, volume.capacity_gib)
 
 
 def _check_mount_paths(bindings: list[Binding]) -> None:

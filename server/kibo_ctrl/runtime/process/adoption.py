@@ -30,6 +30,11 @@ from .supervisor_handle import Supervised, SupervisorHost, exit_report, kill_sup
 
 log = logging.getLogger(__name__)
 
+NO_SANDBOX = (
+    "no sandbox of this instance is on this node: its directory is missing (it ran on another "
+    "runtime with this data dir, or the directory was removed)"
+)
+
 
 class AdoptionHost(SupervisorHost, Protocol):
     """What adoption needs of the runtime (ProcessRuntime): a supervisor handle's host, and
@@ -61,6 +66,12 @@ def adopt(host: AdoptionHost, supervised: dict[str, Supervised], instances: list
         if instance.step != instance.done_step:
             continue  # the node agent re-drives this step (launch/restart attach or start anew)
         if instance.phase is Phase.RUNNING and Component.INSTANCE in instance.holds:
+            if not directory.is_dir():
+                # Never a sandbox here: made by another runtime on this data dir (kibo-ctrl serve
+                # refuses that without --allow-runtime-change), or its directory was removed.
+                log.warning("instance %s: no sandbox of it on this node", instance.id)
+                host.events.put_nowait(VmmExited(instance.id, reason=ExitReason.CRASH, detail=NO_SANDBOX))
+                continue
             info = read_json(directory / "exit.json")
             report = exit_report(instance.id, host.backend, info)
             log.warning("instance %s: its supervisor is gone (%s)", instance.id, info or "killed")

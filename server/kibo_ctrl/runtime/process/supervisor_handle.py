@@ -49,7 +49,23 @@ def exit_report(instance_id: str, backend: Backend, info: dict[str, Any] | None)
         return VmmExited(instance_id, reason=ExitReason.GUEST_RESET)
     if reason == "poweroff" and backend is Backend.KIBOVM:
         return VmmExited(instance_id, reason=ExitReason.GUEST_POWEROFF)
-    return VmmExited(instance_id, reason=ExitReason.CRASH)
+    return VmmExited(instance_id, reason=ExitReason.CRASH, detail=crash_detail(info))
+
+
+def crash_detail(info: dict[str, Any] | None) -> str:
+    """What ended, in this runtime's words (a sandbox has no VMM): the supervisor, gone without
+    its exit.json, or the guest, whose init exited (exit.json's code, signal or error)."""
+    if info is None:
+        return (
+            "the sandbox's supervisor is gone without a word (killed from outside, or the machine "
+            "restarted); its guest ended with it"
+        )
+    if info.get("error"):
+        return f"the sandbox ended: {info['error']}"
+    if info.get("reason") != "exit":
+        return f"the sandbox's supervisor exited ({info.get('reason')})"
+    how = f"signal {info['signal']}" if info.get("signal") else f"code {info.get('code')}"
+    return f"the sandbox's guest ended: its init exited ({how}), as a guest kernel panic would"
 
 
 def read_json(path: Path) -> dict[str, Any] | None:

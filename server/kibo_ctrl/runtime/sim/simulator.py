@@ -212,4 +212,7 @@ class SimNode:
                 Fault.HOST_OOM: ExitReason.HOST_OOM,
             }[fault]
             vm.alive = False
-            self.events.put_nowait(VmmExited(vm.instance_id, reason=reason))
+            # The simulator has VMMs (firecracker's, kibovm's); the generic words fit, save
+            # that this one was an injected fault.
+            detail = "the simulated VMM exited (an injected VMM_CRASH fault)" if fault is Fault.VMM_CRASH else ""
+            self.events.put_nowait(VmmExited(vm.instance_id, reason=reason, detail=detail))
