@@ -146,17 +146,19 @@ def remove_pointer(pointer: Path) -> bool:
 
 
 def prune_pointers() -> list[Path]:
-    """Remove the pointers whose servers are gone (killed, so they could not remove their own);
-    returns them. Those of running servers, and those without an owner, stay."""
+    """Remove the pointers whose servers are gone (killed, so they could not remove their own),
+    and those of older servers (no owner recorded) whose token file is gone with its data dir;
+    returns them. Those of running servers stay, and an older one whose token file is there."""
     directory = pointer_path("127.0.0.1:0").parent
     removed = []
     try:
-        owners = sorted(directory.glob("*.pid"))
+        names = sorted(p.name for p in directory.iterdir() if not p.name.endswith((".pid", ".tmp")))
     except OSError:
         return []
-    for owner in owners:
-        pointer = owner.with_name(owner.name.removesuffix(".pid"))
-        if _gone(pointer) is not None:
+    for name in names:
+        pointer, owner = directory / name, directory / f"{name}.pid"
+        target = _read(pointer)
+        if _gone(pointer) is not None or (not owner.exists() and target is not None and not Path(target).exists()):
             for path in (pointer, owner):
                 path.unlink(missing_ok=True)
             removed.append(pointer)

@@ -145,6 +145,8 @@ def test_a_pointer_of_an_older_server_without_an_owner_is_followed(state_home: P
     token_file.write_text("kibo_older\n")
     state_home.mkdir(parents=True)
     (state_home / "127.0.0.1_50980").write_text(f"{token_file}\n")
+    # One whose data dir is gone (the 19 found were mostly of deleted temporary dirs) is pruned.
+    (state_home / "127.0.0.1_50981").write_text(f"{tmp_path / 'deleted' / 'admin.token'}\n")
     assert token_discovery.discover("127.0.0.1:50980").token == "kibo_older"
-    assert token_discovery.prune_pointers() == []
-    assert os.path.exists(state_home / "127.0.0.1_50980")
+    assert token_discovery.prune_pointers() == [state_home / "127.0.0.1_50981"]
+    assert sorted(os.listdir(state_home)) == ["127.0.0.1_50980"]
