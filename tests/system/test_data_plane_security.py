@@ -310,12 +310,17 @@ def _connect_flood(sdk: kibotos.Client, server: ServerProcess, workspace: str) -
 SLEEPER = "sleep 61"
 # Started in the background too, in the command's process group: it must go as well.
 RUNNING = ["sh", "-c", f"echo started; {SLEEPER} & {SLEEPER}"]
-# How long each stream took to end after its revocation (reported, not asserted).
+# How long a stream may take to end after its revocation (measured: ~5 ms; the bound is
+# generous for a loaded machine, and far below RUNNING_TIMEOUT_S).
+REVOKE_TO_END_BOUND_S = 2.0
+# The running command's own timeout: without revocation the stream would end then (exit 124),
+# not with UNAUTHENTICATED, and not within the bound.
+RUNNING_TIMEOUT_S = 15
 REVOKE_TO_END_S: list[float] = []
 
 
 def _running_exec(sdk: kibotos.Client, credential: str) -> Iterator[kibotos.ExecEvent]:
-    events = sdk.exec_workspace_command_stream(credential, RUNNING)
+    events = sdk.exec_workspace_command_stream(credential, RUNNING, timeout=RUNNING_TIMEOUT_S)
     assert next(events) == kibotos.ExecOutput("stdout", b"started\n")
     poll(lambda: len(processes(SLEEPER)) >= 3)  # guest_exec's job, the shell and the sleeps
     return events
@@ -329,6 +334,7 @@ def _ends_revoked(events: Iterator[kibotos.ExecEvent], since: float) -> float:
     assert "revoked while the call ran" in revoked.value.message and "killed" in revoked.value.message
     REVOKE_TO_END_S.append(took)
     print(f"revocation to the end of the stream: {took * 1000:.1f} ms")
+    assert took < REVOKE_TO_END_BOUND_S, f"the stream ended {took:.2f} s after its revocation"
     return took
 
 
