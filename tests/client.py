@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +42,22 @@ from kibo.sim.v1 import simulator_pb2_grpc as sim_grpc
 
 S = wp.WorkspaceState
 TERMINAL = (command_pb2.COMMAND_STATE_SUCCEEDED, command_pb2.COMMAND_STATE_FAILED)
+SUCCEEDED = command_pb2.COMMAND_STATE_SUCCEEDED
+# The state a workspace settles in when a command of this kind SUCCEEDED and none came after it.
+SETTLES_IN = {
+    "create": S.WORKSPACE_STATE_AVAILABLE,
+    "start": S.WORKSPACE_STATE_AVAILABLE,
+    "stop": S.WORKSPACE_STATE_STOPPED,
+    "force-stop": S.WORKSPACE_STATE_STOPPED,
+    "delete": S.WORKSPACE_STATE_DELETED,
+}
+
+
+def implied_states(commands: Iterable[tuple[str, str]]) -> dict[str, int]:
+    """Each workspace's state as its last command implies: `commands` are (kind, workspace
+    ID) in the order they were acknowledged (one client at a time per workspace), each of
+    which SUCCEEDED."""
+    return {workspace_id: SETTLES_IN[kind] for kind, workspace_id in commands}
 
 
 def new_id(prefix: str = "test") -> str:

@@ -66,7 +66,11 @@ async def test_three_replicas_serve_one_control_plane_and_survive_the_leaders_ki
         await clients[1].delete(subject)
         seen = await asyncio.wait_for(asyncio.gather(*watches), 30)
         assert seen[0] == seen[1] == seen[2], seen
-        assert len(seen[0]) == len(set(seen[0])) >= 8  # every change once: no gap, no repeat
+        # Every change once, in order: each version is the one before it plus one (no gap, no
+        # repeat), from the snapshot to the DELETED change, through 4 commands' worth of changes.
+        versions = [int(etag.split(":")[0]) for etag in seen[0]]
+        assert versions == list(range(versions[0], versions[0] + len(versions))), seen[0]
+        assert len(versions) >= 8, seen[0]
         assert seen[0][-1].endswith(f":{S.WORKSPACE_STATE_DELETED}")
 
         # kill -9 the leader: a survivor takes the lease and the loops with it.

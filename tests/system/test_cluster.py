@@ -6,8 +6,10 @@ Clients spread over the replicas send mixed lifecycle commands (create, stop, st
 delete; some sent again with the same command ID), resending to the next replica when one
 cannot be reached, while the leader is killed with -9 twice (restarted as a follower each
 time) and one node agent is killed with -9 and restarted. Then: every acknowledged command
-is found and terminal, no workspace is left in a transitional state, the watches on every
-replica saw each workspace's versions without a gap, and no instance was launched twice."""
+is found on every replica and SUCCEEDED, each workspace's final state is what its last
+acknowledged command implies (an acknowledged delete is DELETED), the watches on every replica
+saw each workspace's versions without a gap, and no instance was launched twice: counted by the
+nodes' runtimes themselves (tests/recorded_sim.py), where the launches happen."""
 
 from __future__ import annotations
 
@@ -16,12 +18,11 @@ import contextlib
 import itertools
 import os
 import random
-import re
 import signal
 import subprocess
 import sys
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +35,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from kibo.ctrl.v1 import workspace_pb2 as wp
 from kibo.ctrl.v1 import workspace_service_pb2 as ws
 
-from tests.client import TERMINAL, Client, S, meta
+from tests.client import SUCCEEDED, TERMINAL, Client, S, implied_states, meta, state_name
 from tests.postgres import Databases
 from tests.server import free_port
 
@@ -42,13 +43,12 @@ SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "cluster" / "cluster
 COMMANDS = 500
 WORKERS = 9
 LEASE_MS = 3000
+# A launch a node's runtime finished longer ago than this has been reported to the control plane
+# (a report takes milliseconds): a node agent restarted after that must not launch it again.
+REPORTED_WITHIN_S = 1.0
 # Calls that may not have got through (a killed replica): sent again, same command ID, to the next replica.
 PASSING = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
 STEADY = {S.WORKSPACE_STATE_AVAILABLE, S.WORKSPACE_STATE_STOPPED, S.WORKSPACE_STATE_DELETED, S.WORKSPACE_STATE_FAILED}
-PROVISIONING = re.compile(r"instance (\S+): provisioning on \S+$")
-# A launch driven again by a node agent restarted in its middle: the same launch, resumed.
-RESUMED = re.compile(r"instance (\S+): provisioning on (\S+) again \(its node agent restarted")
-BEGUN = re.compile(r"instance (\S+): provisioning on")  # either
 
 pytestmark = [pytest.mark.timeout(900), pytest.mark.serial]
 
@@ -115,8 +115,12 @@ class Tally:
     watches: dict[tuple[str, int], list[list[tuple[int, int]]]] = field(default_factory=dict)
     failovers: list[tuple[float, float]] = field(default_factory=list)
     node_down_s: float = 0.0
-    unknown_after_s: float | None = None
+    unknown_after_s: float = 0.0
     victim: str = ""
+    # The victim's kibo-ctrl before its kill -9 and after its restart.
+    killed_pid: int = 0
+    restarted_pid: int = 0
+    killed_at: float = 0.0  # wall clock
 
 
 class Cluster:
@@ -245,6 +249,41 @@ def _environment(url: str, addresses: list[str], data: Path) -> dict[str, str]:
     }
 
 
+def _node_environment(env: dict[str, str], launches: Path, labels: str) -> dict[str, str]:
+    """A node agent's: its runtime records its launches in `launches` (tests/recorded_sim.py)."""
+    return {
+        **env,
+        "KIBO_CTRL": f"{sys.executable} -m tests.recorded_sim",
+        "KIBO_TEST_LAUNCHES": str(launches),
+        "KIBO_NODE_FLAGS": f"{env['KIBO_NODE_FLAGS']} --labels {labels}",
+    }
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One launch a node's runtime was asked to make (tests/recorded_sim.py)."""
+
+    node: str
+    pid: int
+    instance: str
+    workspace: str
+    done_at: float = 0.0  # when it finished (wall clock); 0: it did not
+
+
+def _launches(path: Path) -> dict[str, list[Launch]]:
+    """By instance, the launches the nodes' runtimes began, in order, each with when it finished."""
+    begun: dict[str, list[Launch]] = defaultdict(list)
+    for line in path.read_text().splitlines() if path.exists() else []:
+        kind, node, pid, instance, workspace, at = line.split()
+        if kind == "begin":
+            begun[instance].append(Launch(node, int(pid), instance, workspace))
+        else:
+            runs = begun[instance]
+            last = max(i for i, run in enumerate(runs) if (run.node, run.pid) == (node, int(pid)))
+            runs[last] = Launch(node, int(pid), instance, workspace, done_at=float(at))
+    return begun
+
+
 async def test_three_replicas_and_three_nodes_lose_no_acknowledged_command_through_kill_9s(
     postgres_databases: Databases, tmp_path: Path
 ) -> None:
@@ -252,7 +291,8 @@ async def test_three_replicas_and_three_nodes_lose_no_acknowledged_command_throu
     addresses = [f"127.0.0.1:{free_port()}" for _ in range(3)]
     env = _environment(url, addresses, tmp_path)
     replicas = [Part("replica", i + 1, env, tmp_path) for i in range(3)]
-    nodes = [Part("node", i + 1, env, tmp_path) for i in range(3)]
+    launches_log = tmp_path / "launches.log"
+    nodes = [Part("node", i + 1, _node_environment(env, launches_log, f"node={i + 1}"), tmp_path) for i in range(3)]
     tally = Tally()
     async with _started(replicas + nodes), contextlib.AsyncExitStack() as stack:
         for replica, address in zip(replicas, addresses, strict=True):
@@ -299,18 +339,31 @@ async def test_three_replicas_and_three_nodes_lose_no_acknowledged_command_throu
             running = Counter(w.node_id for w in listed.workspaces if w.state == S.WORKSPACE_STATE_AVAILABLE)
             victim = running.most_common(1)[0][0] if running else "node-2"
             node = nodes[int(victim.split("-")[1]) - 1]
+            # One workspace of the victim's is AVAILABLE when it dies, whatever the workers do
+            # meanwhile: a probe placed there (its label), which no worker touches.
+            spec = wp.WorkspaceSpec(labels={"probe": "node-kill"}, node_selector={"node": str(node.index)})
+            probe = ws.CreateWorkspaceRequest(metadata=meta(), spec=spec)
+            probe_id = await cluster.command("create", "CreateWorkspace", probe, 0, random.Random(0))
+            tally.workspaces.append(probe_id)
+            placed = await cluster.steady(probe_id, 0)
+            assert (placed.state, placed.node_id) == (S.WORKSPACE_STATE_AVAILABLE, victim), placed
+            assert node.process is not None
+            tally.killed_pid = node.process.pid
+            tally.killed_at = time.time()
             node.kill()
             killed = time.monotonic()
 
             async def unknown() -> bool:
-                response = await cluster.call("ListWorkspaces", ws.ListWorkspacesRequest(page_size=1000), 0)
-                return any(w.state == S.WORKSPACE_STATE_UNKNOWN and w.node_id == victim for w in response.workspaces)
+                response = await cluster.call("GetWorkspace", ws.GetWorkspaceRequest(workspace_id=probe_id), 0)
+                return bool(response.workspace.state == S.WORKSPACE_STATE_UNKNOWN)
 
             # Its workspaces go UNKNOWN once its lease runs out (on the leader, whichever replica
             # it renewed through); started again on its data dir, it takes them back.
-            if running:
-                tally.unknown_after_s = await _when(unknown, 6 * LEASE_MS / 1000, f"{victim}'s workspaces UNKNOWN")
+            within = 6 * LEASE_MS / 1000
+            tally.unknown_after_s = await _when(unknown, within, f"{victim}'s workspace {probe_id} UNKNOWN")
             node.start()
+            assert node.process is not None
+            tally.restarted_pid = node.process.pid
             tally.node_down_s = time.monotonic() - killed
             tally.victim = victim
 
@@ -330,9 +383,10 @@ async def test_three_replicas_and_three_nodes_lose_no_acknowledged_command_throu
         await asyncio.gather(chaos(), *(cluster.worker(w, budget, watches) for w in range(WORKERS)))
         elapsed = time.monotonic() - began
 
-        # Every acknowledged command is there, terminal, read through every replica.
-        lost = []
-        for command_id in tally.acknowledged:
+        # Every acknowledged command is there, read through every replica, and SUCCEEDED: nothing
+        # was injected and each was sent in a state that allows it, so a FAILED one is a loss.
+        lost, unsuccessful = [], []
+        for command_id, (kind, workspace_id) in tally.acknowledged.items():
             request = ws.GetWorkspaceCommandRequest(command_id=command_id)
             for replica in range(3):
                 try:
@@ -342,13 +396,18 @@ async def test_three_replicas_and_three_nodes_lose_no_acknowledged_command_throu
                     break
                 if command.state not in TERMINAL:
                     await _when(lambda r=request, i=replica: _terminal(cluster, r, i), 60, f"{command_id} terminal")
-        # No workspace left in a transitional state (nor FAILED: nothing was injected).
-        finals = {w: await cluster.steady(w, 0, within=60) for w in tally.workspaces}
-        assert {S.Name(w.state) for w in finals.values()} <= {
-            "WORKSPACE_STATE_AVAILABLE",
-            "WORKSPACE_STATE_STOPPED",
-            "WORKSPACE_STATE_DELETED",
-        }
+                    command = (await cluster.call("GetWorkspaceCommand", request, replica)).command
+                if command.state != SUCCEEDED:
+                    unsuccessful.append(f"{kind} {workspace_id} ({command_id}) on replica {replica + 1}: {command}")
+                    break
+        # Each workspace ends where its last acknowledged command leaves it.
+        finals = {w: await _final(cluster, w) for w in tally.workspaces}
+        expected = implied_states(tally.acknowledged.values())
+        wrong = [
+            f"{w}: {state_name(finals[w].state)}, its last command implies {state_name(expected[w])}"
+            for w in tally.workspaces
+            if finals[w].state != expected[w]
+        ]
         # Let the watches of live workspaces catch up with the last version, then end them.
         await asyncio.sleep(2)
         cluster.done.set()
@@ -356,34 +415,65 @@ async def test_three_replicas_and_three_nodes_lose_no_acknowledged_command_throu
             task.cancel()
         await asyncio.gather(*watches, return_exceptions=True)
         gaps = _gaps(tally, finals)
-        # No instance launched twice: each begins PROVISIONING once. The one exception is a
-        # launch the killed node agent was in the middle of: its restart drives it again, once.
+        # No instance launched twice, as the nodes' runtimes saw it: each instance was begun once.
+        # The one exception: a launch the killed node agent had begun and not reported (not
+        # finished, or finished just before the kill), begun again once by its restarted self
+        # (the sim's instances live in its memory, so the same launch is redone).
+        launches = _launches(launches_log)
         launched_twice, resumed = [], []
-        for workspace_id in tally.workspaces:
-            events = await clients[0].events(workspace_id)
-            counts = Counter(m.group(1) for e in events if (m := PROVISIONING.search(e.message)))
-            launched_twice += [instance for instance, n in counts.items() if n > 1]
-            resumed += [(m.group(1), m.group(2)) for e in events if (m := RESUMED.search(e.message))]
+        for instance, runs in launches.items():
+            if len(runs) == 1:
+                continue
+            nodes_pids = [(run.node, run.pid) for run in runs]
+            unreported = not runs[0].done_at or runs[0].done_at > tally.killed_at - REPORTED_WITHIN_S
+            if nodes_pids == [(tally.victim, tally.killed_pid), (tally.victim, tally.restarted_pid)] and unreported:
+                resumed.append(instance)
+            else:
+                launched_twice.append(f"{instance}: {runs}")
+        # And each create and start that SUCCEEDED is one launch the runtimes finished.
+        finished = {instance for instance, runs in launches.items() if runs[-1].done_at}
+        starts = sum(kind in ("create", "start") for kind, _ in tally.acknowledged.values())
+        on_their_nodes = {(runs[-1].workspace, runs[-1].node) for runs in launches.values() if runs[-1].done_at}
+        unlaunched = [
+            w
+            for w, final in finals.items()
+            if final.state == S.WORKSPACE_STATE_AVAILABLE and (w, final.node_id) not in on_their_nodes
+        ]
 
         kinds = Counter(kind for kind, _ in tally.acknowledged.values())
         print(
             f"\ncluster: {len(tally.acknowledged)} commands acknowledged ({dict(kinds)}) in {elapsed:.1f}s, "
             f"{tally.repeats} sent again with the same command ID, {tally.resends} resends after a failed call; "
-            f"kills: 2 leaders (kill -9), 1 node agent ({tally.victim}: kill -9, its workspaces UNKNOWN after "
-            f"{tally.unknown_after_s or 0:.1f}s, restarted after {tally.node_down_s:.1f}s); "
-            f"lost {len(lost)}; failover (kill -9 -> lease taken / -> next create AVAILABLE): "
+            f"kills: 2 leaders (kill -9), 1 node agent ({tally.victim}: kill -9, its workspace UNKNOWN after "
+            f"{tally.unknown_after_s:.1f}s, restarted after {tally.node_down_s:.1f}s); "
+            f"lost {len(lost)}, not SUCCEEDED {len(unsuccessful)}, final state not the last command's {len(wrong)}; "
+            "failover (kill -9 -> lease taken / -> next create AVAILABLE): "
             + ", ".join(f"{a:.2f}s / {b:.2f}s" for a, b in tally.failovers)
             + f"; watches: {len(tally.watches)} on 3 replicas, "
             f"{sum(sum(1 for seg in s if seg) - 1 for s in tally.watches.values())} reconnects, {len(gaps)} gaps; "
-            f"instances launched twice: {len(launched_twice)}; launches resumed by the restarted node agent: "
+            f"launches begun by the nodes' runtimes: {sum(len(r) for r in launches.values())} of "
+            f"{len(launches)} instances ({len(finished)} finished, for {starts} creates and starts); "
+            f"instances launched twice: {len(launched_twice)}; launches redone by the restarted node agent: "
             f"{len(resumed)}"
         )
         assert not lost, lost
+        assert not unsuccessful, unsuccessful[:5]
+        assert not wrong, wrong[:5]
         assert len(tally.failovers) == 2
         assert not gaps, gaps[:5]
-        assert not launched_twice, launched_twice
-        assert all(node == tally.victim for _, node in resumed), resumed
-        assert len({instance for instance, _ in resumed}) == len(resumed), resumed
+        assert not launched_twice, launched_twice[:5]
+        assert len(finished) == len(launches) == starts, (len(finished), len(launches), starts)
+        assert not unlaunched, unlaunched[:5]
+
+
+async def _final(cluster: Cluster, workspace_id: str) -> wp.Workspace:
+    """The workspace once steady; DELETED if it is gone altogether."""
+    try:
+        return await cluster.steady(workspace_id, 0, within=60)
+    except grpc.aio.AioRpcError as error:
+        if error.code() != grpc.StatusCode.NOT_FOUND:
+            raise
+        return wp.Workspace(workspace_id=workspace_id, state=S.WORKSPACE_STATE_DELETED)
 
 
 async def _terminal(cluster: Cluster, request: ws.GetWorkspaceCommandRequest, replica: int) -> bool:
@@ -454,12 +544,13 @@ async def test_a_node_cut_off_in_its_network_namespace_goes_unknown_and_comes_ba
         addresses = [f"{host_address}:{free_port()}" for _ in range(2)]
         env = _environment(url, addresses, tmp_path)
         replicas = [Part("replica", i + 1, env, tmp_path) for i in range(2)]
+        launches_log = tmp_path / "launches.log"
         nodes = [
-            Part("node", 1, {**env, "KIBO_NODE_FLAGS": env["KIBO_NODE_FLAGS"] + " --labels side=host"}, tmp_path),
+            Part("node", 1, _node_environment(env, launches_log, "side=host"), tmp_path),
             Part(
                 "node",
                 2,
-                {**env, "KIBO_NODE_FLAGS": env["KIBO_NODE_FLAGS"] + " --labels side=cut"},
+                _node_environment(env, launches_log, "side=cut"),
                 tmp_path,
                 prefix=("ip", "netns", "exec", namespace),
             ),
@@ -482,7 +573,8 @@ async def test_a_node_cut_off_in_its_network_namespace_goes_unknown_and_comes_ba
             kept = (await client.create(node_selector={"side": "host"})).workspace_id
             for workspace_id in (*cut, kept):
                 assert (await client.get(workspace_id)).state == S.WORKSPACE_STATE_AVAILABLE
-            launches = {w: await _launches(client, w) for w in cut}
+            launches = _launches(launches_log)
+            assert sorted(runs[0].workspace for runs in launches.values() if runs[0].node == "node-2") == sorted(cut)
 
             async def states(*wanted: int) -> bool:
                 return all([(await client.get(w)).state in wanted for w in cut])
@@ -492,18 +584,13 @@ async def test_a_node_cut_off_in_its_network_namespace_goes_unknown_and_comes_ba
             assert (await client.get(kept)).state == S.WORKSPACE_STATE_AVAILABLE
             await _link(namespace, link, "up")
             back_s = await _when(lambda: states(S.WORKSPACE_STATE_AVAILABLE), 120, "AVAILABLE again")
-            assert {w: await _launches(client, w) for w in cut} == launches, "launched again after the partition"
+            assert _launches(launches_log) == launches, "launched again after the partition"
             # The node obeys again: a stop and a start of one of its workspaces settle.
             await client.stop(cut[0])
             assert (await client.wait_steady(cut[0], within=30)).state == S.WORKSPACE_STATE_STOPPED
             await client.start(cut[0])
             assert (await client.wait_steady(cut[0], within=30)).state == S.WORKSPACE_STATE_AVAILABLE
             print(f"\npartition: node-2's link down -> UNKNOWN in {unknown_s:.1f}s; up -> AVAILABLE in {back_s:.1f}s")
-
-
-async def _launches(client: Client, workspace_id: str) -> Counter[str]:
-    events = await client.events(workspace_id)
-    return Counter(m.group(1) for e in events if (m := BEGUN.search(e.message)))
 
 
 async def _link(namespace: str, link: str, state: str) -> None:

@@ -44,13 +44,18 @@ class Race:
     unexpected: list[str] = field(default_factory=list)
 
 
-async def racer(client: Client, workspace_id: str, rng: random.Random, race: Race, until: float) -> None:
-    """Stop, start, force-stop (and late in the race, delete) the one workspace as fast as answered."""
+async def racer(
+    client: Client, workspace_id: str, rng: random.Random, race: Race, until: float, closer: bool = False
+) -> None:
+    """Stop, start, force-stop (and late in the race, delete) the one workspace as fast as answered.
+    The closer sends a delete in every turn of the race's last second until one is accepted,
+    so that the race always ends with a delete in it."""
     while time.monotonic() < until:
         late = until - time.monotonic() < 1.0
         choice = rng.random()
         request: Any
-        if late and choice < 0.05:
+        deleting = closer and "Delete" not in race.accepted.values()
+        if late and (choice < 0.05 or deleting):
             method, request = client.ws.DeleteWorkspace, ws.DeleteWorkspaceRequest(metadata=meta())
         elif choice < 0.4:
             method, request = client.ws.StopWorkspace, ws.StopWorkspaceRequest(metadata=meta())
@@ -88,11 +93,11 @@ async def test_many_clients_racing_on_one_workspace_end_in_a_state_the_rules_all
     # 12 racers, each on its own channel (its own client), each with its own command IDs.
     async with contextlib.AsyncExitStack() as stack:
         clients = [await stack.enter_async_context(Client.connect(server.address)) for _ in range(12)]
-        racers = [racer(c, workspace_id, random.Random(rng.random()), race, until) for c in clients]
+        racers = [racer(c, workspace_id, random.Random(rng.random()), race, until, c is clients[0]) for c in clients]
         await asyncio.wait_for(asyncio.gather(*racers), 30)
     assert not race.unexpected, race.unexpected
     kinds = set(race.accepted.values())
-    assert {"Stop", "Start"} <= kinds, race.accepted
+    assert {"Stop", "Start", "Delete"} <= kinds, race.accepted
     assert len(race.accepted) > 10 and race.rejected, (len(race.accepted), race.rejected)
 
     async with Client.connect(server.address) as client:
@@ -106,19 +111,19 @@ async def test_many_clients_racing_on_one_workspace_end_in_a_state_the_rules_all
         commands = {c: await client.command(c) for c in race.accepted}
         events = await client.events(workspace_id)
         assert not feed_gaps(final, events), feed_gaps(final, events)
+        # An accepted delete is never superseded: it SUCCEEDED, and the workspace is DELETED.
         deletes = [c for c, kind in race.accepted.items() if kind == "Delete"]
-        if any(commands[c].state == SUCCEEDED for c in deletes):
-            assert final.state == S.WORKSPACE_STATE_DELETED, state_name(final.state)
+        assert deletes and all(commands[c].state == SUCCEEDED for c in deletes), [commands[c] for c in deletes]
+        assert final.state == S.WORKSPACE_STATE_DELETED, state_name(final.state)
         # Once a delete was accepted, nothing started the workspace again.
         accepted_at = {
             e.command_id: e.sequence for e in events if e.type == obs.EVENT_TYPE_COMMAND_ACCEPTED and e.command_id
         }
-        if deletes:
-            first_delete = min(accepted_at[c] for c in deletes)
-            later = [e for e in events if e.sequence > first_delete and e.type == obs.EVENT_TYPE_STATE_CHANGED]
-            assert all(e.to_state not in (S.WORKSPACE_STATE_STARTING, S.WORKSPACE_STATE_AVAILABLE) for e in later)
-            late_starts = [c for c, kind in race.accepted.items() if kind == "Start" and accepted_at[c] > first_delete]
-            assert not late_starts
+        first_delete = min(accepted_at[c] for c in deletes)
+        later = [e for e in events if e.sequence > first_delete and e.type == obs.EVENT_TYPE_STATE_CHANGED]
+        assert all(e.to_state not in (S.WORKSPACE_STATE_STARTING, S.WORKSPACE_STATE_AVAILABLE) for e in later), later
+        late_starts = [c for c, kind in race.accepted.items() if kind == "Start" and accepted_at[c] > first_delete]
+        assert not late_starts, late_starts
         print(
             f"race: {len(race.accepted)} accepted {sorted(kinds)}, rejected {race.rejected}, "
             f"final {state_name(final.state)}, {len(events)} events"
