@@ -26,24 +26,46 @@ def _show(node: nodes_pb2.Node, fmt: Format) -> None:
         output.stdout().print(f"{node.id}: {_state(node)} ({node.instances} instances)", markup=False)
 
 
+GIB = 1 << 30
+
+
+def _ratio(ratio: float) -> str:
+    """How the figure was made: " (x16)" of the host's; nothing when it was given as is."""
+    return f" (x{ratio:g})" if ratio else ""
+
+
+def _storage(node: nodes_pb2.Node) -> str:
+    """Declared capacity promised of what the node offers (sparse images: limits, not usage)."""
+    if not node.storage_gib:
+        return "-"
+    return f"{node.storage_promised_bytes / GIB:.0f}/{node.storage_gib}" + _ratio(node.disk_allocation_ratio)
+
+
 @app.command("list")
 @handle
 def node_list(fmt: OutputOpt = Format.text) -> None:
     """Every node: state (READY, SILENT, CORDONED, DRAINING, DRAINED), vCPU and memory used of
-    what it offers, instances, storage pool and labels."""
+    what it offers (the host's x its allocation ratio), storage promised of what it offers,
+    real free disk, conditions (DiskPressure: under its disk reserve, no new storage),
+    instances, storage pool and labels."""
     with connect() as client:
         nodes = client.list_nodes()
     if fmt is Format.json:
         output.emit_json({"nodes": [output.to_dict(node) for node in nodes]})
         return
-    table = output.table("NODE", "STATE", "VCPU", "MEMORY MIB", "INSTANCES", "POOL", "LABELS")
+    table = output.table(
+        "NODE", "STATE", "VCPU", "MEMORY MIB", "STORAGE GIB", "DISK FREE", "CONDITIONS", "INSTANCES", "POOL", "LABELS"
+    )
     for node in nodes:
         labels = ",".join(f"{k}={v}" for k, v in sorted(node.labels.items())) or "-"
         table.add_row(
             node.id,
             _state(node),
-            f"{node.used_vcpus}/{node.vcpus}",
-            f"{node.used_memory_mib}/{node.memory_mib}",
+            f"{node.used_vcpus}/{node.vcpus}" + _ratio(node.cpu_allocation_ratio),
+            f"{node.used_memory_mib}/{node.memory_mib}" + _ratio(node.memory_allocation_ratio),
+            _storage(node),
+            f"{node.disk_free_bytes / GIB:.1f} GiB" if node.disk_free_bytes else "-",
+            ",".join(node.conditions) or "-",
             str(node.instances),
             node.storage_pool,
             labels,

@@ -8,7 +8,7 @@ import logging
 import os
 import resource
 import signal
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,7 @@ from .api.node_api import NodeAdminApi, NodeApi
 from .domain.access import DEFAULT_TENANT, Role, TokenRecord
 from .domain.clock import SYSTEM_CLOCK, Clock
 from .domain.model import Backend, Node, Workspace
+from .domain.nodes import AllocationRatios, DiskStatus, NodeResources, capacity
 from .domain.reports import StorageReleased
 from .engine import controller
 from .engine.expiry import ExpiryLoop
@@ -38,7 +39,7 @@ from .engine.service import Quotas, Service, Settings
 from .runtime.base import Closable, GuestAccess, MachineObserver, Runtime
 from .runtime.process import safepath
 from .runtime.process.options import SupervisorMode as SupervisorMode  # cli.py's --supervisor
-from .runtime.process.options import options_from
+from .runtime.process.options import host_capacity, options_from
 from .runtime.process.runtime import ProcessRuntime
 from .runtime.sim.api import SimulatorApi
 from .runtime.sim.simulator import SimBoard, SimNode
@@ -72,6 +73,10 @@ GRPC_MAX_CONNECTION_IDLE_MS = 5 * 60 * 1000
 # Per tenant, by default: far above what one client's work needs (a create settles in a few
 # calls), low enough that one tenant's flood leaves the server to the others.
 DEFAULT_RATE_LIMIT_RPS = 1000.0
+# A simulated node's capacity unless given (--node-vcpus, --node-memory-mib): a big host, so
+# that simulated workloads are bounded by what they test, not by the machine they run on.
+SIM_NODE_VCPUS = 4096
+SIM_NODE_MEMORY_MIB = 16 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -92,8 +97,11 @@ class Config:
     sim_backend: Backend = Backend.FIRECRACKER
     sim_step_ms: float = 20.0
     sim_nodes: int = 1
-    node_vcpus: int = 4096
-    node_memory_mib: int = 16 * 1024 * 1024
+    # What the embedded node offers; 0: the host's times the allocation ratios (process
+    # runtime; the simulator's nodes: SIM_NODE_VCPUS and SIM_NODE_MEMORY_MIB each).
+    node_vcpus: int = 0
+    node_memory_mib: int = 0
+    allocation: AllocationRatios = field(default_factory=AllocationRatios)
     settle_ms: float = 1000.0
     node_timeout_ms: float = 3000.0
     # What a joining node may claim, and the pools besides "local" that several nodes may
@@ -123,12 +131,17 @@ class Config:
     guest_command: tuple[str, ...] = ()
     stop_grace_ms: float = 10_000.0
     guest_id_base: int = 100_000  # host uids/gids base..base+65535 are the guests'
-    storage_overcommit: float = 1.0
     supervisor: str = "auto"  # who holds ready guests: node (one process for all) or instance; auto
     # GET /metrics on the HTTP listener: operator token (default), open, or off.
     metrics: MetricsAccess = MetricsAccess.OPERATOR
     # Traces: an OpenTelemetry TracerProvider (cli.py builds it from the OTEL_* variables); None: off.
     tracer_provider: TracerProvider | None = None
+
+    @property
+    def disk_allocation_ratio(self) -> float:
+        """The process runtime's (ProcessSettings): its images' declared capacities may add
+        up to this many times the data dir's filesystem."""
+        return self.allocation.disk
 
 
 class App:
@@ -249,8 +262,16 @@ class App:
         """The embedded node(s): their runtimes and agents, linked to the registry in process
         (the same agent and the same link protocol as a `kibo-ctrl node` on another host)."""
         config = self.config
+        if config.runtime == "process":
+            # The same resource model as every node (domain/nodes.py): the host's times the ratios.
+            vcpus, memory_mib, resources = capacity(
+                host_capacity(), config.allocation, config.node_vcpus, config.node_memory_mib
+            )
+        else:
+            vcpus, memory_mib = config.node_vcpus or SIM_NODE_VCPUS, config.node_memory_mib or SIM_NODE_MEMORY_MIB
+            resources = NodeResources()
         nodes = [
-            Node(id=f"node-{i + 1}", vcpus=config.node_vcpus, memory_mib=config.node_memory_mib, storage_pool=pool)
+            Node(id=f"node-{i + 1}", vcpus=vcpus, memory_mib=memory_mib, storage_pool=pool)
             # The pool's files are deleted by its first node; the other simulated nodes have their own.
             for i in range(config.sim_nodes if config.runtime == "sim" else 1)
             for pool in [storage_pool if i == 0 else f"{storage_pool}-node-{i + 1}"]
@@ -258,12 +279,16 @@ class App:
         # The runtimes, and who gets which of their capabilities (runtime/base.py): only the
         # process runtime reaches guests, reads the machine and has connections to close.
         observer: MachineObserver | None = None
+        disk: dict[str, Callable[[], DiskStatus]] = {}
         if config.runtime == "process":
             options = options_from(config, config.data_dir)
             process = await asyncio.to_thread(ProcessRuntime, nodes[0].id, options)
             self.runtimes[nodes[0].id] = guests[nodes[0].id] = process
             observer = process
             self._closables.append(process)
+            disk_gib, storage_gib = process.disk_offered_gib()
+            resources = resources.with_disk(disk_gib, config.allocation.disk, storage_gib)
+            disk[nodes[0].id] = process.disk_status
         else:
             board = SimBoard()
             sim_nodes = {n.id: SimNode(n.id, config.sim_backend, config.sim_step_ms / 1000, board) for n in nodes}
@@ -278,7 +303,10 @@ class App:
         self.metrics.watch_nodes(
             nodes, lambda node_id: self.runtimes[node_id].reachable.is_set(), self.registry.report_age
         )
-        self._agents = [NodeAgent(n, metered[n.id], LocalLink(self.registry, n.id)) for n in nodes]
+        self._agents = [
+            NodeAgent(n, metered[n.id], LocalLink(self.registry, n.id), resources=resources, disk=disk.get(n.id))
+            for n in nodes
+        ]
         return observer, next(iter(self.runtimes.values())).capabilities()
 
     async def _authenticator(self) -> Authenticator:

@@ -21,6 +21,7 @@ from .app import MAX_HTTP_BODY_BYTES, App, Config, SupervisorMode, open_store
 from .domain.access import Role, tenant_name
 from .domain.errors import KiboError, StoreError
 from .domain.model import Backend
+from .domain.nodes import AllocationRatios
 from .domain.nodes import labels as check_labels
 from .domain.nodes import node_id as check_node_id
 from .engine.service import Quotas
@@ -40,6 +41,49 @@ cli = typer.Typer(help="kibo control plane.", no_args_is_help=True, add_completi
 @cli.callback()
 def _group() -> None:
     """kibo control plane: kibo-ctrl serve runs it."""
+
+
+# The resource model's flags, on `serve` (its embedded node) and `node` alike (domain/nodes.py
+# AllocationRatios: the defaults and why).
+_RATIOS = AllocationRatios()
+CpuRatio = Annotated[
+    float,
+    typer.Option(
+        min=0.01,
+        max=1000.0,
+        help="vCPUs a node offers per core of its host (when its vCPUs are not given). "
+        "OpenStack Nova's default is 16; sandboxes idle most of the time.",
+    ),
+]
+MemoryRatio = Annotated[
+    float,
+    typer.Option(
+        min=0.01,
+        max=1000.0,
+        help="Memory a node offers per MiB of its host's (when not given); Nova's default is 1.5. A workspace's "
+        "memory is a limit: one process over it is killed in the guest.",
+    ),
+]
+DiskRatio = Annotated[
+    float,
+    typer.Option(
+        min=0.01,
+        max=1000.0,
+        help="Process runtime: the declared capacities of layers and volumes (sparse images) may add up to "
+        "this many times the data dir's filesystem. Below its reserve of real free space a node takes no new "
+        "storage, whatever the ratio; below 1 (say 0.9): the capacities fit on the disk with room for the store.",
+    ),
+]
+StorageOvercommit = Annotated[
+    float | None, typer.Option(min=0.01, hidden=True, help="Replaced by --disk-allocation-ratio.")
+]
+
+
+def _ratios(cpu: float, memory: float, disk: float, storage_overcommit: float | None) -> AllocationRatios:
+    if storage_overcommit is not None:
+        typer.echo("kibo-ctrl: --storage-overcommit is now --disk-allocation-ratio (taken as that)", err=True)
+        disk = storage_overcommit
+    return AllocationRatios(cpu=cpu, memory=memory, disk=disk)
 
 
 def default_data_dir() -> Path:
@@ -137,14 +181,10 @@ def serve(
     stop_grace_ms: Annotated[
         float, typer.Option(min=0, help="Process runtime: how long a graceful stop waits after SIGTERM.")
     ] = 10_000.0,
-    storage_overcommit: Annotated[
-        float,
-        typer.Option(
-            min=1.0,
-            help="Process runtime: how many times the data dir's free space (minus a reserve) the capacities "
-            "of new layers and volumes may promise; 1: never overcommitted, so guests cannot fill the disk.",
-        ),
-    ] = 1.0,
+    cpu_allocation_ratio: CpuRatio = _RATIOS.cpu,
+    memory_allocation_ratio: MemoryRatio = _RATIOS.memory,
+    disk_allocation_ratio: DiskRatio = _RATIOS.disk,
+    storage_overcommit: StorageOvercommit = None,
     supervisor: Annotated[
         SupervisorMode,
         typer.Option(
@@ -156,8 +196,22 @@ def serve(
     sim_backend: Annotated[Backend, typer.Option(help="Backend personality of the simulator.")] = Backend.FIRECRACKER,
     sim_step_ms: Annotated[float, typer.Option(min=0, help="Simulated time each lifecycle step takes.")] = 20.0,
     sim_nodes: Annotated[int, typer.Option(min=1, max=64, help="How many simulated nodes.")] = 1,
-    node_vcpus: Annotated[int, typer.Option(min=1, help="vCPUs each node offers.")] = 4096,
-    node_memory_mib: Annotated[int, typer.Option(min=128, help="Memory each node offers, MiB.")] = 16 * 1024 * 1024,
+    node_vcpus: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="vCPUs the embedded node offers; 0: the host's cores x --cpu-allocation-ratio "
+            "(each simulated node: 4096).",
+        ),
+    ] = 0,
+    node_memory_mib: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="Memory the embedded node offers, MiB; 0: the host's x --memory-allocation-ratio "
+            "(each simulated node: 16 TiB).",
+        ),
+    ] = 0,
     settle_ms: Annotated[
         float, typer.Option(min=0, help="How long a command call waits for its command to finish.")
     ] = 1000.0,
@@ -272,7 +326,7 @@ def serve(
         guest_command=tuple(shlex.split(guest_command)),
         stop_grace_ms=stop_grace_ms,
         guest_id_base=guest_id_base,
-        storage_overcommit=storage_overcommit,
+        allocation=_ratios(cpu_allocation_ratio, memory_allocation_ratio, disk_allocation_ratio, storage_overcommit),
         supervisor=supervisor.value,
         auth=not insecure_no_auth,
         rate_limit_rps=rate_limit_rps,
@@ -477,8 +531,15 @@ def node(
             help="The node's join token (kibo-ctrl token create --node ID); none against --insecure-no-auth.",
         ),
     ] = "",
-    vcpus: Annotated[int, typer.Option(min=0, help="vCPUs this node offers; 0: the host's.")] = 0,
-    memory_mib: Annotated[int, typer.Option(min=0, help="Memory this node offers, MiB; 0: the host's.")] = 0,
+    vcpus: Annotated[
+        int, typer.Option(min=0, help="vCPUs this node offers; 0: the host's cores x --cpu-allocation-ratio.")
+    ] = 0,
+    memory_mib: Annotated[
+        int, typer.Option(min=0, help="Memory this node offers, MiB; 0: the host's x --memory-allocation-ratio.")
+    ] = 0,
+    cpu_allocation_ratio: CpuRatio = _RATIOS.cpu,
+    memory_allocation_ratio: MemoryRatio = _RATIOS.memory,
+    disk_allocation_ratio: DiskRatio = _RATIOS.disk,
     storage_pool: Annotated[str, typer.Option(help="The storage pool this node's disk belongs to.")] = "local",
     tls_ca: Annotated[
         Path | None, typer.Option(help="PEM CA of the control plane's certificate: connect over TLS.")
@@ -494,9 +555,7 @@ def node(
     guest_id_base: Annotated[
         int, typer.Option(min=1, help="Process runtime: the guests' host id range start.")
     ] = 100_000,
-    storage_overcommit: Annotated[
-        float, typer.Option(min=1.0, help="Process runtime: how many times the free disk new storage may promise.")
-    ] = 1.0,
+    storage_overcommit: StorageOvercommit = None,
     supervisor: Annotated[
         SupervisorMode, typer.Option(help="Process runtime: who holds ready guests (as kibo-ctrl serve).")
     ] = SupervisorMode.AUTO,
@@ -554,7 +613,7 @@ def node(
         guest_command=tuple(shlex.split(guest_command)),
         stop_grace_ms=stop_grace_ms,
         guest_id_base=guest_id_base,
-        storage_overcommit=storage_overcommit,
+        allocation=_ratios(cpu_allocation_ratio, memory_allocation_ratio, disk_allocation_ratio, storage_overcommit),
         supervisor=supervisor.value,
         data_plane_listen=data_plane_listen,
         data_plane_address=data_plane_address,

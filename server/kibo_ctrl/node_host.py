@@ -7,10 +7,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import re
 import secrets
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,9 +19,10 @@ import grpc
 from . import routes
 from .api.node_guest_api import NodeGuestApi, guest_authenticator
 from .domain.model import Backend, Node
+from .domain.nodes import AllocationRatios, DiskStatus, capacity
 from .engine.node_agent import NodeAgent
 from .runtime.base import Closable, GuestAccess, Runtime
-from .runtime.process.options import options_from
+from .runtime.process.options import host_capacity, options_from
 from .runtime.process.runtime import ProcessRuntime
 from .runtime.sim.simulator import SimBoard, SimNode
 from .transport.grpc import EXCLUSIVE_PORT, bind, service_handler
@@ -54,7 +55,8 @@ class NodeConfig:
     guest_command: tuple[str, ...] = ()
     stop_grace_ms: float = 10_000.0
     guest_id_base: int = 100_000
-    storage_overcommit: float = 1.0
+    # What vcpus and memory_mib (when 0) are made of, and the disk's ratio (domain/nodes.py).
+    allocation: AllocationRatios = field(default_factory=AllocationRatios)
     supervisor: str = "auto"
     # Where this node serves its guests to the control plane (process runtime): the data
     # plane's last hop. Default: this host's address on the route to the control plane (the
@@ -63,6 +65,10 @@ class NodeConfig:
     # that address, with the port bound).
     data_plane_listen: str = ""
     data_plane_address: str = ""
+
+    @property
+    def disk_allocation_ratio(self) -> float:
+        return self.allocation.disk
 
 
 # The guest hop's default port (--data-plane-listen): one node agent per host takes it.
@@ -73,13 +79,6 @@ def default_node_id() -> str:
     """This host's name as a node ID (lowercase letters, digits and '-')."""
     name = re.sub(r"[^a-z0-9-]+", "-", socket.gethostname().split(".")[0].lower()).strip("-")
     return name[:63].strip("-") or "node"
-
-
-def host_capacity() -> tuple[int, int]:
-    """This host's vCPUs and memory (MiB): a node offers them all unless told otherwise."""
-    vcpus = len(os.sched_getaffinity(0))
-    memory_mib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1024 * 1024)
-    return vcpus, int(memory_mib)
 
 
 class NodeHost:
@@ -103,29 +102,40 @@ class NodeHost:
             raise ValueError(f"unknown runtime {config.runtime!r}; this build has: sim, process")
         config.data_dir.mkdir(parents=True, exist_ok=True)
         node_id = config.node_id or default_node_id()
-        vcpus, memory_mib = host_capacity()
-        node = Node(node_id, config.vcpus or vcpus, config.memory_mib or memory_mib, config.storage_pool)
+        # The same resource model as every node (domain/nodes.py): the host's times the ratios.
+        vcpus, memory_mib, resources = capacity(host_capacity(), config.allocation, config.vcpus, config.memory_mib)
+        node = Node(node_id, vcpus, memory_mib, config.storage_pool)
         runtime: Runtime
         data_plane = ("", "")
+        disk: Callable[[], DiskStatus] | None = None
         if config.runtime == "process":
             options = options_from(config, config.data_dir)
             process = await asyncio.to_thread(ProcessRuntime, node_id, options)
             self._closables.append(process)
             runtime = process
             data_plane = await self._serve_guests(process)
+            disk_gib, storage_gib = process.disk_offered_gib()
+            resources = resources.with_disk(disk_gib, config.allocation.disk, storage_gib)
+            disk = process.disk_status
         else:
             runtime = SimNode(node_id, config.sim_backend, config.sim_step_ms / 1000, SimBoard())
         credentials = None
         if config.tls_ca is not None:
             credentials = grpc.ssl_channel_credentials(root_certificates=config.tls_ca.read_bytes())
         self.link = GrpcLink(config.control_plane, node_id, config.token, credentials)
-        self.agent = NodeAgent(node, runtime, self.link, config.labels, data_plane)
+        self.agent = NodeAgent(node, runtime, self.link, config.labels, data_plane, resources, disk)
         self._task = asyncio.create_task(self.agent.run(), name=f"node agent {node_id}")
         log.info(
-            "node %s: %d vCPU, %d MiB, pool %s, runtime %s; control plane %s",
+            "node %s: %d vCPU (%d cores x %g), %d MiB (%d MiB x %g), %d GiB of storage, pool %s, runtime %s; "
+            "control plane %s",
             node_id,
             node.vcpus,
+            resources.host_vcpus,
+            resources.cpu_ratio,
             node.memory_mib,
+            resources.host_memory_mib,
+            resources.memory_ratio,
+            resources.storage_gib,
             node.storage_pool,
             config.runtime,
             config.control_plane,

@@ -108,7 +108,9 @@ async def test_a_stalled_create_reads_provisioning(server: ServerProcess) -> Non
 
 async def test_an_unschedulable_create_says_why_in_scheduled(server: ServerProcess) -> None:
     async with Client.connect(server.address) as client:
-        spec = wp.WorkspaceSpec(resources=wp.Resources(vcpus=16))
+        # The node offers 8 vCPUs: 6 of them taken, a create of 4 fits the node, not now.
+        taken = await client.create(resources=wp.Resources(vcpus=6))
+        spec = wp.WorkspaceSpec(resources=wp.Resources(vcpus=4))
         request = ws.CreateWorkspaceRequest(metadata=meta(), spec=spec)
         wid = (await client.ws.CreateWorkspace(request)).workspace.workspace_id
         for _ in range(250):
@@ -117,8 +119,9 @@ async def test_an_unschedulable_create_says_why_in_scheduled(server: ServerProce
                 break
             await asyncio.sleep(0.02)
         assert scheduled is not None and not scheduled.status and scheduled.reason == "Unschedulable"
-        assert "16 vCPU" in scheduled.message
+        assert "4 vCPU" in scheduled.message and "short of vCPU" in scheduled.message
         await client.delete(wid)
+        await client.delete(taken.workspace_id)
 
 
 async def test_a_silent_node_reads_in_node_reachable(server: ServerProcess) -> None:

@@ -62,14 +62,14 @@ def data_dir(tmp_path: Path) -> Iterator[Path]:
     yield tmp_path
 
 
-def _pool(data_dir: Path, overcommit: float = 1000.0) -> ImagePool:
+def _pool(data_dir: Path, disk_ratio: float = 1000.0) -> ImagePool:
     return ImagePool(
         data_dir / "runtime" / "pool",
         data_dir,
         owner=OWNER,
         variant="usr",
         make_seed=lambda upper: sandbox.seed_layer(upper, host_usr=True),
-        overcommit=overcommit,
+        disk_ratio=disk_ratio,
     )
 
 
@@ -110,13 +110,15 @@ def test_a_new_layer_is_taken_formatted_from_the_pool_once_it_was_asked_for(data
 
 
 def test_no_image_is_made_where_a_new_one_would_not_be_admitted(data_dir: Path) -> None:
-    pool = _pool(data_dir, overcommit=0.0)  # no new image fits
+    # The disk offers a few bytes of declared storage (--disk-allocation-ratio 1e-9): no new
+    # image fits. (Under its reserve of real free space, none would either: storage.refusal.)
+    pool = _pool(data_dir, disk_ratio=1e-9)
     try:
         volume = data_dir / "volumes" / "v-1"
         volume.mkdir()
         entry = storage.entry(volume, storage.VOLUME_IMAGE, 1, None)
         with pytest.raises(storage.NoSpace):
-            storage.admit(data_dir, [entry], 0.0, pool.take)
+            storage.admit(data_dir, [entry], 1e-9, pool.take)
         pool.wanted["volume"] = [GIB]
         pool.refill_soon()
         time.sleep(0.5)  # what the worker would have made by now, were there room

@@ -31,7 +31,7 @@ from tests.system.test_process_runtime import (
     wait_until,
 )
 
-NODE_FLAGS = ("--sandbox", "bwrap", "--stop-grace-ms", "2000", "--storage-overcommit", "100")
+NODE_FLAGS = ("--sandbox", "bwrap", "--stop-grace-ms", "2000")
 
 
 async def guest_hop_refuses(address: str, token: str) -> grpc.StatusCode:

@@ -21,6 +21,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 from kibo.ctrl.v1 import volume_service_pb2 as vol
 from kibo.ctrl.v1 import workspace_pb2 as wp
@@ -125,8 +126,8 @@ def host_mounts(data_dir: Path) -> list[str]:
 @pytest.fixture
 def storage_server(server_factory: Callable[..., ServerProcess]) -> Iterator[ServerProcess]:
     _require_sandbox()
-    # Not overcommitted (the default): new storage must fit on the disk.
-    server = server_factory(*FLAGS, "--storage-overcommit", "1")
+    # Declared capacities at most the disk's size (the default lets them promise 10 times it).
+    server = server_factory(*FLAGS, "--disk-allocation-ratio", "1")
     yield server
     server.kill()
     reap(server.data_dir)
@@ -223,16 +224,17 @@ def by_kind_released(rows: dict[int, object], kind: int) -> bool:
 
 
 async def test_storage_that_does_not_fit_on_the_disk_is_refused(client: Client, storage_server: ServerProcess) -> None:
-    # 1024 GiB of writable layer on a data dir with less free: the launch fails with a clear
-    # reason, before any guest runs, and no image is left behind.
+    # 1024 GiB of writable layer, more than the node's disk offers in all (its size, at
+    # --disk-allocation-ratio 1): refused up front with the reason (issue 26: not accepted and
+    # then FAILED), before anything is recorded or made.
     huge = wp.Resources(vcpus=1, memory_mib=128, writable_layer_gib=1024)
-    assert free_bytes(storage_server.data_dir) < 1024 * GIB
-    workspace = await client.create(resources=huge, data_volume_gib=1)
-    assert workspace.state == S.WORKSPACE_STATE_FAILED, workspace
-    assert "not enough disk" in workspace.failure.message, workspace.failure
-    assert not list((storage_server.data_dir / "layers").glob(f"{workspace.workspace_id}/*.img*"))
-    assert not supervisors(storage_server, workspace)
-    await client.delete(workspace.workspace_id)
+    assert os.statvfs(storage_server.data_dir).f_blocks * os.statvfs(storage_server.data_dir).f_frsize < 1024 * GIB
+    request = ws.CreateWorkspaceRequest(metadata=meta(), spec=wp.WorkspaceSpec(resources=huge, data_volume_gib=1))
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await client.ws.CreateWorkspace(request)
+    assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "1025 GiB of storage" in refused.value.details(), refused.value.details()
+    assert not list((storage_server.data_dir / "layers").glob("*/*.img*"))
 
 
 async def test_data_on_the_images_survives_stop_start_and_a_control_plane_kill9(

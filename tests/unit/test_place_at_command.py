@@ -52,7 +52,9 @@ async def test_a_create_with_room_is_placed_in_its_own_transaction(tmp_path: Pat
 async def test_a_create_behind_a_waiting_instance_waits_for_the_scheduler(tmp_path: Path) -> None:
     engine, _ = await _engine(tmp_path, vcpus=4)
     try:
-        big, _ = await engine.command("CreateWorkspace", _create(1, 8))  # fits no node: waits
+        first, _ = await engine.command("CreateWorkspace", _create(0, 3))
+        assert first.node_id == "node-1"
+        big, _ = await engine.command("CreateWorkspace", _create(1, 2))  # fits the node, not now: waits
         assert big.node_id is None
         small, _ = await engine.command("CreateWorkspace", _create(2, 1))
         # It would fit, but the first one waits before it: the scheduler's pass decides.

@@ -342,7 +342,11 @@ class Api:
     async def get_capabilities(
         self, request: ws_pb2.GetCapabilitiesRequest, caller: Caller
     ) -> ws_pb2.GetCapabilitiesResponse:
-        return ws_pb2.GetCapabilitiesResponse(capabilities=self._capabilities)
+        nodes = await self._store.read(lambda r: r.list_nodes())
+        response = ws_pb2.GetCapabilitiesResponse(capabilities=self._capabilities)
+        if nodes:
+            response.largest_workspace.CopyFrom(render.largest_workspace(nodes))
+        return response
 
     # -- observation -------------------------------------------------------------------
 

@@ -20,7 +20,7 @@ from kibo.node.v1 import node_service_pb2 as node_pb2
 from ..domain.access import LOCAL_OPERATOR, Caller, Role
 from ..domain.errors import InvalidArgument, PermissionDenied
 from ..domain.model import Node
-from ..domain.nodes import NodeRecord, node_id
+from ..domain.nodes import DiskStatus, NodeRecord, NodeResources, node_id
 from ..domain.reports import Report, StorageReleased
 from ..engine.node_link import REPORT_KINDS, Batch, Cursor, Declaration, InstanceWork, StorageWork, Work
 from ..engine.node_registry import NodeRegistry
@@ -99,6 +99,71 @@ def parse_report(request: node_pb2.ReportRequest) -> Report:
     return report
 
 
+# The largest figures a node may state for its host and disk (hostile input: bounded, so no
+# arithmetic on them overflows the wire's int64 or turns into a float infinity).
+MAX_HOST_FIGURE = 1 << 50
+MAX_RATIO = 1_000_000.0
+
+
+def _bounded(value: int, field: str) -> int:
+    if not 0 <= value <= MAX_HOST_FIGURE:
+        raise InvalidArgument(f"{field}: 0 to {MAX_HOST_FIGURE}", field=field)
+    return int(value)
+
+
+def _ratio(value: float, field: str) -> float:
+    if not 0.0 <= value <= MAX_RATIO:  # also refuses NaN
+        raise InvalidArgument(f"{field}: 0 to {MAX_RATIO:g}", field=field)
+    return float(value)
+
+
+def parse_resources(wire: node_pb2.NodeResources) -> NodeResources:
+    return NodeResources(
+        host_vcpus=_bounded(wire.host_vcpus, "resources.host_vcpus"),
+        host_memory_mib=_bounded(wire.host_memory_mib, "resources.host_memory_mib"),
+        host_disk_gib=_bounded(wire.host_disk_gib, "resources.host_disk_gib"),
+        cpu_ratio=_ratio(wire.cpu_allocation_ratio, "resources.cpu_allocation_ratio"),
+        memory_ratio=_ratio(wire.memory_allocation_ratio, "resources.memory_allocation_ratio"),
+        disk_ratio=_ratio(wire.disk_allocation_ratio, "resources.disk_allocation_ratio"),
+        storage_gib=_bounded(wire.storage_gib, "resources.storage_gib"),
+    )
+
+
+def render_resources(resources: NodeResources) -> node_pb2.NodeResources:
+    return node_pb2.NodeResources(
+        host_vcpus=resources.host_vcpus,
+        host_memory_mib=resources.host_memory_mib,
+        host_disk_gib=resources.host_disk_gib,
+        cpu_allocation_ratio=resources.cpu_ratio,
+        memory_allocation_ratio=resources.memory_ratio,
+        disk_allocation_ratio=resources.disk_ratio,
+        storage_gib=resources.storage_gib,
+    )
+
+
+def parse_disk(wire: node_pb2.DiskStatus) -> DiskStatus:
+    return DiskStatus(
+        free_bytes=_bounded(wire.free_bytes, "disk.free_bytes"),
+        reserve_bytes=_bounded(wire.reserve_bytes, "disk.reserve_bytes"),
+        promised_bytes=_bounded(wire.promised_bytes, "disk.promised_bytes"),
+        pressure=wire.pressure,
+    )
+
+
+def render_disk(disk: DiskStatus) -> node_pb2.DiskStatus:
+    return node_pb2.DiskStatus(
+        free_bytes=disk.free_bytes,
+        reserve_bytes=disk.reserve_bytes,
+        promised_bytes=disk.promised_bytes,
+        pressure=disk.pressure,
+    )
+
+
+def conditions(record: NodeRecord) -> list[str]:
+    """The node's conditions that hold now (kibo node list)."""
+    return ["DiskPressure"] if record.disk.pressure else []
+
+
 def render_node(record: NodeRecord, instances: int, used: tuple[int, int]) -> admin_pb2.Node:
     if record.silent:
         state = admin_pb2.NODE_STATE_SILENT
@@ -123,6 +188,17 @@ def render_node(record: NodeRecord, instances: int, used: tuple[int, int]) -> ad
         silent=record.silent,
         lease_expire_time=record.lease_expiry,
         join_time=record.join_time,
+        host_vcpus=record.resources.host_vcpus,
+        host_memory_mib=record.resources.host_memory_mib,
+        cpu_allocation_ratio=record.resources.cpu_ratio,
+        memory_allocation_ratio=record.resources.memory_ratio,
+        host_disk_gib=record.resources.host_disk_gib,
+        disk_allocation_ratio=record.resources.disk_ratio,
+        storage_gib=record.resources.storage_gib,
+        storage_promised_bytes=record.disk.promised_bytes,
+        disk_free_bytes=record.disk.free_bytes,
+        disk_reserve_bytes=record.disk.reserve_bytes,
+        conditions=conditions(record),
     )
 
 
@@ -143,6 +219,8 @@ class NodeApi:
             tuple(request.capabilities),
             request.data_plane_address,
             request.data_plane_token,
+            parse_resources(request.resources),
+            parse_disk(request.disk),
         )
         joined = await self._registry.join(declaration)
         return node_pb2.JoinResponse(node_id=joined.node_id, lease_seconds=joined.lease_seconds)
@@ -195,7 +273,7 @@ class NodeApi:
 
     async def renew_lease(self, request: node_pb2.RenewLeaseRequest, caller: Caller) -> node_pb2.RenewLeaseResponse:
         node = node_of(caller, request.node_id, self._auth)
-        await self._registry.renew(node)
+        await self._registry.renew(node, parse_disk(request.disk) if request.HasField("disk") else None)
         return node_pb2.RenewLeaseResponse(lease_seconds=self._registry.lease_seconds)
 
 

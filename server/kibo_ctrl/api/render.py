@@ -7,11 +7,12 @@ from typing import Generic, TypeVar
 from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
 from google.rpc import status_pb2
-from kibo.ctrl.v1 import command_pb2, volume_service_pb2, workspace_pb2
+from kibo.ctrl.v1 import command_pb2, volume_service_pb2, workspace_pb2, workspace_service_pb2
 from kibo.ctrl.v1 import observation_service_pb2 as obs_pb2
 
 from ..domain.cleanup import Cleanup
 from ..domain.model import Command, Event, Instance, Volume, Workspace
+from ..domain.nodes import NodeRecord
 
 M = TypeVar("M", bound=Message)
 
@@ -216,4 +217,15 @@ def volume(record: Volume) -> volume_service_pb2.Volume:
         state=int(record.state),
         workspace_id=record.workspace_id or "",
         create_time=timestamp(record.create_time),
+    )
+
+
+def largest_workspace(nodes: list[NodeRecord]) -> workspace_service_pb2.WorkspaceLimits:
+    """The most of each resource some node offers in all (GetCapabilities): more is refused.
+    Storage 0: some node does not bound it (the simulator)."""
+    storage = [node.resources.storage_gib for node in nodes]
+    return workspace_service_pb2.WorkspaceLimits(
+        vcpus=max(node.vcpus for node in nodes),
+        memory_mib=max(node.memory_mib for node in nodes),
+        storage_gib=0 if not all(storage) else max(storage),
     )

@@ -21,6 +21,7 @@ class Reason(IntEnum):
     RATE_LIMITED = 11
     UNIMPLEMENTED = 12
     GUEST_ERROR = 13
+    NO_CAPACITY = 14
 
 
 class KiboError(Exception):
@@ -95,6 +96,13 @@ class QuotaExceeded(KiboError):
         self.limit = limit
         self.used = used
         self.requested = requested
+
+
+class NoCapacity(KiboError):
+    """No node could ever hold what was asked (more than any node offers in all): refused up
+    front rather than accepted and left waiting or failed (RESOURCE_EXHAUSTED)."""
+
+    reason = Reason.NO_CAPACITY
 
 
 class RateLimited(KiboError):

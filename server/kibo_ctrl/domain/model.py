@@ -171,6 +171,7 @@ class EventType(IntEnum):
     SERVER_STOP = 12
     INSTANCE_PHASE = 13
     STORAGE_RELEASED = 14
+    GUEST_OOM_KILL = 15
 
 
 class VolumeState(IntEnum):

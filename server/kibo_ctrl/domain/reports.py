@@ -40,6 +40,9 @@ class LaunchFailed(Report):
     message: str = ""
     holds: tuple[Component, ...] = ()
     volumes_created: tuple[str, ...] = ()
+    # The node had no room for it after all (its disk under its reserve, or its storage all
+    # promised): which resource ("disk"). Such an instance is placed again, not FAILED.
+    no_room: str = ""
 
 
 @dataclass(frozen=True)
@@ -85,6 +88,17 @@ class VmmExited(Report):
     # What ended, in the runtime's words (a process sandbox has no VMM: its supervisor, or its
     # guest, ended); "" for the generic wording of `reason`.
     detail: str = ""
+
+
+@dataclass(frozen=True)
+class GuestOomKill(Report):
+    """A process in the guest went over the workspace's memory and the kernel killed it
+    there (the guest runs on): its PID as the node sees it and its command, "" where the
+    node could not tell; `count` kills seen at once."""
+
+    pid: int = 0
+    command: str = ""
+    count: int = 1
 
 
 @dataclass(frozen=True)

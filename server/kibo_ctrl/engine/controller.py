@@ -27,6 +27,7 @@ from ..domain.reports import (
     Destroyed,
     DestroyFailed,
     ExitReason,
+    GuestOomKill,
     GuestReset,
     GuestResponding,
     Launched,
@@ -209,6 +210,10 @@ def _launched(tx: Tx, workspace: Workspace, instance: Instance, report: Launched
 
 
 def _launch_failed(tx: Tx, workspace: Workspace, instance: Instance, report: LaunchFailed, current: bool) -> None:
+    placing = current and workspace.active_kind in (CommandKind.CREATE, CommandKind.START)
+    if report.no_room and not report.holds and not report.volumes_created and placing:
+        _place_again(tx, workspace, instance, report)
+        return
     instance.done_step = instance.step
     instance.phase = Phase.FAILED
     instance.holds = list(report.holds)
@@ -218,6 +223,42 @@ def _launch_failed(tx: Tx, workspace: Workspace, instance: Instance, report: Lau
         stage = workspace.active_kind.name
         steps.fail_execution(workspace, stage, report.message, tx.now, holding=bool(report.holds))
         finish_command(tx, workspace, error=CommandError(ErrorCode.UNAVAILABLE, report.message))
+
+
+def _place_again(tx: Tx, workspace: Workspace, instance: Instance, report: LaunchFailed) -> None:
+    """The node had no room for the instance after all (its admission, which sees the disk
+    as it is now, refused what the scheduler placed on its last report) and holds nothing of
+    it: the instance goes back to the scheduler, which places it where there is room or keeps
+    it waiting UNSCHEDULABLE with the reason, as any other; the command goes on. A new step,
+    so that the node it lands on (the same one, later) acts on it afresh."""
+    node = instance.node_id
+    instance.node_id = None
+    instance.phase = Phase.PENDING
+    instance.holds = []
+    instance.reason = f"unschedulable: {report.message}"
+    instance.step += 1
+    workspace.node_id = None
+    # What was pinned to the node at this placement and never made there may go elsewhere:
+    # a first launch's layer, and volumes not made yet (a node's disks are its own).
+    if workspace.generation == 1 and workspace.storage_node == node:
+        workspace.storage_node = None
+    for binding in workspace.bindings:
+        volume = tx.get_volume(binding.volume_id)
+        if volume is not None and volume.state is VolumeState.PENDING and volume.storage_node == node:
+            volume.storage_node = None
+            tx.put_volume(volume)
+    event(tx, workspace, EventType.UNSCHEDULABLE, message=f"{report.no_room} on {node}: {report.message}")
+
+
+def _guest_oom_kill(tx: Tx, workspace: Workspace, instance: Instance, report: GuestOomKill, current: bool) -> None:
+    """A process in the guest went over the workspace's memory and was killed there, as a
+    guest kernel's OOM killer would; the guest runs on. Recorded as an event."""
+    if not current:
+        return
+    who = f"PID {report.pid} ({report.command or 'unknown'})" if report.pid else "a process"
+    more = f" and {report.count - 1} more" if report.count > 1 else ""
+    limit = f"the workspace's memory ({instance.memory_mib} MiB)"
+    event(tx, workspace, EventType.GUEST_OOM_KILL, message=f"OOM: killed {who}{more}: it went over {limit}")
 
 
 def _stopped(tx: Tx, workspace: Workspace, instance: Instance, report: Stopped, current: bool) -> None:
@@ -298,6 +339,7 @@ FOLDS: Mapping[type[Report], Callable[[Tx, Workspace, Instance, Any, bool], None
     RestartFailed: _restart_failed,
     VmmExited: _vmm_exited,
     GuestResponding: _guest_responding,
+    GuestOomKill: _guest_oom_kill,
 }
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 
+from ..domain.nodes import DiskStatus
 from ..domain.reports import Report, StorageReleased
 from ..runtime.base import LaunchSpec
 from .node_link import Batch, Cursor, Declaration, Joined
@@ -40,5 +41,5 @@ class LocalLink:
     async def volume_released(self, volume_id: str) -> None:
         await self._registry.volume_released(self.node_id, volume_id)
 
-    async def renew(self) -> None:
-        await self._registry.renew(self.node_id)
+    async def renew(self, disk: DiskStatus | None = None) -> None:
+        await self._registry.renew(self.node_id, disk)

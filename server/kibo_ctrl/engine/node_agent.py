@@ -22,6 +22,7 @@ from typing import TypeVar
 
 from ..domain.errors import StoreError
 from ..domain.model import Desired, Instance, Node, Phase, StopDurability
+from ..domain.nodes import DiskStatus, NodeResources
 from ..domain.reports import (
     Destroyed,
     DestroyFailed,
@@ -72,8 +73,14 @@ class NodeAgent:
         link: ControlPlaneLink,
         labels: dict[str, str] | None = None,
         data_plane: tuple[str, str] = ("", ""),
+        resources: NodeResources | None = None,
+        disk: Callable[[], DiskStatus] | None = None,
     ) -> None:
         self.node = node
+        # What its capacity was made of, declared at each join; and how to read its disk
+        # now (blocking, cheap: run in a thread), told with each renewal and each refusal.
+        self._resources = resources or NodeResources()
+        self._disk = disk
         self.runtime = runtime
         self._link = link
         self._labels = dict(labels or {})
@@ -111,7 +118,15 @@ class NodeAgent:
 
     async def _join(self) -> None:
         address, secret = self._data_plane
-        declaration = Declaration(self.node, self._labels, tuple(self.runtime.capabilities()), address, secret)
+        declaration = Declaration(
+            self.node,
+            self._labels,
+            tuple(self.runtime.capabilities()),
+            address,
+            secret,
+            self._resources,
+            await self._disk_now() or DiskStatus(),
+        )
         joined = await self._retrying(lambda: self._link.join(declaration), "joining")
         self.lease_seconds = joined.lease_seconds
 
@@ -199,7 +214,14 @@ class NodeAgent:
             try:
                 volumes = await self.runtime.launch(spec, progress)
             except LaunchError as error:
-                return LaunchFailed(instance.id, step, str(error), error.holds, error.volumes_created)
+                if error.no_room:
+                    # The disk as it is now reaches the scheduler before the instance does
+                    # (it is placed again: not where it was just refused).
+                    disk = await self._disk_now()
+                    await self._retrying(lambda: self._link.renew(disk), "telling its disk")
+                return LaunchFailed(
+                    instance.id, step, str(error), error.holds, error.volumes_created, no_room=error.no_room
+                )
             return Launched(instance.id, step, volumes)
         if instance.desired in (Desired.STOPPED, Desired.FORCE_STOPPED):
             force = instance.desired is Desired.FORCE_STOPPED
@@ -335,6 +357,16 @@ class NodeAgent:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, RETRY_MAX_S)
 
+    async def _disk_now(self) -> DiskStatus | None:
+        """The node's disk now (None: this node has none to tell); a failed read tells nothing."""
+        if self._disk is None:
+            return None
+        try:
+            return await asyncio.to_thread(self._disk)
+        except OSError as error:
+            log.warning("node %s: reading its disk failed: %s", self.node.id, error)
+            return None
+
     async def _pump_events(self) -> None:
         while True:
             report = await self.runtime.events.get()
@@ -351,7 +383,7 @@ class NodeAgent:
             if not self.runtime.reachable.is_set():
                 continue
             try:
-                await self._link.renew()
+                await self._link.renew(await self._disk_now())
             except asyncio.CancelledError:
                 raise
             except Exception as error:  # the next renewal tries again; the feed loop rejoins

@@ -15,7 +15,8 @@ on the same event loop: the embedded node and the simulator) and transport/node_
   folds only the answer to the current step (a repeated report changes nothing).
   `report_batch` folds several in order in one transaction, all or none.
 - `renew` keeps the node's lease; a node whose lease runs out has its workspaces UNKNOWN
-  until it renews again.
+  until it renews again. It carries the node's disk as it is now (free space, pressure,
+  what is promised), which the scheduler places on.
 - A link that cannot reach the control plane now raises `LinkDown`: the agent retries."""
 
 from __future__ import annotations
@@ -25,9 +26,11 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from ..domain.model import Instance, Node
+from ..domain.nodes import DiskStatus, NodeResources
 from ..domain.reports import (
     Destroyed,
     DestroyFailed,
+    GuestOomKill,
     GuestReset,
     GuestResponding,
     Launched,
@@ -59,6 +62,7 @@ REPORT_KINDS: dict[str, type[Report]] = {
         RestartFailed,
         VmmExited,
         GuestResponding,
+        GuestOomKill,
     )
 }
 
@@ -78,6 +82,9 @@ class Declaration:
     # secret it takes there; empty: no data plane over the network (in process, the simulator).
     data_plane_address: str = ""
     data_plane_token: str = ""
+    # What its capacity was made of (the host's, the ratios) and its disk now.
+    resources: NodeResources = field(default_factory=NodeResources)
+    disk: DiskStatus = field(default_factory=DiskStatus)
 
 
 @dataclass(frozen=True)
@@ -145,4 +152,6 @@ class ControlPlaneLink(Protocol):
     async def report_batch(self, reports: Sequence[Report]) -> None: ...
     async def storage_released(self, report: StorageReleased) -> None: ...
     async def volume_released(self, volume_id: str) -> None: ...
-    async def renew(self) -> None: ...
+    async def renew(self, disk: DiskStatus | None = None) -> None:
+        """Keep the lease; `disk`: the node's disk now (None: nothing new to tell)."""
+        ...

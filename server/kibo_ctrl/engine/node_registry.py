@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from ..domain.clock import SYSTEM_CLOCK, Clock
 from ..domain.errors import Conflict, InvalidArgument, NotFound, StoreError
 from ..domain.model import Instance, Node, Workspace
-from ..domain.nodes import NodeRecord, labels, node_id
+from ..domain.nodes import DiskStatus, NodeRecord, labels, node_id
 from ..domain.reports import Report, StorageReleased
 from ..runtime.base import LaunchSpec
 from ..store.base import Changes, Reader, Store, Tx
@@ -164,6 +164,8 @@ class NodeRegistry:
         self._expiry_unstored: int | None = None
         # By node: what of its last record seen in a commit matters for placement.
         self._placements: dict[str, Placement] = {}
+        # By node: its disk as stored (a renewal that tells a different one stores it).
+        self._disks: dict[str, DiskStatus] = {}
         self._closed = asyncio.Event()
 
     async def load(self) -> None:
@@ -181,6 +183,7 @@ class NodeRegistry:
         """What any replica may rely on from a stored node record."""
         self._silent[node.id] = node.silent
         self._pools[node.id] = node.storage_pool
+        self._disks[node.id] = node.disk
         self._feeds.setdefault(node.id, _Feed())
         if node.data_plane_address:
             self._data_planes[node.id] = (node.data_plane_address, node.data_plane_token)
@@ -246,6 +249,7 @@ class NodeRegistry:
         record = tx.get_node(node.id) or NodeRecord(node.id, node.vcpus, node.memory_mib, node.storage_pool)
         record.vcpus, record.memory_mib, record.storage_pool = node.vcpus, node.memory_mib, node.storage_pool
         record.labels = dict(declaration.labels)
+        record.resources, record.disk = declaration.resources, declaration.disk
         record.capabilities = sorted(declaration.capabilities)
         record.data_plane_address = declaration.data_plane_address
         record.data_plane_token = declaration.data_plane_token
@@ -306,7 +310,9 @@ class NodeRegistry:
         self._stored[node] = self.stored_lease(now)
         self._renewed[node] = self._clock.monotonic()
 
-    async def renew(self, node: str) -> None:
+    async def renew(self, node: str, disk: DiskStatus | None = None) -> None:
+        """Keep the node's lease; `disk`, its disk now, is stored when it differs enough from
+        the stored one to matter to the scheduler (DiskStatus.differs)."""
         if node not in self._deadlines and await self._store.read(lambda r: r.get_node(node)) is None:
             raise Conflict(f"node {node} has not joined: call Join first", field="node_id")
         now = self._clock.now()
@@ -315,12 +321,13 @@ class NodeRegistry:
         self._renewed[node] = monotonic = self._clock.monotonic()
         continued = previous is not None and monotonic - previous <= RENEWAL_GAP_LEASES * self.lease_seconds
         silent = self._silent.get(node, True)
-        if continued and not silent and self._stored.get(node) == self.stored_lease(now):
+        new_disk = disk is not None and disk.differs(self._disks.get(node, DiskStatus()))
+        if continued and not silent and not new_disk and self._stored.get(node) == self.stored_lease(now):
             return  # this stretch's lease is stored already: nothing to write
-        if continued and not silent and self._lease_unstored.get(node) == self.stretch(now):
+        if continued and not silent and not new_disk and self._lease_unstored.get(node) == self.stretch(now):
             return  # storing it failed in this stretch (a full disk): the next stretch tries again
         try:
-            returned = await self._store.transact(self._renew, node, now)
+            returned = await self._store.transact(self._renew, node, now, disk if new_disk else None)
         except StoreError as error:
             if silent:
                 raise  # the node is back only once that is stored: the agent retries
@@ -335,10 +342,15 @@ class NodeRegistry:
         if returned:
             log.info("node %s is back: its workspaces are no longer UNKNOWN", node)
 
-    def _renew(self, tx: Tx, node: str, now: float) -> bool:
+    def _renew(self, tx: Tx, node: str, now: float, disk: DiskStatus | None = None) -> bool:
         record = tx.get_node(node)
         if record is None:
             raise Conflict(f"node {node} has not joined: call Join first", field="node_id")
+        if disk is not None:
+            if disk.pressure != record.disk.pressure:
+                state = "under its disk reserve: no new storage there" if disk.pressure else "above its reserve again"
+                log.warning("node %s is %s (%d MiB free)", node, state, disk.free_bytes >> 20)
+            record.disk = disk
         return self._renew_record(tx, record, now)
 
     async def run(self) -> None:
@@ -570,20 +582,31 @@ class NodeRegistry:
         await self._store.transact(apply)
 
 
-Placement = tuple[bool, int, int, dict[str, str]]
+Placement = tuple[bool, int, int, dict[str, str], int, bool, int]
 
 
 def _placement(record: NodeRecord) -> Placement:
-    """What of a node record the scheduler looks at (not its stored lease, nor when it joined)."""
-    return record.ready, record.vcpus, record.memory_mib, record.labels
+    """What of a node record the scheduler looks at (not its stored lease, nor when it joined):
+    readiness, capacity, labels, and its disk (the storage it offers, pressure, promised)."""
+    disk = record.disk
+    return (
+        record.ready,
+        record.vcpus,
+        record.memory_mib,
+        record.labels,
+        record.resources.storage_gib,
+        disk.pressure,
+        disk.promised_bytes,
+    )
 
 
 def _more_room(before: Placement | None, after: Placement) -> bool:
     """Whether the node may take an instance it could not take before."""
-    ready, vcpus, memory_mib, labels = after
+    ready, vcpus, memory_mib, labels, storage_gib, pressure, promised = after
     if before is None or not before[0]:
         return ready
-    return ready and (vcpus > before[1] or memory_mib > before[2] or labels != before[3])
+    disk = storage_gib > before[4] or (before[5] and not pressure) or promised < before[6]
+    return ready and (vcpus > before[1] or memory_mib > before[2] or labels != before[3] or disk)
 
 
 def _own_instance(reader: Reader, node: str, instance_id: str) -> Instance:

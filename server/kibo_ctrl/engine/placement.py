@@ -8,12 +8,15 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from ..domain.model import Component, EventType, Instance, Phase, Volume, Workspace
-from ..domain.nodes import NodeRecord
+from ..domain.nodes import NodeRecord, storage_room
 from ..store.base import Reader, Tx
 from . import steps
 from .steps import event, save
 
 __all__ = ["Backlog", "Wants", "place_if_first", "schedule_pending", "selects"]
+
+# Nodes named in an UNSCHEDULABLE reason, with what each lacks.
+MAX_NAMED = 4
 
 
 class Wants(NamedTuple):
@@ -22,6 +25,9 @@ class Wants(NamedTuple):
 
     selector: dict[str, str]
     pin: str | None
+    # The storage its launch makes new on the node's disk, GiB: its writable layer and
+    # volumes not made yet (the disk's room for it is the node's to have: DiskStatus).
+    need_gib: int = 0
 
 
 @dataclass
@@ -81,17 +87,13 @@ def schedule_pending(tx: Tx, backlog: Backlog | None = None, owners: dict[str, W
             pins = sorted({pin for pin in (workspace.storage_node, *(v.storage_node for v in volumes)) if pin})
             if len(pins) > 1:
                 conflict = f"unschedulable: its disks are on several nodes ({', '.join(pins)})"
-            wants = Wants(workspace.node_selector, pins[0] if pins else None)
+            wants = Wants(workspace.node_selector, pins[0] if pins else None, _new_storage(workspace, volumes))
         selector = wants.selector
         selected = [node for node in nodes if selects(selector, node) and wants.pin in (None, node.id)]
-        fits = [
-            node
-            for node in selected
-            if usage[node.id][0] + instance.vcpus <= node.vcpus
-            and usage[node.id][1] + instance.memory_mib <= node.memory_mib
-        ]
+        short = {node.id: _shortfall(node, usage[node.id], instance, wants.need_gib) for node in selected}
+        fits = [node for node in selected if not short[node.id]]
         if conflict or not fits:
-            reason = conflict or _unschedulable(instance.vcpus, instance.memory_mib, wants, selected, members)
+            reason = conflict or _unschedulable(instance.vcpus, instance.memory_mib, wants, selected, members, short)
             if instance.reason != reason:
                 workspace = _owner(tx, instance, mine) if workspace is None else workspace
                 if workspace is None:
@@ -141,6 +143,30 @@ def _owner(tx: Tx, instance: Instance, owners: dict[str, Workspace]) -> Workspac
     return None if workspace is None or workspace.instance_id != instance.id else workspace
 
 
+def _new_storage(workspace: Workspace, volumes: list[Volume]) -> int:
+    """GiB its launch makes new on a node's disk: the writable layer until its first
+    placement, and each volume not placed yet."""
+    layer = workspace.resources.writable_layer_gib if workspace.storage_node is None else 0
+    return layer + sum(volume.capacity_gib for volume in volumes if volume.storage_node is None)
+
+
+def _shortfall(node: NodeRecord, used: tuple[int, int], instance: Instance, need_gib: int) -> str:
+    """What the node lacks for the instance now ("": nothing): vCPU, memory, or room on its
+    disk (DiskStatus as it reported it: under its reserve, or its storage all promised)."""
+    short = [
+        what
+        for what, lacking in (
+            ("vCPU", used[0] + instance.vcpus > node.vcpus),
+            ("memory", used[1] + instance.memory_mib > node.memory_mib),
+        )
+        if lacking
+    ]
+    disk = storage_room(node, need_gib)
+    if short:
+        return f"node {node.id} is short of {' and '.join(short)}" + (f"; {disk}" if disk else "")
+    return disk
+
+
 def _volumes(tx: Tx, workspace: Workspace) -> list[Volume]:
     """The records of the volumes bound to the workspace."""
     found = (tx.get_volume(binding.volume_id) for binding in workspace.bindings)
@@ -153,7 +179,12 @@ def selects(selector: dict[str, str], node: NodeRecord) -> bool:
 
 
 def _unschedulable(
-    vcpus: int, memory_mib: int, wants: Wants, selected: list[NodeRecord], members: dict[str, NodeRecord]
+    vcpus: int,
+    memory_mib: int,
+    wants: Wants,
+    selected: list[NodeRecord],
+    members: dict[str, NodeRecord],
+    short: dict[str, str],
 ) -> str:
     pin = wants.pin
     if pin is not None:
@@ -167,8 +198,15 @@ def _unschedulable(
         if not selects(wants.selector, record):
             wanted = ",".join(f"{k}={v}" for k, v in sorted(wants.selector.items()))
             return f"unschedulable: {held}, which lacks the labels {wanted}"
-        return f"unschedulable: {held}, which does not have {vcpus} vCPU and {memory_mib} MiB free"
+        return f"unschedulable: {held}, which does not have room: {short.get(pin) or 'it is not ready'}"
     if wants.selector and not selected:
         wanted = ",".join(f"{k}={v}" for k, v in sorted(wants.selector.items()))
         return f"unschedulable: no ready node has the labels {wanted}"
-    return f"unschedulable: no ready node has {vcpus} vCPU and {memory_mib} MiB free"
+    storage = f" and {wants.need_gib} GiB of new storage" if wants.need_gib else ""
+    reason = f"unschedulable: no ready node has {vcpus} vCPU, {memory_mib} MiB{storage} free"
+    # Which resource each node lacks (a few named; the reason is stored, and told once).
+    lacking = [short[node.id] for node in selected if short.get(node.id)]
+    if lacking:
+        more = f"; {len(lacking) - MAX_NAMED} more" if len(lacking) > MAX_NAMED else ""
+        reason += ": " + "; ".join(lacking[:MAX_NAMED]) + more
+    return reason

@@ -15,7 +15,15 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from ..domain import rules
-from ..domain.errors import CommandIdReused, Conflict, InvalidArgument, NotFound, QuotaExceeded, RevisionMismatch
+from ..domain.errors import (
+    CommandIdReused,
+    Conflict,
+    InvalidArgument,
+    NoCapacity,
+    NotFound,
+    QuotaExceeded,
+    RevisionMismatch,
+)
 from ..domain.model import (
     Binding,
     Command,
@@ -34,6 +42,7 @@ from ..domain.model import (
     Workspace,
     WorkspaceState,
 )
+from ..domain.nodes import too_big
 from ..store.base import Tx
 from . import steps
 from .placement import place_if_first
@@ -159,6 +168,8 @@ class Service:
         assert spec is not None
         workspace_id = f"ws-{uuid.uuid4().hex[:20]}"
         self._check_quotas(tx, request.tenant, 1, spec.resources.vcpus, spec.resources.memory_mib)
+        bound = sum(v.capacity_gib for b in spec.bindings if (v := tx.get_volume(b.volume_id)) is not None)
+        _check_capacity(tx, spec.resources, spec.data_volume_gib + bound)
         own_volume = Volume(
             tenant=request.tenant,
             id=f"vol-{uuid.uuid4().hex[:20]}",
@@ -209,6 +220,7 @@ class Service:
     @on_workspace
     def start_workspace(self, tx: Tx, workspace: Workspace, request: CommandRequest) -> Command:
         rules.check(CommandKind.START, steps.rule_facts(workspace))
+        _check_capacity(tx, workspace.resources, sum(b.capacity_gib for b in workspace.bindings))
         command = steps.new_command(tx, workspace, request.command_id, CommandKind.START, request.fingerprint)
         self._next_generation(tx, workspace, command)
         return command
@@ -325,6 +337,7 @@ class Service:
         self._check_quotas(
             tx, workspace.tenant, 0, resized.vcpus - current.vcpus, resized.memory_mib - current.memory_mib
         )
+        _check_capacity(tx, resized, sum(b.capacity_gib for b in workspace.bindings))
         command = self._immediate(tx, workspace, request, "resources changed")
         workspace.resources = resized
         save(tx, workspace, None)
@@ -490,6 +503,15 @@ class Service:
 def _sized(binding: Binding, volume: Volume) -> Binding:
     """The binding with its volume's capacity, which the workspace's volumes show."""
     return Binding(binding.volume_id, binding.mount_path, binding.delete_with_workspace, volume.capacity_gib)
+
+
+def _check_capacity(tx: Tx, resources: Resources, volumes_gib: int) -> None:
+    """Refuse (RESOURCE_EXHAUSTED) what no node could ever hold, before anything is written:
+    accepted, it would wait UNSCHEDULABLE for good. What fits a node in all but not now
+    waits instead. With no node known yet (one may join) nothing is refused here."""
+    why = too_big(tx.list_nodes(), resources.vcpus, resources.memory_mib, resources.writable_layer_gib + volumes_gib)
+    if why:
+        raise NoCapacity(why, field="spec.resources", hint="ask for less, or add a bigger node")
 
 
 def _check_mount_paths(bindings: list[Binding]) -> None:

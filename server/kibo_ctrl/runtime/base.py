@@ -42,12 +42,20 @@ class LaunchSpec:
 
 
 class LaunchError(Exception):
-    """The launch failed; `holds` are the parts the node could not release."""
+    """The launch failed; `holds` are the parts the node could not release; `no_room`: the
+    node had no room for it after all (the resource: "disk"), and holds nothing of it."""
 
-    def __init__(self, message: str, holds: tuple[Component, ...] = (), volumes_created: tuple[str, ...] = ()):
+    def __init__(
+        self,
+        message: str,
+        holds: tuple[Component, ...] = (),
+        volumes_created: tuple[str, ...] = (),
+        no_room: str = "",
+    ):
         super().__init__(message)
         self.holds = holds
         self.volumes_created = volumes_created
+        self.no_room = no_room
 
 
 class SyncError(Exception):

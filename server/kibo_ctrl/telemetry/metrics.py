@@ -21,7 +21,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
-from ..domain.model import Command, CommandState, Node, WorkspaceState
+from ..domain.model import Command, CommandState, EventType, Node, WorkspaceState
 from ..store.base import Changes, Reader
 
 # Control-plane latencies: a settled create is tens of ms, a stop waits up to the grace.
@@ -148,6 +148,32 @@ class Metrics:
         )
         self.guest_limit_hits = GuestLimitHits()
         registry.register(self.guest_limit_hits)
+        # The resource model (issue 26): each node's disk as it reported it, and processes
+        # killed in guests over their memory (the guest runs on).
+        self.node_disk_pressure = Gauge(
+            "kibo_node_disk_pressure",
+            "1 while a node's real free disk space is under its reserve (it takes no new storage), else 0.",
+            ("node",),
+            registry=registry,
+        )
+        self.node_disk_free = Gauge(
+            "kibo_node_disk_free_bytes",
+            "Real free space of a node's disk (of its data dir's filesystem), as last reported.",
+            ("node",),
+            registry=registry,
+        )
+        self.node_storage_promised = Gauge(
+            "kibo_node_storage_promised_bytes",
+            "Declared capacities of the layers and volumes on a node's disk (sparse: a limit, not usage).",
+            ("node",),
+            registry=registry,
+        )
+        self.guest_oom_kills = Counter(
+            "kibo_guest_oom_kills_total",
+            "Processes killed in a guest because it went over the workspace's memory (the workspace runs on).",
+            ("node",),
+            registry=registry,
+        )
         self._seen: OrderedDict[str, CommandState] = OrderedDict()
         self._nodes: list[Node] = []
 
@@ -162,7 +188,16 @@ class Metrics:
         self.commit_transactions.observe(transactions)
 
     def on_changes(self, changes: Changes) -> None:
-        """A hub listener: count each command once, when it is first published terminal."""
+        """A hub listener: count each command once, when it is first published terminal; each
+        guest OOM kill (its event); and each node's disk, as stored."""
+        for node in changes.nodes.values():
+            self.node_disk_pressure.labels(node.id).set(1.0 if node.disk.pressure else 0.0)
+            self.node_disk_free.labels(node.id).set(node.disk.free_bytes)
+            self.node_storage_promised.labels(node.id).set(node.disk.promised_bytes)
+        for recorded in changes.events:
+            if recorded.type is EventType.GUEST_OOM_KILL:
+                owner = changes.workspaces.get(recorded.workspace_id)
+                self.guest_oom_kills.labels((owner.node_id if owner else None) or "").inc()
         for command in changes.commands.values():
             if command.terminal and self._first_terminal(command):
                 labels = (command.kind.name.lower(), outcome_of(command))

@@ -43,6 +43,7 @@ CODES: dict[Reason, grpc.StatusCode] = {
     Reason.PERMISSION_DENIED: grpc.StatusCode.PERMISSION_DENIED,
     Reason.QUOTA_EXCEEDED: grpc.StatusCode.RESOURCE_EXHAUSTED,
     Reason.RATE_LIMITED: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    Reason.NO_CAPACITY: grpc.StatusCode.RESOURCE_EXHAUSTED,
     Reason.UNIMPLEMENTED: grpc.StatusCode.UNIMPLEMENTED,
     Reason.GUEST_ERROR: grpc.StatusCode.FAILED_PRECONDITION,
 }

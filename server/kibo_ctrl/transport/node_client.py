@@ -19,9 +19,10 @@ import grpc
 from kibo.node.v1 import node_service_pb2 as node_pb2
 from kibo.node.v1 import node_service_pb2_grpc as node_grpc
 
-from ..api.node_api import decode, encode
+from ..api.node_api import decode, encode, render_disk, render_resources
 from ..domain.errors import Conflict, InvalidArgument, KiboError, NotFound, PermissionDenied, Unauthenticated
 from ..domain.model import Instance
+from ..domain.nodes import DiskStatus
 from ..domain.reports import Report, StorageReleased
 from ..engine.node_link import (
     Batch,
@@ -118,6 +119,8 @@ class GrpcLink:
             capabilities=declaration.capabilities,
             data_plane_address=declaration.data_plane_address,
             data_plane_token=declaration.data_plane_token,
+            resources=render_resources(declaration.resources),
+            disk=render_disk(declaration.disk),
         )
         response = await self._call("Join", request)
         return Joined(response.node_id, response.lease_seconds)
@@ -160,8 +163,11 @@ class GrpcLink:
         request = node_pb2.ReportVolumeReleasedRequest(node_id=self.node_id, volume_id=volume_id)
         await self._call("ReportVolumeReleased", request)
 
-    async def renew(self) -> None:
-        await self._call("RenewLease", node_pb2.RenewLeaseRequest(node_id=self.node_id))
+    async def renew(self, disk: DiskStatus | None = None) -> None:
+        request = node_pb2.RenewLeaseRequest(node_id=self.node_id)
+        if disk is not None:
+            request.disk.CopyFrom(render_disk(disk))
+        await self._call("RenewLease", request)
 
 
 def _batch(response: node_pb2.WatchStepsResponse) -> Batch:

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18kibo/ctrl/v1/error.proto\x12\x0ckibo.ctrl.v1\"n\n\x0b\x45rrorDetail\x12)\n\x06reason\x18\x01 \x01(\x0e\x32\x19.kibo.ctrl.v1.ErrorReason\x12\r\n\x05\x66ield\x18\x02 \x01(\t\x12\x17\n\x0fworkspace_state\x18\x03 \x01(\t\x12\x0c\n\x04hint\x18\x04 \x01(\t*\xd5\x03\n\x0b\x45rrorReason\x12\x1c\n\x18\x45RROR_REASON_UNSPECIFIED\x10\x00\x12\x19\n\x15\x45RROR_REASON_CONFLICT\x10\x01\x12\x1a\n\x16\x45RROR_REASON_NOT_FOUND\x10\x02\x12!\n\x1d\x45RROR_REASON_INVALID_ARGUMENT\x10\x03\x12$\n ERROR_REASON_RESERVED_COMMAND_ID\x10\x04\x12\"\n\x1e\x45RROR_REASON_COMMAND_ID_REUSED\x10\x05\x12\"\n\x1e\x45RROR_REASON_REVISION_MISMATCH\x10\x06\x12\x1c\n\x18\x45RROR_REASON_UNAVAILABLE\x10\x07\x12 \n\x1c\x45RROR_REASON_UNAUTHENTICATED\x10\x08\x12\"\n\x1e\x45RROR_REASON_PERMISSION_DENIED\x10\t\x12\x1f\n\x1b\x45RROR_REASON_QUOTA_EXCEEDED\x10\n\x12\x1d\n\x19\x45RROR_REASON_RATE_LIMITED\x10\x0b\x12\x1e\n\x1a\x45RROR_REASON_UNIMPLEMENTED\x10\x0c\x12\x1c\n\x18\x45RROR_REASON_GUEST_ERROR\x10\rB5Z3github.com/kibo-dev/kibo/gen/go/kibo/ctrl/v1;ctrlv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18kibo/ctrl/v1/error.proto\x12\x0ckibo.ctrl.v1\"n\n\x0b\x45rrorDetail\x12)\n\x06reason\x18\x01 \x01(\x0e\x32\x19.kibo.ctrl.v1.ErrorReason\x12\r\n\x05\x66ield\x18\x02 \x01(\t\x12\x17\n\x0fworkspace_state\x18\x03 \x01(\t\x12\x0c\n\x04hint\x18\x04 \x01(\t*\xf3\x03\n\x0b\x45rrorReason\x12\x1c\n\x18\x45RROR_REASON_UNSPECIFIED\x10\x00\x12\x19\n\x15\x45RROR_REASON_CONFLICT\x10\x01\x12\x1a\n\x16\x45RROR_REASON_NOT_FOUND\x10\x02\x12!\n\x1d\x45RROR_REASON_INVALID_ARGUMENT\x10\x03\x12$\n ERROR_REASON_RESERVED_COMMAND_ID\x10\x04\x12\"\n\x1e\x45RROR_REASON_COMMAND_ID_REUSED\x10\x05\x12\"\n\x1e\x45RROR_REASON_REVISION_MISMATCH\x10\x06\x12\x1c\n\x18\x45RROR_REASON_UNAVAILABLE\x10\x07\x12 \n\x1c\x45RROR_REASON_UNAUTHENTICATED\x10\x08\x12\"\n\x1e\x45RROR_REASON_PERMISSION_DENIED\x10\t\x12\x1f\n\x1b\x45RROR_REASON_QUOTA_EXCEEDED\x10\n\x12\x1d\n\x19\x45RROR_REASON_RATE_LIMITED\x10\x0b\x12\x1e\n\x1a\x45RROR_REASON_UNIMPLEMENTED\x10\x0c\x12\x1c\n\x18\x45RROR_REASON_GUEST_ERROR\x10\r\x12\x1c\n\x18\x45RROR_REASON_NO_CAPACITY\x10\x0e\x42\x35Z3github.com/kibo-dev/kibo/gen/go/kibo/ctrl/v1;ctrlv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,7 +33,7 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'Z3github.com/kibo-dev/kibo/gen/go/kibo/ctrl/v1;ctrlv1'
   _globals['_ERRORREASON']._serialized_start=155
-  _globals['_ERRORREASON']._serialized_end=624
+  _globals['_ERRORREASON']._serialized_end=654
   _globals['_ERRORDETAIL']._serialized_start=42
   _globals['_ERRORDETAIL']._serialized_end=152
 # @@protoc_insertion_point(module_scope)

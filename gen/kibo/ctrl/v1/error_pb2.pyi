@@ -21,6 +21,7 @@ class ErrorReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ERROR_REASON_RATE_LIMITED: _ClassVar[ErrorReason]
     ERROR_REASON_UNIMPLEMENTED: _ClassVar[ErrorReason]
     ERROR_REASON_GUEST_ERROR: _ClassVar[ErrorReason]
+    ERROR_REASON_NO_CAPACITY: _ClassVar[ErrorReason]
 ERROR_REASON_UNSPECIFIED: ErrorReason
 ERROR_REASON_CONFLICT: ErrorReason
 ERROR_REASON_NOT_FOUND: ErrorReason
@@ -35,6 +36,7 @@ ERROR_REASON_QUOTA_EXCEEDED: ErrorReason
 ERROR_REASON_RATE_LIMITED: ErrorReason
 ERROR_REASON_UNIMPLEMENTED: ErrorReason
 ERROR_REASON_GUEST_ERROR: ErrorReason
+ERROR_REASON_NO_CAPACITY: ErrorReason
 
 class ErrorDetail(_message.Message):
     __slots__ = ("reason", "field", "workspace_state", "hint")

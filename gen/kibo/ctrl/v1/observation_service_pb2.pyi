@@ -69,6 +69,7 @@ class EventType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     EVENT_TYPE_SERVER_STOP: _ClassVar[EventType]
     EVENT_TYPE_INSTANCE_PHASE: _ClassVar[EventType]
     EVENT_TYPE_STORAGE_RELEASED: _ClassVar[EventType]
+    EVENT_TYPE_GUEST_OOM_KILL: _ClassVar[EventType]
 
 class InstancePhase(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -125,6 +126,7 @@ EVENT_TYPE_EXPIRED: EventType
 EVENT_TYPE_SERVER_STOP: EventType
 EVENT_TYPE_INSTANCE_PHASE: EventType
 EVENT_TYPE_STORAGE_RELEASED: EventType
+EVENT_TYPE_GUEST_OOM_KILL: EventType
 INSTANCE_PHASE_UNSPECIFIED: InstancePhase
 INSTANCE_PHASE_PENDING: InstancePhase
 INSTANCE_PHASE_SCHEDULED: InstancePhase

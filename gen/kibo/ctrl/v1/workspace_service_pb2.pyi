@@ -158,10 +158,22 @@ class GetCapabilitiesRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetCapabilitiesResponse(_message.Message):
-    __slots__ = ("capabilities",)
+    __slots__ = ("capabilities", "largest_workspace")
     CAPABILITIES_FIELD_NUMBER: _ClassVar[int]
+    LARGEST_WORKSPACE_FIELD_NUMBER: _ClassVar[int]
     capabilities: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, capabilities: _Optional[_Iterable[str]] = ...) -> None: ...
+    largest_workspace: WorkspaceLimits
+    def __init__(self, capabilities: _Optional[_Iterable[str]] = ..., largest_workspace: _Optional[_Union[WorkspaceLimits, _Mapping]] = ...) -> None: ...
+
+class WorkspaceLimits(_message.Message):
+    __slots__ = ("vcpus", "memory_mib", "storage_gib")
+    VCPUS_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_MIB_FIELD_NUMBER: _ClassVar[int]
+    STORAGE_GIB_FIELD_NUMBER: _ClassVar[int]
+    vcpus: int
+    memory_mib: int
+    storage_gib: int
+    def __init__(self, vcpus: _Optional[int] = ..., memory_mib: _Optional[int] = ..., storage_gib: _Optional[int] = ...) -> None: ...
 
 class SetWorkspaceExpirationRequest(_message.Message):
     __slots__ = ("metadata", "workspace_id", "expected_expiration_revision", "expire_time", "action")

@@ -23,7 +23,7 @@ NODE_STATE_DRAINING: NodeState
 NODE_STATE_DRAINED: NodeState
 
 class Node(_message.Message):
-    __slots__ = ("id", "state", "vcpus", "memory_mib", "storage_pool", "labels", "capabilities", "used_vcpus", "used_memory_mib", "instances", "cordoned", "silent", "lease_expire_time", "join_time")
+    __slots__ = ("id", "state", "vcpus", "memory_mib", "storage_pool", "labels", "capabilities", "used_vcpus", "used_memory_mib", "instances", "cordoned", "silent", "lease_expire_time", "join_time", "host_vcpus", "host_memory_mib", "cpu_allocation_ratio", "memory_allocation_ratio", "host_disk_gib", "disk_allocation_ratio", "storage_gib", "storage_promised_bytes", "disk_free_bytes", "disk_reserve_bytes", "conditions")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -45,6 +45,17 @@ class Node(_message.Message):
     SILENT_FIELD_NUMBER: _ClassVar[int]
     LEASE_EXPIRE_TIME_FIELD_NUMBER: _ClassVar[int]
     JOIN_TIME_FIELD_NUMBER: _ClassVar[int]
+    HOST_VCPUS_FIELD_NUMBER: _ClassVar[int]
+    HOST_MEMORY_MIB_FIELD_NUMBER: _ClassVar[int]
+    CPU_ALLOCATION_RATIO_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_ALLOCATION_RATIO_FIELD_NUMBER: _ClassVar[int]
+    HOST_DISK_GIB_FIELD_NUMBER: _ClassVar[int]
+    DISK_ALLOCATION_RATIO_FIELD_NUMBER: _ClassVar[int]
+    STORAGE_GIB_FIELD_NUMBER: _ClassVar[int]
+    STORAGE_PROMISED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DISK_FREE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DISK_RESERVE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CONDITIONS_FIELD_NUMBER: _ClassVar[int]
     id: str
     state: NodeState
     vcpus: int
@@ -59,7 +70,18 @@ class Node(_message.Message):
     silent: bool
     lease_expire_time: float
     join_time: float
-    def __init__(self, id: _Optional[str] = ..., state: _Optional[_Union[NodeState, str]] = ..., vcpus: _Optional[int] = ..., memory_mib: _Optional[int] = ..., storage_pool: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., capabilities: _Optional[_Iterable[str]] = ..., used_vcpus: _Optional[int] = ..., used_memory_mib: _Optional[int] = ..., instances: _Optional[int] = ..., cordoned: _Optional[bool] = ..., silent: _Optional[bool] = ..., lease_expire_time: _Optional[float] = ..., join_time: _Optional[float] = ...) -> None: ...
+    host_vcpus: int
+    host_memory_mib: int
+    cpu_allocation_ratio: float
+    memory_allocation_ratio: float
+    host_disk_gib: int
+    disk_allocation_ratio: float
+    storage_gib: int
+    storage_promised_bytes: int
+    disk_free_bytes: int
+    disk_reserve_bytes: int
+    conditions: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, id: _Optional[str] = ..., state: _Optional[_Union[NodeState, str]] = ..., vcpus: _Optional[int] = ..., memory_mib: _Optional[int] = ..., storage_pool: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., capabilities: _Optional[_Iterable[str]] = ..., used_vcpus: _Optional[int] = ..., used_memory_mib: _Optional[int] = ..., instances: _Optional[int] = ..., cordoned: _Optional[bool] = ..., silent: _Optional[bool] = ..., lease_expire_time: _Optional[float] = ..., join_time: _Optional[float] = ..., host_vcpus: _Optional[int] = ..., host_memory_mib: _Optional[int] = ..., cpu_allocation_ratio: _Optional[float] = ..., memory_allocation_ratio: _Optional[float] = ..., host_disk_gib: _Optional[int] = ..., disk_allocation_ratio: _Optional[float] = ..., storage_gib: _Optional[int] = ..., storage_promised_bytes: _Optional[int] = ..., disk_free_bytes: _Optional[int] = ..., disk_reserve_bytes: _Optional[int] = ..., conditions: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ListNodesRequest(_message.Message):
     __slots__ = ()

@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class JoinRequest(_message.Message):
-    __slots__ = ("node_id", "vcpus", "memory_mib", "storage_pool", "labels", "capabilities", "data_plane_address", "data_plane_token")
+    __slots__ = ("node_id", "vcpus", "memory_mib", "storage_pool", "labels", "capabilities", "data_plane_address", "data_plane_token", "resources", "disk")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -23,6 +23,8 @@ class JoinRequest(_message.Message):
     CAPABILITIES_FIELD_NUMBER: _ClassVar[int]
     DATA_PLANE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     DATA_PLANE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    RESOURCES_FIELD_NUMBER: _ClassVar[int]
+    DISK_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     vcpus: int
     memory_mib: int
@@ -31,7 +33,39 @@ class JoinRequest(_message.Message):
     capabilities: _containers.RepeatedScalarFieldContainer[str]
     data_plane_address: str
     data_plane_token: str
-    def __init__(self, node_id: _Optional[str] = ..., vcpus: _Optional[int] = ..., memory_mib: _Optional[int] = ..., storage_pool: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., capabilities: _Optional[_Iterable[str]] = ..., data_plane_address: _Optional[str] = ..., data_plane_token: _Optional[str] = ...) -> None: ...
+    resources: NodeResources
+    disk: DiskStatus
+    def __init__(self, node_id: _Optional[str] = ..., vcpus: _Optional[int] = ..., memory_mib: _Optional[int] = ..., storage_pool: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., capabilities: _Optional[_Iterable[str]] = ..., data_plane_address: _Optional[str] = ..., data_plane_token: _Optional[str] = ..., resources: _Optional[_Union[NodeResources, _Mapping]] = ..., disk: _Optional[_Union[DiskStatus, _Mapping]] = ...) -> None: ...
+
+class NodeResources(_message.Message):
+    __slots__ = ("host_vcpus", "host_memory_mib", "host_disk_gib", "cpu_allocation_ratio", "memory_allocation_ratio", "disk_allocation_ratio", "storage_gib")
+    HOST_VCPUS_FIELD_NUMBER: _ClassVar[int]
+    HOST_MEMORY_MIB_FIELD_NUMBER: _ClassVar[int]
+    HOST_DISK_GIB_FIELD_NUMBER: _ClassVar[int]
+    CPU_ALLOCATION_RATIO_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_ALLOCATION_RATIO_FIELD_NUMBER: _ClassVar[int]
+    DISK_ALLOCATION_RATIO_FIELD_NUMBER: _ClassVar[int]
+    STORAGE_GIB_FIELD_NUMBER: _ClassVar[int]
+    host_vcpus: int
+    host_memory_mib: int
+    host_disk_gib: int
+    cpu_allocation_ratio: float
+    memory_allocation_ratio: float
+    disk_allocation_ratio: float
+    storage_gib: int
+    def __init__(self, host_vcpus: _Optional[int] = ..., host_memory_mib: _Optional[int] = ..., host_disk_gib: _Optional[int] = ..., cpu_allocation_ratio: _Optional[float] = ..., memory_allocation_ratio: _Optional[float] = ..., disk_allocation_ratio: _Optional[float] = ..., storage_gib: _Optional[int] = ...) -> None: ...
+
+class DiskStatus(_message.Message):
+    __slots__ = ("free_bytes", "reserve_bytes", "promised_bytes", "pressure")
+    FREE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    RESERVE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PROMISED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PRESSURE_FIELD_NUMBER: _ClassVar[int]
+    free_bytes: int
+    reserve_bytes: int
+    promised_bytes: int
+    pressure: bool
+    def __init__(self, free_bytes: _Optional[int] = ..., reserve_bytes: _Optional[int] = ..., promised_bytes: _Optional[int] = ..., pressure: _Optional[bool] = ...) -> None: ...
 
 class JoinResponse(_message.Message):
     __slots__ = ("node_id", "lease_seconds")
@@ -176,10 +210,12 @@ class ReportVolumeReleasedResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class RenewLeaseRequest(_message.Message):
-    __slots__ = ("node_id",)
+    __slots__ = ("node_id", "disk")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    DISK_FIELD_NUMBER: _ClassVar[int]
     node_id: str
-    def __init__(self, node_id: _Optional[str] = ...) -> None: ...
+    disk: DiskStatus
+    def __init__(self, node_id: _Optional[str] = ..., disk: _Optional[_Union[DiskStatus, _Mapping]] = ...) -> None: ...
 
 class RenewLeaseResponse(_message.Message):
     __slots__ = ("lease_seconds",)

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bkibo/sim/v1/simulator.proto\x12\x0bkibo.sim.v1\"M\n\x12InjectFaultRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12!\n\x05\x66\x61ult\x18\x02 \x01(\x0e\x32\x12.kibo.sim.v1.Fault\"\x15\n\x13InjectFaultResponse*\xdf\x02\n\x05\x46\x61ult\x12\x15\n\x11\x46\x41ULT_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46\x41ULT_GUEST_REBOOT\x10\x01\x12\x18\n\x14\x46\x41ULT_GUEST_POWEROFF\x10\x02\x12\x13\n\x0f\x46\x41ULT_VMM_CRASH\x10\x03\x12\x12\n\x0e\x46\x41ULT_HOST_OOM\x10\x04\x12\x14\n\x10\x46\x41ULT_GUEST_HANG\x10\x05\x12\x13\n\x0f\x46\x41ULT_SYNC_FAIL\x10\x06\x12\x0f\n\x0b\x46\x41ULT_STALL\x10\x07\x12\x11\n\rFAULT_UNSTALL\x10\x08\x12\x15\n\x11\x46\x41ULT_NODE_SILENT\x10\t\x12\x13\n\x0f\x46\x41ULT_NODE_BACK\x10\n\x12\x15\n\x11\x46\x41ULT_CREATE_FAIL\x10\x0b\x12\x1d\n\x19\x46\x41ULT_CREATE_FAIL_HOLDING\x10\x0c\x12\x16\n\x12\x46\x41ULT_DESTROY_FAIL\x10\r\x12\x1b\n\x17\x46\x41ULT_STORAGE_POOL_LOST\x10\x0e\x32\x64\n\x10SimulatorService\x12P\n\x0bInjectFault\x12\x1f.kibo.sim.v1.InjectFaultRequest\x1a .kibo.sim.v1.InjectFaultResponseB3Z1github.com/kibo-dev/kibo/gen/go/kibo/sim/v1;simv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bkibo/sim/v1/simulator.proto\x12\x0bkibo.sim.v1\"M\n\x12InjectFaultRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12!\n\x05\x66\x61ult\x18\x02 \x01(\x0e\x32\x12.kibo.sim.v1.Fault\"\x15\n\x13InjectFaultResponse*\xf4\x02\n\x05\x46\x61ult\x12\x15\n\x11\x46\x41ULT_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46\x41ULT_GUEST_REBOOT\x10\x01\x12\x18\n\x14\x46\x41ULT_GUEST_POWEROFF\x10\x02\x12\x13\n\x0f\x46\x41ULT_VMM_CRASH\x10\x03\x12\x12\n\x0e\x46\x41ULT_HOST_OOM\x10\x04\x12\x14\n\x10\x46\x41ULT_GUEST_HANG\x10\x05\x12\x13\n\x0f\x46\x41ULT_SYNC_FAIL\x10\x06\x12\x0f\n\x0b\x46\x41ULT_STALL\x10\x07\x12\x11\n\rFAULT_UNSTALL\x10\x08\x12\x15\n\x11\x46\x41ULT_NODE_SILENT\x10\t\x12\x13\n\x0f\x46\x41ULT_NODE_BACK\x10\n\x12\x15\n\x11\x46\x41ULT_CREATE_FAIL\x10\x0b\x12\x1d\n\x19\x46\x41ULT_CREATE_FAIL_HOLDING\x10\x0c\x12\x16\n\x12\x46\x41ULT_DESTROY_FAIL\x10\r\x12\x1b\n\x17\x46\x41ULT_STORAGE_POOL_LOST\x10\x0e\x12\x13\n\x0f\x46\x41ULT_GUEST_OOM\x10\x0f\x32\x64\n\x10SimulatorService\x12P\n\x0bInjectFault\x12\x1f.kibo.sim.v1.InjectFaultRequest\x1a .kibo.sim.v1.InjectFaultResponseB3Z1github.com/kibo-dev/kibo/gen/go/kibo/sim/v1;simv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,11 +33,11 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'Z1github.com/kibo-dev/kibo/gen/go/kibo/sim/v1;simv1'
   _globals['_FAULT']._serialized_start=147
-  _globals['_FAULT']._serialized_end=498
+  _globals['_FAULT']._serialized_end=519
   _globals['_INJECTFAULTREQUEST']._serialized_start=44
   _globals['_INJECTFAULTREQUEST']._serialized_end=121
   _globals['_INJECTFAULTRESPONSE']._serialized_start=123
   _globals['_INJECTFAULTRESPONSE']._serialized_end=144
-  _globals['_SIMULATORSERVICE']._serialized_start=500
-  _globals['_SIMULATORSERVICE']._serialized_end=600
+  _globals['_SIMULATORSERVICE']._serialized_start=521
+  _globals['_SIMULATORSERVICE']._serialized_end=621
 # @@protoc_insertion_point(module_scope)

@@ -22,6 +22,7 @@ class Fault(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FAULT_CREATE_FAIL_HOLDING: _ClassVar[Fault]
     FAULT_DESTROY_FAIL: _ClassVar[Fault]
     FAULT_STORAGE_POOL_LOST: _ClassVar[Fault]
+    FAULT_GUEST_OOM: _ClassVar[Fault]
 FAULT_UNSPECIFIED: Fault
 FAULT_GUEST_REBOOT: Fault
 FAULT_GUEST_POWEROFF: Fault
@@ -37,6 +38,7 @@ FAULT_CREATE_FAIL: Fault
 FAULT_CREATE_FAIL_HOLDING: Fault
 FAULT_DESTROY_FAIL: Fault
 FAULT_STORAGE_POOL_LOST: Fault
+FAULT_GUEST_OOM: Fault
 
 class InjectFaultRequest(_message.Message):
     __slots__ = ("workspace_id", "fault")

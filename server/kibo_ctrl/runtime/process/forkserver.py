@@ -281,6 +281,9 @@ def _door(module: Any, argv: list[str], fds: list[int]) -> None:
         for procs in joined:
             with open(procs, "w") as f:
                 f.write(str(os.getpid()))
+        # The guests' OOM rank (supervisor_os.GUEST_OOM_SCORE_ADJ), which its jobs inherit.
+        with contextlib.suppress(OSError):
+            Path("/proc/self/oom_score_adj").write_text("500")
         setattr(module, IN_CGROUP, True)
         _serve_door(socket.socket(fileno=3), module, directory, joined)
     except BaseException:

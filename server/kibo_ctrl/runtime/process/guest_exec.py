@@ -155,6 +155,8 @@ def main() -> None:
     for procs in spec["cgroup_procs"] if not IN_CGROUP else ():
         with open(procs, "w") as f:
             f.write(str(os.getpid()))
+        with contextlib.suppress(OSError):  # the guests' OOM rank (supervisor_os.GUEST_OOM_SCORE_ADJ)
+            Path("/proc/self/oom_score_adj").write_text("500")
     last_cap = int(Path("/proc/sys/kernel/cap_last_cap").read_text())
     # Guests started before they had their own user namespace (no host_id_base) run on as they were.
     own_userns = spec["isolation"] == "bwrap" and "host_id_base" in spec

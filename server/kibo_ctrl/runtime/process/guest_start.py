@@ -123,6 +123,9 @@ class EarlyGuest:
             for procs in cgroup_procs:  # the slow part, beside the supervisor's mounts
                 with open(procs, "w") as f:
                     f.write(pid)
+            # The guests' OOM rank (supervisor_os.GUEST_OOM_SCORE_ADJ): its init is put back.
+            with contextlib.suppress(OSError):
+                Path("/proc/self/oom_score_adj").write_text("500")
             for name, value in rlimits:
                 limit = getattr(resource, name)
                 resource.setrlimit(limit, (value, value))

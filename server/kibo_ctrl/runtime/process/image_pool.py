@@ -45,7 +45,7 @@ class ImagePool:
         owner: int,
         variant: str,
         make_seed: Callable[[Path], None],
-        overcommit: float = 1.0,
+        disk_ratio: float = 10.0,
         depth: int = DEPTH,
     ) -> None:
         self.dir = directory
@@ -53,7 +53,7 @@ class ImagePool:
         self.owner = owner
         self.variant = variant  # what the layer skeleton depends on (host /usr or a base image)
         self.make_seed = make_seed
-        self.overcommit = overcommit
+        self.disk_ratio = disk_ratio
         self.depth = depth
         # kind -> the sizes (bytes) asked for lately, most recent last.
         self.wanted: dict[str, list[int]] = {}
@@ -164,10 +164,7 @@ class ImagePool:
 
     def _room(self, capacity: int) -> bool:
         """Whether a new image of `capacity` would be admitted now (storage.admit's rule)."""
-        fs = os.statvfs(self.data_dir)
-        free = fs.f_bavail * fs.f_frsize
-        spare = (free - storage.reserve_bytes(self.data_dir)) * self.overcommit
-        return spare - storage.committed_bytes(self.data_dir) >= capacity
+        return not storage.refusal(self.data_dir, capacity, self.disk_ratio)
 
     def _make(self, kind: str, capacity: int) -> None:
         name = self._prefix(kind, capacity) + os.urandom(6).hex()

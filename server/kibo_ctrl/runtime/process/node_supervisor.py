@@ -52,14 +52,14 @@ if TYPE_CHECKING:
     from kibo_ctrl.runtime.process.node_holdings import Gone, Held, handed_over, read_state, readopt, release
     from kibo_ctrl.runtime.process.supervisor import TICK, Supervisor
     from kibo_ctrl.runtime.process.supervisor_handover import MAX_FDS, MESSAGE
-    from kibo_ctrl.runtime.process.supervisor_os import forget_oom, pidfd_if, sync_all, write_json
+    from kibo_ctrl.runtime.process.supervisor_os import forget_oom, limit_hits, pidfd_if, sync_all, write_json
 else:
     sys.path.insert(0, str(Path(__file__).parent))  # run as a script: its sibling modules
     from guest_start import Started
     from node_holdings import Gone, Held, handed_over, read_state, readopt, release
     from supervisor import TICK, Supervisor
     from supervisor_handover import MAX_FDS, MESSAGE
-    from supervisor_os import forget_oom, pidfd_if, sync_all, write_json
+    from supervisor_os import forget_oom, limit_hits, pidfd_if, sync_all, write_json
 
 EXIT_BUSY = 75
 # How long a new node supervisor waits for its first instance or runtime before it exits.
@@ -120,6 +120,7 @@ class Parked(Supervisor):
         self.guest_pid, self.guest_start = held.guest_pid, held.guest_start
         self.entry_fd = self._entry_pidfd()
         self.oom_base = held.oom_base
+        self.limit_base = limit_hits(self.spec["oom_file"])
         self.state, self.why = held.state, held.why
         self.output_logged = held.output_logged
         self.server.setblocking(False)

@@ -36,8 +36,10 @@ class ProcessOptions:
     grace_s: float = 10.0
     force_sync_s: float = 1.0
     ready_timeout_s: float = 30.0
-    # New images may promise this many times the free disk (1: no overcommit; see storage.py).
-    storage_overcommit: float = 1.0
+    # New images' declared capacities may add up to this many times the data dir's
+    # filesystem (--disk-allocation-ratio; storage.py); below its reserve of real free
+    # space the node makes none.
+    disk_allocation_ratio: float = 10.0
     guest_ids: IdRange = field(default_factory=IdRange)  # the host ids guests' ids map to
     # Formatted images kept ready per recently used size of new layers and volumes (0: none).
     # (KIBO_IMAGE_POOL_DEPTH: the benchmark's way to compare with and without the pool.)
@@ -65,6 +67,14 @@ class ProcessOptions:
     pids_budget: int = field(default_factory=lambda: int(os.environ.get("KIBO_NODE_PIDS_MAX") or 0))
 
 
+def host_capacity() -> tuple[int, int]:
+    """This host's vCPUs (the cores this process may run on) and memory (MiB): what a node's
+    capacity is made of (times its allocation ratios: domain/nodes.py)."""
+    vcpus = len(os.sched_getaffinity(0))
+    memory_mib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1024 * 1024)
+    return vcpus, int(memory_mib)
+
+
 class ProcessSettings(Protocol):
     """What a server's or a node agent's configuration says of its process runtime (the
     fields `kibo-ctrl serve` and `kibo-ctrl node` share: app.Config, node_host.NodeConfig)."""
@@ -84,7 +94,7 @@ class ProcessSettings(Protocol):
     @property
     def guest_id_base(self) -> int: ...
     @property
-    def storage_overcommit(self) -> float: ...
+    def disk_allocation_ratio(self) -> float: ...
     @property
     def supervisor(self) -> str: ...
 
@@ -100,7 +110,7 @@ def options_from(settings: ProcessSettings, data_dir: Path) -> ProcessOptions:
         guest_command=settings.guest_command,
         grace_s=settings.stop_grace_ms / 1000,
         guest_ids=IdRange(base=settings.guest_id_base),
-        storage_overcommit=settings.storage_overcommit,
+        disk_allocation_ratio=settings.disk_allocation_ratio,
         supervisor=settings.supervisor,
     )
 

@@ -123,11 +123,25 @@ def provision_storage(host: ProvisionHost, spec: LaunchSpec) -> tuple[Layout, tu
                 path = path / "mnt"
                 path.mkdir(exist_ok=True)
             layout.volumes.append((path, mounts[volume.id]))
-    # The sparse files of new images, if the disk can hold them all (else NoSpace).
+    # The sparse files of new images, if the node may take new storage now (else NoSpace).
     take = host.pool.take if host.pool is not None else None
-    storage.admit(host.data_dir, layout.images, host.options.storage_overcommit, take)
+    try:
+        storage.admit(host.data_dir, layout.images, host.options.disk_allocation_ratio, take)
+    except storage.NoSpace:
+        _unmake_empty(layout)
+        raise
     seed_layers(host, layout.images)
     return layout, tuple(created)
+
+
+def _unmake_empty(layout: Layout) -> None:
+    """After a refused admission: the directories this launch made and left empty go (the
+    instance is placed again, maybe on another node: nothing of it stays here)."""
+    for image in layout.images:
+        directory = Path(image["image"]).parent
+        for empty in (directory / "mnt", directory):
+            with contextlib.suppress(OSError):
+                empty.rmdir()
 
 
 def layer_layout(host: ProvisionHost, workspace_id: str, capacity_gib: int) -> Layout:
@@ -243,6 +257,8 @@ def write_spec(host: ProvisionHost, instance: Instance, layout: Layout, plan: sa
         "reboot_code": sandbox.EXIT_REBOOT,
         "poweroff_code": sandbox.EXIT_POWEROFF,
         "timings": host.options.timings,
+        # The entry is kibo's own agent (no --guest-command): the OOM killer may never choose it.
+        "oom_protect_entry": not host.options.guest_command,
         # Where the supervisor hands its ready guest ("": it keeps it): supervisor_handover.py.
         "node_supervisor": host.node_supervisor_name(),
     }

@@ -33,8 +33,15 @@ How guest exits map to reports (per personality):
 - the guest exits with 101 (a power-off request; `/run/kibo/bin/poweroff`): firecracker:
   GuestResponding(False), the supervisor stays running and idle (force stop, then start);
   kibovm: VmmExited(GUEST_POWEROFF) (the server's force stop follows).
-- the OOM killer kills in the guest's cgroup: the supervisor kills the whole guest and
-  exits: VmmExited(HOST_OOM) on both (FAILED, then the server's force stop).
+- a process goes over the workspace's memory (its cgroup's limit: the guest's memory): the
+  kernel kills that process, as a guest kernel's OOM killer would (exit 137 to its exec);
+  the guest runs on: GuestOomKill (an event "OOM: killed PID (command)", a metric). The
+  guest's processes rank 500 (oom_score_adj), its init and the sandbox's processes 0: the
+  OOM killer's last choice in the guest (supervisor_os.GUEST_OOM_SCORE_ADJ).
+- the OOM killer kills in the guest for lack of the host's memory (or of a limit above the
+  guest's; told apart by the kernel's log of the kill: supervisor.py `check_oom`): the
+  supervisor kills the whole guest and exits: VmmExited(HOST_OOM) on both (FAILED, then the
+  server's force stop).
 - the guest's init exits in any other way (a guest "kernel panic"): VmmExited(CRASH).
 - the supervisor is killed from outside (no exit.json): VmmExited(CRASH); its guest dies
   with it (PR_SET_PDEATHSIG / --die-with-parent), the instance keeps its parts. A guest
@@ -78,6 +85,7 @@ from pathlib import Path
 from typing import Any
 
 from ...domain.model import Backend, Component, Instance, Phase, StopDurability
+from ...domain.nodes import DiskStatus
 from ...domain.reports import Report
 from ..base import DestroyError, Exit, GuestRefused, LaunchError, LaunchSpec, Output, RestartError, SyncError
 from . import adoption, observation, provision, safepath, sandbox, seccomp, storage
@@ -170,7 +178,7 @@ class ProcessRuntime:
                 make_seed=lambda upper: sandbox.seed_layer(
                     upper, host_usr=options.base_image is None, owner=provision.guest_root(self)
                 ),
-                overcommit=options.storage_overcommit,
+                disk_ratio=options.disk_allocation_ratio,
                 depth=options.image_pool_depth,
             )
         # Ready guests held by the node supervisor instead of a supervisor each (--supervisor node).
@@ -221,6 +229,18 @@ class ProcessRuntime:
         PIDs limit (cgroups.py; 0 without cgroups)."""
         return self.cgroups.pids_limit_hits()
 
+    def disk_status(self) -> DiskStatus:
+        """The node's disk now (blocking, cheap): real free space, the reserve, the declared
+        capacities of its images, pressure (storage.py). The node agent tells it with each
+        lease renewal, so the scheduler places on it."""
+        free, reserve, promised, pressure = storage.disk_status(self.data_dir)
+        return DiskStatus(free_bytes=free, reserve_bytes=reserve, promised_bytes=promised, pressure=pressure)
+
+    def disk_offered_gib(self) -> tuple[int, int]:
+        """(the data dir's filesystem, GiB; the declared capacity its images may add up to, GiB)."""
+        disk = storage.disk_bytes(self.data_dir)
+        return disk >> 30, storage.offered_bytes(self.data_dir, self.options.disk_allocation_ratio) >> 30
+
     def capabilities(self) -> list[str]:
         caps = [
             "workspace.stop.force",
@@ -267,6 +287,9 @@ class ProcessRuntime:
             raise LaunchError(f"this node cannot run workspaces: {self.unavailable}")
         try:
             layout, created = await asyncio.to_thread(provision.provision_storage, self, spec)
+        except storage.NoSpace as error:
+            # Not a failure of the workspace: the node has no room for it now (placed again).
+            raise LaunchError(f"node {self.node_id}: {error}", no_room="disk") from None
         except (OSError, ValueError) as error:
             raise LaunchError(f"provisioning the layer and volumes failed: {error}") from None
         mark("provisioned")

@@ -26,11 +26,25 @@ against free space (`admit`), and destroys them (`destroy`); the supervisor form
 mounts them (`prepare`) in its own mount namespace before the guest starts, so every
 mount vanishes with it (mount -o loop sets the loop device's autoclear flag).
 
-Images are sparse, and the disk is not overcommitted: a new image is admitted only if
-the free space of the data dir's filesystem, minus what existing images may still grow
-by (capacity minus allocated blocks) and a reserve, covers its whole capacity. So guests
-together can never fill the data dir. (fallocate would also guarantee it, but would take
-the whole declared capacity from the disk at once, 10 GiB per workspace by default.)
+Images are sparse (thin-provisioned): a declared capacity is a limit inside the guest,
+not space taken from the host. What admission watches is real usage (issue 26: three
+default workspaces, which write a few MiB, used to exhaust an 80 GiB disk they barely
+touched, because every capacity was counted as if it were written):
+
+- real free space: below the reserve (`reserve_bytes`: max(1 GiB, 2 % of the filesystem),
+  room for the store, its logs and the guests' metadata) the node makes no new image, and
+  says so to the control plane (`disk_status`: DiskPressure; the scheduler places nothing
+  there that needs new storage);
+- what is promised: the declared capacities of all images together may be at most the
+  filesystem's size times `disk_ratio` (--disk-allocation-ratio, default 10), so a node
+  does not take thousands of workspaces whose modest writes together would fill it.
+
+A guest that fills its own image gets ENOSPC there and nowhere else (the image's size is
+its filesystem's). Guests that all keep writing at once can still bring real free space
+down (at a ratio of 1 or more): the reserve and the pressure condition are the warning and
+the brake (no new storage), not a bound; a ratio below 1 (say 0.9) keeps the declared
+capacities within the disk, the rest left for the store. (fallocate would bound it, but take
+every declared capacity from the disk at once, 20 GiB per default workspace.)
 
 Directories from before images (layers/<ws>/upper/, a volume directory with files and no
 image) keep working as they are, without a size limit (`legacy_*`).
@@ -73,7 +87,8 @@ _admission = threading.Lock()
 
 
 class NoSpace(OSError):
-    """A new image does not fit in the data dir's free space (minus the reserve)."""
+    """No new image now: the data dir's real free space is under its reserve, or the declared
+    capacities would pass the filesystem's size times the disk allocation ratio."""
 
 
 def usable(isolation: str) -> bool:
@@ -126,17 +141,16 @@ def _images(data_dir: Path) -> list[Path]:
     return found
 
 
-# committed_bytes per data directory: (when it was counted, bytes), kept COMMITTED_MAX_AGE_S.
-# Counting stats every image (~10 ms per create at 1,000 workspaces); between counts the
-# remembered figure can only be too high (guests' writes and deletions shrink what is
-# promised; admissions add theirs), so an admission is never looser than a fresh count. A
+# promised_bytes per data directory: (when it was counted, bytes), kept COMMITTED_MAX_AGE_S.
+# Counting stats every image (~10 ms per create at 1,000 workspaces); between counts an
+# admission adds what it promised (so the figure is never lower than a fresh count), and a
 # deletion forgets it, so a create right after one sees the room it made.
 _committed: dict[Path, tuple[float, int]] = {}
 COMMITTED_MAX_AGE_S = 1.0
 
 
-def committed_bytes(data_dir: Path) -> int:
-    """What the existing images may still grow by: capacity minus allocated blocks."""
+def promised_bytes(data_dir: Path) -> int:
+    """The declared capacities of the images on the data dir (their files' sizes)."""
     known = _committed.get(data_dir)
     now = time.monotonic()
     if known is not None and now - known[0] < COMMITTED_MAX_AGE_S:
@@ -144,8 +158,7 @@ def committed_bytes(data_dir: Path) -> int:
     total = 0
     for image in _images(data_dir):
         with contextlib.suppress(FileNotFoundError):
-            info = image.stat()
-            total += max(0, info.st_size - info.st_blocks * 512)
+            total += image.stat().st_size
     _committed[data_dir] = (now, total)
     return total
 
@@ -155,15 +168,53 @@ def reserve_bytes(data_dir: Path) -> int:
     return max(RESERVE_MIN_BYTES, int(fs.f_blocks * fs.f_frsize * RESERVE_FRACTION))
 
 
+def disk_bytes(data_dir: Path) -> int:
+    """The size of the data dir's filesystem."""
+    fs = os.statvfs(data_dir)
+    return fs.f_blocks * fs.f_frsize
+
+
+def offered_bytes(data_dir: Path, disk_ratio: float) -> int:
+    """The declared capacity the node's images may add up to: the filesystem's size times
+    the disk allocation ratio (0: not bounded)."""
+    return int(disk_bytes(data_dir) * disk_ratio) if disk_ratio > 0 else 0
+
+
+def disk_status(data_dir: Path) -> tuple[int, int, int, bool]:
+    """The data dir's disk now: (real free bytes, reserve, promised, under its reserve)."""
+    fs = os.statvfs(data_dir)
+    free = fs.f_bavail * fs.f_frsize
+    reserve = reserve_bytes(data_dir)
+    return free, reserve, promised_bytes(data_dir), free < reserve
+
+
+def refusal(data_dir: Path, need: int, disk_ratio: float) -> str:
+    """Why `need` bytes of new declared capacity cannot be admitted now ("": they can)."""
+    free, reserve, promised, pressure = disk_status(data_dir)
+    if pressure:
+        return (
+            f"not enough disk for new storage: {free / GIB:.1f} GiB free, under the "
+            f"{reserve / GIB:.1f} GiB this node keeps in reserve"
+        )
+    offered = offered_bytes(data_dir, disk_ratio)
+    if offered and promised + need > offered:
+        return (
+            f"not enough disk for {need / GIB:.0f} GiB of new storage: {promised / GIB:.0f} GiB promised to "
+            f"existing layers and volumes, of the {offered / GIB:.0f} GiB this node offers "
+            f"({disk_bytes(data_dir) / GIB:.0f} GiB disk x --disk-allocation-ratio {disk_ratio:g})"
+        )
+    return ""
+
+
 def admit(
     data_dir: Path,
     wanted: list[dict[str, Any]],
-    overcommit: float = 1.0,
+    disk_ratio: float = 10.0,
     take: Callable[[dict[str, Any]], Path | None] | None = None,
 ) -> None:
-    """Make the sparse files of the `wanted` images that do not exist yet, if the data dir's
-    filesystem can hold all of them on top of what the existing images may grow by (times
-    `overcommit`: above 1 the operator accepts that guests together may fill the disk).
+    """Make the sparse files of the `wanted` images that do not exist yet, if the node may
+    take new storage now (`refusal`: its real free space is above the reserve, and their
+    capacities fit in what its disk offers at `disk_ratio`); else NoSpace, with nothing made.
     `take` (image_pool.py) may put an already formatted image in place of a sparse file
     (it returns the directory it took it from, fsynced here with the others)."""
     with _admission:
@@ -172,17 +223,10 @@ def admit(
         grown = [(e, _size(e["image"])) for e in wanted if e not in new and 0 < _size(e["image"]) < int(e["capacity"])]
         if not new and not grown:
             return
-        fs = os.statvfs(data_dir)
-        free = fs.f_bavail * fs.f_frsize
         need = sum(int(e["capacity"]) for e in new) + sum(int(e["capacity"]) - size for e, size in grown)
-        committed = committed_bytes(data_dir)
-        reserve = reserve_bytes(data_dir)
-        if (free - reserve) * overcommit - committed < need:
-            raise NoSpace(
-                f"not enough disk on this node for {need / GIB:.0f} GiB of new storage: "
-                f"{free / GIB:.1f} GiB free, {committed / GIB:.1f} GiB promised to existing layers "
-                f"and volumes, {reserve / GIB:.1f} GiB kept in reserve (--storage-overcommit {overcommit:g})"
-            )
+        why = refusal(data_dir, need, disk_ratio)
+        if why:
+            raise NoSpace(why)
         # All files first, then all fsyncs: the first fsync commits the journal with every
         # change before it, so the later ones are cheap (one commit per phase, not per image).
         made: list[tuple[str, str]] = []

@@ -20,7 +20,8 @@ unix socket (only for clients of its own uid):
 When it exits it leaves INSTANCE_DIR/exit.json = {"reason", "code", "signal", "synced",
 "error"}; a supervisor that vanished without it was killed from outside. Reasons:
 `stopped` (a stop finished), `reboot` / `poweroff` (the guest exited with the reserved
-code), `oom` (the OOM killer killed in the guest's cgroup: the whole guest is killed),
+code), `oom` (the host ran out of memory and the kernel killed in the guest: the whole
+guest is killed, as the host's OOM killer would kill a VM),
 `exit` (the guest's init exited otherwise: a guest "kernel panic"), `not-ready` and
 `spawn-failed` (during launch). On the firecracker personality a power-off leaves the
 supervisor running and idle (`{"state": "idle", "why": "poweroff"}`), like a VMM whose
@@ -70,10 +71,13 @@ if TYPE_CHECKING:
     from kibo_ctrl.runtime.process.supervisor_handover import HandOver
     from kibo_ctrl.runtime.process.supervisor_os import (
         kill_cgroups,
+        limit_hits,
+        logged_oom_kills,
         oom_kills,
         reap_answered,
         start_time,
         sync_all,
+        watch_kernel_log,
         write_json,
     )
     from kibo_ctrl.runtime.process.supervisor_protocol import Clients
@@ -84,7 +88,17 @@ else:
     from supervisor_guest import GuestLaunch
     from supervisor_guest import _load_storage as _load_storage  # forkserver.py calls it here
     from supervisor_handover import HandOver
-    from supervisor_os import kill_cgroups, oom_kills, reap_answered, start_time, sync_all, write_json
+    from supervisor_os import (
+        kill_cgroups,
+        limit_hits,
+        logged_oom_kills,
+        oom_kills,
+        reap_answered,
+        start_time,
+        sync_all,
+        watch_kernel_log,
+        write_json,
+    )
     from supervisor_protocol import Clients
 
 TICK = 0.25
@@ -117,6 +131,12 @@ class Supervisor(GuestLaunch, Clients, HandOver):
         self.buffers: dict[int, bytes] = {}
         self.selector = selectors.DefaultSelector()
         self.oom_base = 0
+        # The guest's own limit's count when OOM kills were last looked at (supervisor_os
+        # limit_hits), and whether the host (not the guest's own limit) ran out: then the whole
+        # guest goes, as a VM the host's OOM killer chose.
+        self.limit_base = 0
+        self.host_oom = False
+        watch_kernel_log()
         # A stop in progress: (force, deadline for the guest to exit) and who asked.
         self.stop_force: bool | None = None
         self.stop_deadline = 0.0
@@ -282,7 +302,8 @@ class Supervisor(GuestLaunch, Clients, HandOver):
         if self.stop_force is not None:
             self.finish_stop()
             return
-        if oom_kills(self.spec["oom_file"]) > self.oom_base:
+        self.check_oom()
+        if self.host_oom:
             self.exit("oom", code=code, signal=killed)
         if self.state == "starting":
             self.exit("not-ready", code=code, signal=killed, error="the guest exited before it was ready")
@@ -369,12 +390,43 @@ class Supervisor(GuestLaunch, Clients, HandOver):
     def watch(self, now: float) -> None:
         """Every TICK: the OOM killer's kills, and a graceful stop's grace period."""
         if self.guest_alive() and self.stop_force is None and oom_kills(self.spec["oom_file"]) > self.oom_base:
-            # The kernel killed in this guest: the whole "VM" goes, as on a real host.
-            self.log("the OOM killer killed in the guest's cgroup: killing the guest")
-            self.kill_guest()
+            self.check_oom()
+            if self.host_oom:
+                # The host (or the node's share of it) ran out: the whole "VM" goes, as the
+                # host's OOM killer would kill a VM.
+                self.log("the kernel killed in the guest for lack of the host's memory: killing the guest")
+                self.kill_guest()
         if self.stop_force is False and self.guest_alive() and now > self.stop_deadline:
             self.log("graceful stop: the grace period is over: SIGKILL")
             self.kill_guest()
+
+    def check_oom(self) -> None:
+        """New OOM kills in the guest's cgroup: whose memory ran out? The guest's own limit (its
+        memory is its guest's: the kernel killed one process in it, as a guest kernel's OOM
+        killer would; the guest runs on, and its clients hear of it: {"oom": {...}}), or the
+        host's, or a limit above the guest's (the node's share): `host_oom`. Told by the
+        kernel's log record of each kill (oom_memcg is the guest's own cgroup, or not); where the
+        log cannot be read, by the guest's own limit's counter (supervisor_os.limit_hits)."""
+        oom_file = self.spec["oom_file"]
+        kills = oom_kills(oom_file)
+        if kills <= self.oom_base:
+            return
+        count, self.oom_base = kills - self.oom_base, kills
+        hits = limit_hits(oom_file)
+        logged = logged_oom_kills(oom_file)
+        own = all(kill.own_limit for kill in logged) if logged else hits > self.limit_base
+        self.limit_base = hits
+        with contextlib.suppress(OSError):
+            self.save_state()  # the new base: a re-adopting node supervisor does not count them again
+        if not own:
+            self.host_oom = True
+            return
+        victim = logged[-1] if logged else None
+        who = f"PID {victim.pid} ({victim.command})" if victim else "a process"
+        self.log(f"the guest went over its memory: the kernel killed {who} in it ({count} kill(s)); it runs on")
+        self.broadcast(
+            {"oom": {"pid": victim.pid if victim else 0, "command": victim.command if victim else "", "count": count}}
+        )
 
 
 def main() -> None:

@@ -34,7 +34,10 @@ if TYPE_CHECKING:
         ChildFailed,
         InChild,
         children,
+        join_guest_oom_rank,
+        limit_hits,
         oom_kills,
+        spare_from_oom,
         start_time,
         write_json,
     )
@@ -44,7 +47,18 @@ else:
     import guest_start
     import idmap
     import userns
-    from supervisor_os import PR_SET_PDEATHSIG, ChildFailed, InChild, children, oom_kills, start_time, write_json
+    from supervisor_os import (
+        PR_SET_PDEATHSIG,
+        ChildFailed,
+        InChild,
+        children,
+        join_guest_oom_rank,
+        limit_hits,
+        oom_kills,
+        spare_from_oom,
+        start_time,
+        write_json,
+    )
     from supervisor_os import check as _check
 
 CLONE_NEWNS = 0x00020000
@@ -81,6 +95,7 @@ class GuestLaunch:
         sandbox_start: int
         selector: selectors.BaseSelector
         oom_base: int
+        limit_base: int
         namespace: userns.GuestNamespace | None
         ready_watch: int
         ready_watch_id: int
@@ -286,6 +301,7 @@ class GuestLaunch:
         for procs in self.spec["cgroup_procs"]:
             with open(procs, "w") as f:
                 f.write(pid)
+        join_guest_oom_rank()
         for name, value in self.spec.get("rlimits", []):
             limit = getattr(resource, name)
             resource.setrlimit(limit, (value, value))
@@ -300,6 +316,7 @@ class GuestLaunch:
                 (Path(self.spec["run_dir"]) / stale).unlink()
         self.watch_ready()
         self.oom_base = oom_kills(self.spec["oom_file"])
+        self.limit_base = limit_hits(self.spec["oom_file"])
         self.mark("bwrap-fork")
         self.guest = self._start_guest()
         self.mark("bwrap-exec")
@@ -400,6 +417,12 @@ class GuestLaunch:
                 self.guest_start = start_time(self.guest_pid)
             self.mark("ready-seen")
             self.stop_watching_ready()
+            # What runs the guest is the OOM killer's last choice in it (a guest kernel does not
+            # kill its init): the sandbox's processes down to the entry, and the entry itself
+            # when it is kibo's agent (it starts nothing but `sleep`; a custom entry's children
+            # would inherit the rank, so it keeps the guests' and its death is a crash).
+            chain = self._entry_chain()
+            spare_from_oom(chain if self.spec.get("oom_protect_entry") else chain[:-1])
             if self.spec.get("timings"):
                 # Before the ready message: whoever reads it after the launch finds it.
                 write_json(self.dir / "timings.json", {"marks": self.marks})
@@ -407,14 +430,18 @@ class GuestLaunch:
             self.log(f"the guest is ready (entry PID {self.guest_pid})")
 
     def _entry_pid(self) -> int:
+        return self._entry_chain()[-1]
+
+    def _entry_chain(self) -> list[int]:
+        """The sandbox's process (bwrap) and those below it down to the guest's entry process."""
         assert self.guest is not None
-        pid = self.guest.pid
+        chain = [self.guest.pid]
         for _ in range(int(self.spec["entry_depth"])):
-            found = children(pid)
+            found = children(chain[-1])
             if not found:
                 break
-            pid = found[0]
-        return pid
+            chain.append(found[0])
+        return chain
 
 
 _STORAGE: list[Any] = []

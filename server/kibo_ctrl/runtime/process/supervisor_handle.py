@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ...domain.model import Backend
-from ...domain.reports import ExitReason, GuestReset, GuestResponding, Report, VmmExited
+from ...domain.reports import ExitReason, GuestOomKill, GuestReset, GuestResponding, Report, VmmExited
 from .supervisor_os import kill_cgroups
 
 log = logging.getLogger(__name__)
@@ -251,6 +251,17 @@ class Supervised:
                 self.runtime.events.put_nowait(GuestResponding(self.instance_id, responding=False))
         elif "reply" in message:
             self.replies.append(message)
+        elif "oom" in message:
+            # The kernel killed a process over the guest's memory; the guest runs on.
+            oom = message["oom"] if isinstance(message["oom"], dict) else {}
+            with contextlib.suppress(TypeError, ValueError):
+                report = GuestOomKill(
+                    self.instance_id,
+                    pid=int(oom.get("pid") or 0),
+                    command=str(oom.get("command") or "")[:64],
+                    count=max(1, int(oom.get("count") or 1)),
+                )
+                self.runtime.events.put_nowait(report)
         elif "exit" in message:
             self.exit_info = message["exit"]
         await self._notify()

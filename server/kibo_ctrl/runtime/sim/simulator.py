@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 
 from ...domain.model import EXECUTION_PARTS, Backend, Component, Instance, Phase, StopDurability, VolumeState
-from ...domain.reports import ExitReason, GuestReset, GuestResponding, Report, VmmExited
+from ...domain.reports import ExitReason, GuestOomKill, GuestReset, GuestResponding, Report, VmmExited
 from ..base import DestroyError, LaunchError, LaunchSpec, RestartError, SyncError
 
 
@@ -33,7 +33,11 @@ class Fault(IntEnum):
     CREATE_FAIL_HOLDING = 12
     DESTROY_FAIL = 13
     STORAGE_POOL_LOST = 14
+    GUEST_OOM = 15
 
+
+# The PIDs a simulated guest's OOM killer names (FAULT_GUEST_OOM) count up from here.
+SIM_OOM_PID = 4000
 
 # Armed per workspace, consumed by the next operation they apply to.
 ONE_SHOT = frozenset({Fault.SYNC_FAIL, Fault.STALL, Fault.CREATE_FAIL, Fault.CREATE_FAIL_HOLDING, Fault.DESTROY_FAIL})
@@ -103,6 +107,8 @@ class SimNode:
         self.volumes: set[str] = set()
         # Guests whose restart the node's own restart interrupted.
         self.interrupted: set[str] = set()
+        # Processes its guests' OOM killers killed (FAULT_GUEST_OOM).
+        self.oom_kills = 0
 
     def capabilities(self) -> list[str]:
         caps = ["workspace.stop.force", f"runtime.sim.{self.backend.value}"]
@@ -204,6 +210,11 @@ class SimNode:
         elif fault is Fault.GUEST_REBOOT and self.backend is Backend.FIRECRACKER:
             vm.alive = False
             self.events.put_nowait(GuestReset(vm.instance_id))
+        elif fault is Fault.GUEST_OOM:
+            # The model of a process over the guest's memory: the guest's OOM killer kills it,
+            # the VMM and the guest run on (as the process runtime does: supervisor.py).
+            self.oom_kills += 1
+            self.events.put_nowait(GuestOomKill(vm.instance_id, pid=SIM_OOM_PID + self.oom_kills, command="simulated"))
         else:
             reason = {
                 Fault.GUEST_REBOOT: ExitReason.GUEST_RESET,
