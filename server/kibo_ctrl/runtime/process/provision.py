@@ -257,7 +257,8 @@ def write_spec(host: ProvisionHost, instance: Instance, layout: Layout, plan: sa
         "reboot_code": sandbox.EXIT_REBOOT,
         "poweroff_code": sandbox.EXIT_POWEROFF,
         "timings": host.options.timings,
-        # The entry is kibo's own agent (no --guest-command): the OOM killer may never choose it.
+        # The entry is kibo's own agent (no --guest-command): the OOM killer's last choice in its
+        # guest, with the sandbox's processes (supervisor_guest.py).
         "oom_protect_entry": not host.options.guest_command,
         # Where the supervisor hands its ready guest ("": it keeps it): supervisor_handover.py.
         "node_supervisor": host.node_supervisor_name(),
