@@ -6,13 +6,15 @@ import datetime
 import enum
 import json
 import sys
+import unicodedata
 from typing import Any
 
 import typer
 from google.protobuf import json_format
 from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
-from rich.console import Console
+from rich.console import Console, RenderableType
+from rich.style import StyleType
 from rich.table import Table
 from rich.text import Text
 
@@ -50,8 +52,9 @@ def emit_json(value: Message | dict[str, Any] | list[Any]) -> None:
 
 
 def note(text: str) -> None:
-    """A line for the person at the terminal (stderr, so stdout stays parseable)."""
-    print(text, file=sys.stderr, flush=True)
+    """A line for the person at the terminal (stderr, so stdout stays parseable); what the
+    server or a guest wrote in it shows its control characters escaped."""
+    print(printable(text), file=sys.stderr, flush=True)
 
 
 def when(stamp: Timestamp, parent: Message | None = None, field: str = "") -> str:
@@ -71,14 +74,36 @@ def enum_name(enum_type: Any, value: int, prefix: str) -> str:
         return str(value)
 
 
+# Characters a terminal acts on instead of showing, beyond the control codes (categories Cc,
+# Zl, Zp): the bidirectional overrides and isolates, which reorder what follows them.
+_BIDI = frozenset("\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+
+
+def printable(text: str) -> str:
+    """`text` as text output shows what a server or a guest wrote (annotations, messages):
+    every control character escaped as Python writes it (ESC as \\x1b, a newline as \\n), so
+    none reaches the terminal as itself (an annotation holding ESC[31m turned the terminal
+    red). `-o json` needs none of this: JSON escapes control characters itself."""
+    if text.isprintable():
+        return text
+    return "".join(repr(c)[1:-1] if c in _BIDI or unicodedata.category(c) in ("Cc", "Zl", "Zp") else c for c in text)
+
+
 def kv(mapping: Any) -> str:
     items = sorted(dict(mapping).items())
-    return ", ".join(f"{k}={v}" for k, v in items) if items else "-"
+    return ", ".join(f"{printable(k)}={printable(v)}" for k, v in items) if items else "-"
+
+
+def _shown(line: Text) -> Text:
+    """A line of a value with its control characters escaped (printable)."""
+    if line.plain.isprintable():
+        return line
+    return Text(printable(line.plain), style=line.style)
 
 
 def grid(rows: list[tuple[str, str | Text]]) -> Text:
     """Two columns: a bold name and its value; a value's further lines are indented under it.
-    Values are never read as markup."""
+    Values are never read as markup, and show control characters escaped."""
     width = max((len(name) for name, _ in rows), default=0) + 2
     result = Text()
     for index, (name, value) in enumerate(rows):
@@ -90,12 +115,25 @@ def grid(rows: list[tuple[str, str | Text]]) -> Text:
         for number, line in enumerate(lines):
             if number:
                 result.append("\n" + " " * width)
-            result.append_text(line)
+            result.append_text(_shown(line))
     return result
 
 
+class _Table(Table):
+    """A table whose text cells show control characters escaped (printable)."""
+
+    def add_row(
+        self, *renderables: RenderableType | None, style: StyleType | None = None, end_section: bool = False
+    ) -> None:
+        cells = [
+            printable(cell) if isinstance(cell, str) else _shown(cell) if isinstance(cell, Text) else cell
+            for cell in renderables
+        ]
+        super().add_row(*cells, style=style, end_section=end_section)
+
+
 def table(*columns: str) -> Table:
-    result = Table(box=None, pad_edge=False, show_edge=False, header_style="bold")
+    result = _Table(box=None, pad_edge=False, show_edge=False, header_style="bold")
     for column in columns:
         result.add_column(column, overflow="fold")
     return result

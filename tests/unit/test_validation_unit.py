@@ -3,6 +3,8 @@ written from the contract's rules."""
 
 from __future__ import annotations
 
+import base64
+import urllib.parse
 from typing import Any
 
 import grpc
@@ -127,3 +129,130 @@ def test_filter_rejects(text: str) -> None:
     with pytest.raises(InvalidArgument) as caught:
         validation.workspace_filter(text)
     assert caught.value.field == "filter"
+
+
+@pytest.mark.parametrize(
+    ("text", "states", "labels"),
+    [
+        # AND inside a quoted value is the value's (the old split cut the term there).
+        ('labels.a = "x AND y"', (), (("a", "x AND y", True),)),
+        ("state=FAILED\tAND\tstate!=DELETED", ((S.FAILED, True), (S.DELETED, False)), ()),
+        ('labels."k" = "" AND labels.k2 != v', (), (("k", "", True), ("k2", "v", False))),
+    ],
+)
+def test_filter_parses_quotes_and_spaces(text: str, states: tuple[Any, ...], labels: tuple[Any, ...]) -> None:
+    parsed = validation.workspace_filter(text)
+    assert (parsed.states, parsed.labels) == (states, labels)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        'state = AVAILABLE"x"',
+        'state = FAILED AND"',
+        'labels. "k" = v',
+        "labels.a:b = v",
+        "state = \x1b[31m",
+        "state = AVAILABLE AND ",
+        " AND ".join(["state = FAILED"] * (validation.MAX_FILTER_TERMS + 1)),
+        "x" * (validation.MAX_FILTER_CHARS + 1),
+        " " * (validation.MAX_FILTER_CHARS + 1),
+    ],
+    ids=lambda v: repr(v)[:24],
+)
+def test_filter_rejects_more(text: str) -> None:
+    with pytest.raises(InvalidArgument) as caught:
+        validation.workspace_filter(text)
+    assert caught.value.field == "filter"
+    assert len(caught.value.message) < 250 and "\x1b" not in caught.value.message
+
+
+def test_filter_errors_quote_a_short_prefix() -> None:
+    for text in ("labels." + "k" * 4000 + " x", 'labels.k = "' + "v" * 4000, "a=b " + " " * 4000 + "ANDx"):
+        with pytest.raises(InvalidArgument) as caught:
+            validation.workspace_filter(text)
+        assert len(caught.value.message) <= validation.QUOTE_CHARS + 120, caught.value.message
+
+
+def test_quote() -> None:
+    assert validation.quote("abc") == "'abc'"
+    assert validation.quote("a" * 100) == "'" + "a" * validation.QUOTE_CHARS + "'…"
+    assert validation.quote("\x1b[31m\n") == "'\\x1b[31m\\n'"
+
+
+# -- validation: labels and annotations (Kubernetes' syntax, lowercase keys) ------------------
+
+
+@pytest.mark.parametrize(
+    "key",
+    ["a", "team", "sdk-test", "x.y/z", "example.com/team", "app.kubernetes.io/name", "a_b", "a.b-c", "k" * 63],
+)
+def test_valid_label_keys(key: str) -> None:
+    assert validation.label_map({key: "v"}, "labels") == {key: "v"}
+    assert validation.annotation_map({key: "v"}) == {key: "v"}
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "",
+        "Team",
+        "a b",
+        "-a",
+        "a-",
+        "_a",
+        "a/b/c",
+        "/a",
+        "a/",
+        "Example.com/a",
+        "a_b.c/d",
+        "a..b/c",
+        "k" * 64,
+        "a\n",
+        "é",
+    ],
+    ids=repr,
+)
+def test_invalid_label_keys(key: str) -> None:
+    with pytest.raises(InvalidArgument) as caught:
+        validation.label_map({key: "v"}, "labels")
+    assert caught.value.field == "labels" and "\n" not in caught.value.message
+    with pytest.raises(InvalidArgument):
+        validation.annotation_map({key: "v"})
+
+
+@pytest.mark.parametrize("value", ["", "a", "A1", "a-b_c.d", "v" * 63])
+def test_valid_label_values(value: str) -> None:
+    assert validation.label_map({"k": value}, "labels") == {"k": value}
+
+
+@pytest.mark.parametrize("value", ["a\nb", "\x1b[31m", "a b", "-a", "a.", "v" * 64, "é", "a/b", "a\x00"], ids=repr)
+def test_invalid_label_values(value: str) -> None:
+    with pytest.raises(InvalidArgument) as caught:
+        validation.label_map({"k": value}, "spec.labels")
+    assert caught.value.field == "spec.labels"
+    assert not any(c in caught.value.message for c in "\n\x1b\x00")
+
+
+def test_annotation_values_are_any_utf8_up_to_64_kib_in_bytes() -> None:
+    hostile = {"note": "\x1b[31mred\n\x00\u202e"}
+    assert validation.annotation_map(hostile) == hostile
+    assert validation.annotation_map({"a": "x" * (64 * 1024 - 1)})
+    with pytest.raises(InvalidArgument):
+        validation.annotation_map({"a": "é" * (32 * 1024)})  # 64 KiB of characters, 128 KiB of UTF-8
+    with pytest.raises(InvalidArgument):
+        validation.annotation_map({f"k{i}": "" for i in range(64 * 1024 + 1)})
+
+
+def test_a_status_message_is_bounded_whatever_quotes_it() -> None:
+    """A message that quotes a 4 KiB value whole (a data-plane path) overflowed gRPC's 8 KiB
+    trailing metadata: the client read RESOURCE_EXHAUSTED instead of the error."""
+    for text in ("p" * 5000, "é" * 5000, "€/" * 3000):
+        _, status = to_status(InvalidArgument(f"path {text!r} is not under a volume mount", field="path"))
+        assert len(status.message.encode()) <= 1024 + len("…".encode())
+        assert status.message.startswith("path '") and status.message.endswith("…")
+        # What gRPC sends: the message percent-encoded, the whole status in base64.
+        percent = len(urllib.parse.quote(status.message, safe=""))
+        assert percent + len(base64.b64encode(status.SerializeToString())) < 8 * 1024
+    _, short = to_status(InvalidArgument("a short message"))
+    assert short.message == "a short message"

@@ -252,7 +252,7 @@ class Api:
     ) -> render.Encoded[ws_pb2.ListWorkspacesResponse]:
         size = validation.page_size(request.page_size, 50)
         where = validation.workspace_filter(request.filter)
-        scope = _digest(f"{request.include_deleted}|{request.filter}")
+        scope = _digest(f"{caller.tenant}|{request.include_deleted}|{request.filter}")
         query = WorkspaceQuery(
             tenant=caller.tenant,
             after_seq=_decode_token(request.page_token, scope),
@@ -378,7 +378,7 @@ class Api:
     ) -> obs_pb2.ListWorkspaceEventsResponse:
         workspace_id = parse.workspace_id(request.workspace_id)
         size = validation.page_size(request.page_size, 100)
-        scope = _digest(workspace_id)
+        scope = _digest(f"{caller.tenant}|{workspace_id}")
         after = _decode_token(request.page_token, scope)
         await self._workspace(caller, workspace_id)
         events = await self._store.read(lambda r: r.list_events(workspace_id, after, size + 1))
@@ -413,6 +413,15 @@ def _digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+# Page tokens. A token names the row to resume after and its query's scope: a digest of the
+# caller's tenant and the request's other fields, so a token answers only the query that
+# made it, for the tenant that made it (another's, or another filter's, is INVALID_ARGUMENT).
+# A token is only ever what the server made (~70 characters): anything longer is refused
+# unread, and only an integer row in SQLite's range is taken.
+MAX_PAGE_TOKEN_CHARS = 256
+MAX_SEQ = (1 << 63) - 1
+
+
 def _encode_token(seq: int, scope: str) -> str:
     return base64.urlsafe_b64encode(json.dumps({"after": seq, "scope": scope}).encode()).decode()
 
@@ -420,11 +429,15 @@ def _encode_token(seq: int, scope: str) -> str:
 def _decode_token(token: str, scope: str) -> int:
     if not token:
         return 0
+    if len(token) > MAX_PAGE_TOKEN_CHARS:
+        raise InvalidArgument("page_token is not valid", field="page_token")
     try:
         data = json.loads(base64.urlsafe_b64decode(token.encode()))
-        after, token_scope = int(data["after"]), str(data["scope"])
-    except (ValueError, KeyError, TypeError, binascii.Error, UnicodeDecodeError):
+        after, token_scope = data["after"], data["scope"]
+    except (ValueError, KeyError, TypeError, IndexError, binascii.Error, RecursionError):
         raise InvalidArgument("page_token is not valid", field="page_token") from None
-    if token_scope != scope or after < 0:
+    if type(after) is not int or not 0 <= after <= MAX_SEQ:
+        raise InvalidArgument("page_token is not valid", field="page_token")
+    if token_scope != scope:
         raise InvalidArgument("page_token belongs to another query", field="page_token")
     return after

@@ -36,6 +36,7 @@ from typing import Any
 from google.protobuf.timestamp_pb2 import Timestamp
 from kibo.ctrl.v1 import data_plane_service_pb2 as dp
 
+from ..domain import validation
 from ..domain.access import Caller
 from ..domain.errors import (
     Conflict,
@@ -121,10 +122,12 @@ class DataPlane:
         self, request: dp.IssueDataPlaneCredentialRequest, caller: Caller
     ) -> dp.IssueDataPlaneCredentialResponse:
         caller.require_admin("issuing a data-plane credential")
-        workspace = await self._store.read(lambda r: r.get_workspace(request.workspace_id))
+        # Checked first: the NotFound below quotes it (a 4 MiB ID overflowed gRPC's metadata).
+        workspace_id = validation.resource_id(request.workspace_id, "workspace_id", "ws-")
+        workspace = await self._store.read(lambda r: r.get_workspace(workspace_id))
         # Another tenant's workspace does not exist for this caller.
         if workspace is None or workspace.deleted or workspace.tenant != caller.tenant:
-            raise NotFound(f"workspace {request.workspace_id} not found", field="workspace_id")
+            raise NotFound(f"workspace {workspace_id} not found", field="workspace_id")
         if workspace.state is not WorkspaceState.AVAILABLE or workspace.deletion_started:
             raise Conflict(
                 f"workspace {workspace.id} is {workspace.state.name}: credentials are issued while AVAILABLE",

@@ -2,7 +2,10 @@
 
 A line's context rides in `extra=`: `workspace_id`, `command_id`, `node_id`, `instance_id`,
 `kind`, `outcome`, ... (CONTEXT); the JSON formatter writes each one present as a field,
-the text formatter appends them as key=value. A token never reaches a line: the
+the text formatter appends them as key=value, with control characters escaped (\\x1b, \\n):
+what a request or a guest wrote (a filter, a command's error, a traceback's exception text)
+can neither start a line of its own nor reach an operator's terminal as a control sequence;
+JSON escapes them itself. A token never reaches a line: the
 Authenticator logs nothing, tokens.py logs a token's ID only, and tests/integration/test_auth.py
 checks the server's whole output for the token."""
 
@@ -10,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import unicodedata
 from datetime import UTC, datetime
 from typing import Any
 
@@ -48,18 +52,28 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(line, default=str)
 
 
+def escaped(text: str) -> str:
+    """`text` with its control characters (categories Cc, Zl, Zp) written as Python escapes."""
+    if text.isprintable():
+        return text
+    return "".join(repr(c)[1:-1] if unicodedata.category(c) in ("Cc", "Zl", "Zp") else c for c in text)
+
+
 class TextFormatter(logging.Formatter):
     def __init__(self) -> None:
         super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     def format(self, record: logging.LogRecord) -> str:
-        text = super().format(record)
+        # The message escaped, so the first line is the whole message; then the traceback's
+        # lines, each escaped, on lines of their own.
+        escaped_record = logging.makeLogRecord({**record.__dict__, "msg": escaped(record.getMessage()), "args": None})
+        first, newline, rest = super().format(escaped_record).partition("\n")
+        rest = "\n".join(escaped(line) for line in rest.split("\n"))
         context = _context(record)
         if not context:
-            return text
+            return f"{first}{newline}{rest}"
         # The context before any traceback: one greppable first line per event.
-        first, newline, rest = text.partition("\n")
-        pairs = " ".join(f"{key}={value}" for key, value in context.items())
+        pairs = " ".join(f"{key}={escaped(str(value))}" for key, value in context.items())
         return f"{first} [{pairs}]{newline}{rest}"
 
 

@@ -74,9 +74,24 @@ def details(error: KiboError) -> list[Message]:
     return [detail, info, *extra]
 
 
+# The most of a message a status carries, in UTF-8 bytes. gRPC sends it twice in the trailing
+# metadata (grpc-message, percent-encoded: up to 3 bytes a byte; and in grpc-status-details-bin,
+# base64), which a client takes only up to 8 KiB: a message quoting a 4 KiB path or filter
+# reached the client as RESOURCE_EXHAUSTED instead (issue 27). Messages quote request values
+# short (validation.quote); this bounds any that does not.
+MAX_MESSAGE_BYTES = 1024
+
+
+def _bounded(message: str) -> str:
+    encoded = message.encode()
+    if len(encoded) <= MAX_MESSAGE_BYTES:
+        return message
+    return encoded[:MAX_MESSAGE_BYTES].decode(errors="ignore") + "…"
+
+
 def to_status(error: KiboError) -> tuple[grpc.StatusCode, status_pb2.Status]:
     code = CLASS_CODES.get(type(error)) or CODES[error.reason]
-    status = status_pb2.Status(code=code.value[0], message=error.message)
+    status = status_pb2.Status(code=code.value[0], message=_bounded(error.message))
     for message in details(error):
         packed = any_pb2.Any()
         packed.Pack(message)

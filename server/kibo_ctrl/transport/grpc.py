@@ -16,7 +16,7 @@ from ..api.render import Encoded
 from ..domain.access import Caller
 from ..domain.errors import InvalidArgument
 from .errors import status_of
-from .rpc import NO_OBSERVER, RpcObserver, ServerStream, Service
+from .rpc import NO_OBSERVER, RpcObserver, ServerStream, Service, forget_traceback
 
 # grpc's servers set SO_REUSEPORT on their sockets by default, so a second server bound to a
 # taken port takes it too and the kernel splits the connections between the two: two node
@@ -86,6 +86,10 @@ def _unary(
             # client that reads /metrics once it has its answer would miss this call.
             observer.finished(*names, False, code.name, time.perf_counter() - start)
             observed = True
+            # abort's AbortError stays in a reference cycle of grpc.aio's (forget_traceback):
+            # neither the request's bytes nor this error's frames may be in it with it.
+            del raw
+            forget_traceback(error)
             await _abort(context, code, status)
         finally:
             if not observed:
@@ -116,6 +120,8 @@ def _stream(
             code, status = status_of(error)
             observer.finished(*names, True, code.name, time.perf_counter() - start)
             observed = True
+            del raw  # as in _unary
+            forget_traceback(error)
             await _abort(context, code, status)
         finally:
             if not observed:

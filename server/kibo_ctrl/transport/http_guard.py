@@ -136,7 +136,20 @@ class _Bounded:
             return  # this middleware answered already; the app's late words go nowhere
         if message["type"] == "http.response.start":
             self._started = True
+        elif message["type"] == "http.response.body" and not message.get("more_body", False):
+            await self._drain()
         await self._send(message)
+
+    async def _drain(self) -> None:
+        """Before an answer ends, the rest of its request's body (within the limits) is read
+        and dropped: the app may answer before it read it all (connectrpc refuses a gRPC-Web
+        message from its length prefix), and an HTTP/1 client still writing the body would
+        read a connection reset instead of the answer. It is the body of an authenticated
+        request under --http-max-body-bytes, which the app would have read anyway."""
+        while not self._body_done and not self._refused:
+            message = await self.receive()
+            if message["type"] != "http.request":
+                return
 
     async def _refuse(self, code: grpc.StatusCode, message: str) -> None:
         self._refused = True
