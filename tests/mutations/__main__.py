@@ -52,6 +52,9 @@ BEGIN, END = "<!-- claims:begin -->", "<!-- claims:end -->"
 # pytest's summary lines (-rA): "PASSED node_id", "FAILED node_id - message", ...
 OUTCOME = re.compile(r"^(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS) (\S+)(?: - (.*))?$", re.MULTILINE)
 CAUGHT, NOT_CAUGHT, ERROR = "CAUGHT", "NOT CAUGHT", "ERROR"
+# The pytest runs under way (each in a session of its own, which a Ctrl-C does not reach).
+_RUNNING: set[subprocess.Popen[str]] = set()
+_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -196,11 +199,16 @@ def pytest_run(root: Path, tests: Sequence[str], basetemp: Path, timeout: float,
         text=True,
         start_new_session=True,  # its process group: ended whole if it runs over
     ) as process:
+        with _LOCK:
+            _RUNNING.add(process)
         try:
             output, _ = process.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             _end_group(process)
             return Run(-1, {}, "")
+        finally:
+            with _LOCK:
+                _RUNNING.discard(process)
     return Run(process.returncode, {m.group(2): m.group(1) for m in OUTCOME.finditer(output)}, output)
 
 
@@ -368,6 +376,10 @@ def run_all(
         for thread in threads:
             thread.join()
     finally:
+        with _LOCK:
+            left = list(_RUNNING)
+        for process in left:  # interrupted: their teardowns run before the copies go
+            _end_group(process)
         scratch.remove()
     return [results[index] for index in range(len(entries))]
 
@@ -393,7 +405,9 @@ def line(result: Result) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.mutations", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--only", metavar="TEXT", help="only the entries whose claim, file, area or tests contain TEXT")
+    parser.add_argument(
+        "--only", metavar="TEXT", help="only the entries whose claim, file, area, find or tests contain TEXT"
+    )
     parser.add_argument("--list", action="store_true", help="list the entries and exit")
     parser.add_argument("--table", action="store_true", help="print the claims table (markdown) and exit")
     parser.add_argument("-j", "--jobs", type=int, default=2, help="mutations run at once (default 2)")
@@ -409,7 +423,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         entries = [
             e
             for e in entries
-            if needle in " ".join((e.area, e.mutation.claim, e.mutation.code, *e.mutation.tests)).lower()
+            if needle
+            in " ".join((e.area, e.mutation.claim, e.mutation.code, e.mutation.find, *e.mutation.tests)).lower()
         ]
     if args.list:
         for entry in entries:
