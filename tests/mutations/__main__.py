@@ -1,7 +1,7 @@
 """Proof that the tests bite: `python -m tests.mutations [--only TEXT] [--list] [--table] [-j N]`.
 
 Each entry of `MUTATIONS` in the modules of this package (base.py says what one is) removes one
-protection by one textual change. For each, in a scratch copy of the repository (rsync, without
+protection by one textual change. For each, in a scratch copy of the repository (without
 .venv, node_modules, .git and bytecode), the change is made and the entry's tests are run
 (`python -m pytest -n 0` with the copy's server, client and gen on PYTHONPATH, from the copy):
 
@@ -139,8 +139,9 @@ def stale(entry: Entry, root: Path) -> str:
 
 
 def copy_tree(source: Path, target: Path) -> None:
-    excludes = [f"--exclude={name}" for name in EXCLUDED]
-    subprocess.run(["rsync", "-a", "--delete", *excludes, f"{source}/", f"{target}/"], check=True)
+    """A copy of the repository at `target` (a new directory), without EXCLUDED at any depth;
+    the standard library's, so the run needs no tool a fresh machine may lack (rsync)."""
+    shutil.copytree(source, target, symlinks=True, ignore=shutil.ignore_patterns(*EXCLUDED))
 
 
 @contextlib.contextmanager
