@@ -22,6 +22,7 @@ from . import routes, tokens
 from .api import data_plane
 from .api.auth import Authenticator
 from .api.control_plane import Api
+from .api.fairness import WATCHES_PER_TENANT
 from .api.node_api import NodeAdminApi, NodeApi
 from .domain.access import DEFAULT_TENANT, Role, TokenRecord
 from .domain.clock import SYSTEM_CLOCK, Clock
@@ -54,7 +55,7 @@ from .telemetry.metrics import Metrics
 from .telemetry.runtime import MeteredRuntime
 from .telemetry.tracing import Observers, Tracing
 from .transport.connect import application
-from .transport.grpc import EXCLUSIVE_PORT, bind, service_handler
+from .transport.grpc import EXCLUSIVE_PORT, STREAMS_PER_CONNECTION, bind, service_handler
 from .transport.http import SERVERS, HttpLimits, HttpServer, open_file_limit
 from .transport.http_guard import BodyLimits, guard
 from .transport.node_guest_client import NodeGuests
@@ -121,6 +122,8 @@ class Config:
     # Requests per second per tenant; None: DEFAULT_RATE_LIMIT_RPS with auth on, none without
     # (one local caller has no other tenant to be fair to); 0: no limit.
     rate_limit_rps: float | None = None
+    # WatchWorkspace streams a tenant may hold open at once (api/fairness.py); 0: no cap.
+    max_watches_per_tenant: int = WATCHES_PER_TENANT
     quotas: Quotas = field(default_factory=Quotas)
     tls: Tls | None = None
     # The process runtime (--runtime process): personality, isolation, limits, guest.
@@ -225,7 +228,14 @@ class App:
         for listener in (scheduler.on_changes, expiry.on_changes):
             self.hub.listen(listener)
         self.api = Api(
-            self.store, self.hub, self.service, capabilities, config.settle_ms / 1000, observer, MAX_MESSAGE_BYTES
+            self.store,
+            self.hub,
+            self.service,
+            capabilities,
+            config.settle_ms / 1000,
+            observer,
+            MAX_MESSAGE_BYTES,
+            config.max_watches_per_tenant,
         )
         # The data plane reaches the embedded node's guests in process, a remote node's through
         # the hop it declared at its join (kibo.node.v1.NodeGuestService on that node).
@@ -378,6 +388,8 @@ class App:
             ("grpc.max_allowed_incoming_connections", self._grpc_connection_cap()),
             ("grpc.server_handshake_timeout_ms", GRPC_HANDSHAKE_TIMEOUT_MS),
             ("grpc.max_connection_idle_ms", GRPC_MAX_CONNECTION_IDLE_MS),
+            # HTTP/2 rapid reset and stream floods: see transport/grpc.py.
+            STREAMS_PER_CONNECTION,
             EXCLUSIVE_PORT,
         ]
         self.server = grpc.aio.server(options=options)

@@ -17,6 +17,7 @@ import typer
 from kibo_cli.help import command_of
 
 from . import log_limit, tokens
+from .api.fairness import WATCHES_PER_TENANT
 from .app import MAX_HTTP_BODY_BYTES, App, Config, SupervisorMode, open_store
 from .domain.access import Role, tenant_name
 from .domain.errors import KiboError, StoreError
@@ -259,6 +260,13 @@ def serve(
             "Default: 1000 with tokens, none with --insecure-no-auth.",
         ),
     ] = None,
+    max_watches_per_tenant: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="WatchWorkspace streams a tenant may hold open at once; past it RESOURCE_EXHAUSTED. 0: no limit.",
+        ),
+    ] = WATCHES_PER_TENANT,
     quota_workspaces: Annotated[int, typer.Option(min=0, help="Workspaces per tenant; 0: no limit.")] = 0,
     quota_vcpus: Annotated[int, typer.Option(min=0, help="vCPUs per tenant; 0: no limit.")] = 0,
     quota_memory_mib: Annotated[int, typer.Option(min=0, help="Memory MiB per tenant; 0: no limit.")] = 0,
@@ -330,6 +338,7 @@ def serve(
         supervisor=supervisor.value,
         auth=not insecure_no_auth,
         rate_limit_rps=rate_limit_rps,
+        max_watches_per_tenant=max_watches_per_tenant,
         quotas=Quotas(workspaces=quota_workspaces, vcpus=quota_vcpus, memory_mib=quota_memory_mib),
         tls=_tls(tls_cert, tls_key, tls_client_ca),
         metrics=metrics,

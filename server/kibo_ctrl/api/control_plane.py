@@ -37,7 +37,7 @@ from ..runtime.base import MachineObserver
 from ..store.base import Changes, ListedWorkspace, Reader, Store, WorkspaceQuery, WorkspaceSlice
 from . import parse, render
 from .commands import VolumeCommand, WorkspaceCommand, respond
-from .fairness import TenantSlots
+from .fairness import WATCHES_PER_TENANT, TenantSlots, TenantStreams
 
 Req = TypeVar("Req", bound=Message)
 Resp = TypeVar("Resp", bound=Message)
@@ -82,11 +82,14 @@ class Api:
         settle_seconds: float,
         observer: MachineObserver | None = None,
         max_message_bytes: int = 4 * 1024 * 1024,
+        watches_per_tenant: int = WATCHES_PER_TENANT,
     ) -> None:
         self._store = store
         # A page must fit in one message (gRPC refuses larger ones): lists cut pages by size.
         self._page_bytes = max_message_bytes - PAGE_HEADROOM_BYTES
         self._list_slots = TenantSlots(LIST_COST.per_tenant)
+        # Open WatchWorkspace streams per tenant: past the cap RESOURCE_EXHAUSTED (fairness.py).
+        self.watch_streams = TenantStreams(watches_per_tenant, "WatchWorkspace streams", "watch_streams")
         # The runtime that can read the cleanup status off this machine (none in the simulator).
         self._observer = observer
         self._hub = hub
@@ -324,7 +327,8 @@ class Api:
         self, request: ws_pb2.WatchWorkspaceRequest, caller: Caller
     ) -> AsyncGenerator[render.Encoded[ws_pb2.WatchWorkspaceResponse], None]:
         workspace_id = parse.workspace_id(request.workspace_id)
-        with self._hub.watch(workspace_id) as changes:
+        # Counted before the lookup: at its cap a tenant is refused whatever the ID names.
+        with self.watch_streams.hold(caller.tenant), self._hub.watch(workspace_id) as changes:
             workspace = await self._workspace(caller, workspace_id)
             yield self._watch_response(workspace)
             version = workspace.version

@@ -42,9 +42,11 @@ class Hub:
         self._waiters: dict[str, list[asyncio.Future[Finished]]] = defaultdict(list)
         self._listeners: list[Callable[[Changes], None]] = []
         self._finished: OrderedDict[str, Finished] = OrderedDict()
+        self._closed = False
 
     def close(self) -> None:
-        """Tell every watcher the server is shutting down."""
+        """Tell every watcher the server is shutting down, and every later one at once."""
+        self._closed = True
         for watchers in self._watchers.values():
             for watcher in watchers:
                 _drain(watcher)
@@ -80,6 +82,11 @@ class Hub:
     def watch(self, workspace_id: str) -> Iterator[asyncio.Queue[Workspace | Signal]]:
         """Snapshots of each stored change of the workspace, or a Signal."""
         queue: asyncio.Queue[Workspace | Signal] = asyncio.Queue(WATCH_QUEUE)
+        if self._closed:
+            # A watch that starts during the shutdown (a client's queued stream, sent when an
+            # earlier one ended) would wait for a change that never comes, and hold the HTTP
+            # listener's shutdown with it: hypercorn waited on such streams past 30 s.
+            queue.put_nowait(Signal.CLOSED)
         self._watchers[workspace_id].add(queue)
         try:
             yield queue

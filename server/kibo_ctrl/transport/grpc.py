@@ -23,6 +23,18 @@ from .rpc import NO_OBSERVER, RpcObserver, ServerStream, Service, forget_traceba
 # agents on one host both "served" 0.0.0.0:50052 and the control plane's calls reached either
 # (issue 26). Every kibo gRPC server binds with this option, so the second one fails at start.
 EXCLUSIVE_PORT = ("grpc.so_reuseport", 0)
+# HTTP/2 streams one connection may hold at once (SETTINGS_MAX_CONCURRENT_STREAMS). Without it
+# the port advertised no limit and held whatever a client opened (issue 27): one connection of
+# 300,000 streams that never send their request (an anonymous client: the token is read with
+# the request) held ~90,000 open calls and 1.7 GiB, and others' calls waited up to 1.3 s; a
+# rapid reset (CVE-2023-44487: HEADERS then RST_STREAM, 200,000 times) grew the server by 425
+# MiB. With a limit grpc core refuses a stream (RST_STREAM REFUSED_STREAM) while this many are
+# allocated, counting reset ones until the server lets go of them: one connection's 100,000
+# such streams grow it by ~22 and ~35 MiB. 1,024: four times a tenant's watches
+# (api/fairness.py), so a client that keeps every call on one channel meets that cap's
+# RESOURCE_EXHAUSTED first. Past the limit a client's channel queues its calls, and as they
+# come and go some are refused (UNAVAILABLE, safe to retry): more streams need more channels.
+STREAMS_PER_CONNECTION = ("grpc.max_concurrent_streams", 1024)
 
 
 def bind(server: grpc.aio.Server, address: str, credentials: grpc.ServerCredentials | None = None) -> int:

@@ -13,6 +13,7 @@ import logging
 import resource
 import socket
 import ssl
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -102,6 +103,88 @@ def _header_timeout_protocol(header_timeout_s: float) -> type[asyncio.Protocol]:
     return HeaderTimeoutH11Protocol
 
 
+# Streams a client may reset on one HTTP/2 connection (hypercorn serves h2c): a token bucket
+# per connection, RESET_BURST at once (a client cancelling every stream it may have open, 100,
+# twice over) and RESET_PER_SECOND after that; past it the connection gets GOAWAY
+# (ENHANCE_YOUR_CALM) and is closed. The HTTP/2 rapid reset (CVE-2023-44487, issue 27): HEADERS
+# then RST_STREAM in a loop goes past the 100 streams a connection may hold. hypercorn keeps each
+# reset stream in its send queue until its sender catches up, and past 1,000 of them an
+# exception ended the connection (no GOAWAY, a traceback in the log: 16 KB in 8 s), and each
+# read of 64 KiB (~600 streams) was parsed in one go: the event loop, which serves the gRPC
+# port too, stalled, and another client's gRPC call took up to 2.6 s (median 1.6 ms). Reads
+# are now parsed H2_SLICE_BYTES at a time, yielding between slices: over 8 s of rapid resets
+# from one process that call's p99 is 55-110 ms, as under a plain flood of requests (67 ms).
+RESET_BURST = 200
+RESET_PER_SECOND = 100.0
+H2_SLICE_BYTES = 16 * 1024
+# How long past hypercorn's graceful timeout a stop waits for it before cancelling it.
+STOP_MARGIN_S = 1.0
+
+
+class ResetBudget:
+    """How many more streams a connection's client may reset now (a token bucket)."""
+
+    def __init__(self, burst: float = RESET_BURST, per_second: float = RESET_PER_SECOND) -> None:
+        self.burst = burst
+        self.per_second = per_second
+        self._tokens = burst
+        self._last = time.monotonic()
+
+    def take(self) -> bool:
+        """One reset: True if the budget allows it."""
+        now = time.monotonic()
+        self._tokens = min(self.burst, self._tokens + (now - self._last) * self.per_second)
+        self._last = now
+        if self._tokens < 1:
+            return False
+        self._tokens -= 1
+        return True
+
+
+def _install_reset_budget() -> None:
+    """Make hypercorn's HTTP/2 connections parse in slices and keep a ResetBudget: its
+    ProtocolWrapper makes each from the name `hypercorn.protocol.H2Protocol`, and hypercorn
+    has no option for either."""
+    import h2.errors
+    import h2.events
+    import hypercorn.protocol
+    from hypercorn.events import Closed, Event, RawData
+    from hypercorn.protocol.h2 import H2Protocol
+
+    if getattr(hypercorn.protocol, "H2Protocol", None) is not H2Protocol:
+        return  # installed already
+
+    class ResetBudgetH2Protocol(H2Protocol):
+        _budget: ResetBudget | None = None
+        _refused = False
+
+        async def handle(self, event: Event) -> None:
+            if not isinstance(event, RawData) or len(event.data) <= H2_SLICE_BYTES:
+                await super().handle(event)
+                return
+            for start in range(0, len(event.data), H2_SLICE_BYTES):
+                if self._refused:
+                    return
+                await super().handle(RawData(data=event.data[start : start + H2_SLICE_BYTES]))
+                await asyncio.sleep(0)  # the other connections, and the gRPC port, in between
+
+        async def _handle_events(self, events: list[h2.events.Event]) -> None:
+            if self._budget is None:
+                self._budget = ResetBudget()
+            for event in events:
+                if isinstance(event, h2.events.StreamReset) and event.remote_reset and not self._budget.take():
+                    self.connection.close_connection(
+                        error_code=h2.errors.ErrorCodes.ENHANCE_YOUR_CALM, additional_data=b"too many streams reset"
+                    )
+                    await self._flush()
+                    self._refused = True
+                    await self.send(Closed())
+                    return
+            await super()._handle_events(events)
+
+    hypercorn.protocol.H2Protocol = ResetBudgetH2Protocol  # type: ignore[attr-defined]
+
+
 class UvicornServer:
     """HTTP/1.1: Connect, gRPC-Web, plain JSON. The fastest for Connect over h1 here."""
 
@@ -160,6 +243,7 @@ class HypercornServer:
     def __init__(self, app: ASGIApp, address: str, grace_seconds: float, tls: Tls | None, limits: HttpLimits) -> None:
         from hypercorn.config import Config
 
+        _install_reset_budget()
         host, port = split_address(address)
         self._socket: CappedListener = listen(host, port, limits.caps())
         self._config = Config()
@@ -217,8 +301,19 @@ class HypercornServer:
     async def stop(self) -> None:
         self._shutdown.set()
         if self._task is not None:
+            # hypercorn cancels the streams still open after its graceful timeout, but a Connect
+            # stream's handler then sends its end of stream (connectrpc does, once cancelled),
+            # and waits for hypercorn's send buffer to drain, which it no longer does: a client
+            # with streams past its connection's 100 held the shutdown for good (issue 27). A
+            # second cancellation ends such a wait.
+            for _ in range(2):
+                done, _ = await asyncio.wait({self._task}, timeout=self._config.graceful_timeout + STOP_MARGIN_S)
+                if done:
+                    break
+                self._task.cancel()
             with contextlib.suppress(BaseException):
-                await self._task
+                if self._task.done():
+                    self._task.result()
         self._socket.close()
 
 
