@@ -87,10 +87,8 @@ def descriptors(process: subprocess.Popen[bytes]) -> list[str]:
     """What a process holds open (the targets of its /proc/PID/fd links)."""
     held = []
     for number in os.listdir(f"/proc/{process.pid}/fd"):
-        try:
+        with contextlib.suppress(FileNotFoundError):  # closed meanwhile
             held.append(os.readlink(f"/proc/{process.pid}/fd/{number}"))
-        except FileNotFoundError:
-            pass  # closed meanwhile
     return held
 
 

@@ -390,7 +390,6 @@ class Volume(msgspec.Struct):
     storage_node: str | None = None
 
 
-
 def command_key(tenant: str, command_id: str) -> str:
     """Command IDs are unique per tenant: this names one across the deployment."""
     return f"{tenant}\x00{command_id}"
