@@ -200,8 +200,10 @@ async def test_file_calls_stay_in_the_guest_while_it_swaps_links(
         seen = Counter(content[:16] for content in contents)
         print(f"\n{ran} file calls during the swaps: reads returned {dict(seen)}, errors {codes}")
         assert ran >= 100
-        # The reads met the links: some found the guest's own file at the canary's path.
-        assert seen[b"guest\n"] and seen[b"guest-copy\n"], seen
+        # The reads met the links: some found the guest's own file at the canary's path (what
+        # else they found depends on the interleaving: the guest's "guest", or what the writes
+        # left; under load a run saw only the latter).
+        assert seen[b"guest-copy\n"], seen
         for content in contents:
             assert canary.secret.encode() not in content
             assert other_secret.encode() not in content
