@@ -333,11 +333,15 @@ class App:
         path = self.config.data_dir / tokens.ADMIN_TOKEN_FILE
         if not existing:
             role = first_token_role(self.store)
-            record, token = await tokens.create(self.store, DEFAULT_TENANT, role)
-            tokens.write_private(path, token)
-            log.warning(
-                "first start: created %s token %s (tenant %s) in %s", role.value, record.id, DEFAULT_TENANT, path
-            )
+            made = await tokens.create_first(self.store, DEFAULT_TENANT, role)
+            if made is None:
+                log.info("first start: another replica made the store's first token; this one makes none")
+            else:
+                record, token = made
+                tokens.write_private(path, token)
+                log.warning(
+                    "first start: created %s token %s (tenant %s) in %s", role.value, record.id, DEFAULT_TENANT, path
+                )
         self._pointer = tokens.point_clients_at(self.config.listen, path)
 
         async def lookup(digest: str) -> TokenRecord | None:

@@ -31,6 +31,24 @@ async def create(store: Store, tenant: str, role: Role) -> tuple[TokenRecord, st
     return await store.transact(add), token
 
 
+async def create_first(store: Store, tenant: str, role: Role) -> tuple[TokenRecord, str] | None:
+    """The store's first token, made only if it holds none yet: the check and the insert are
+    one transaction, so replicas starting together on a fresh database agree on one token
+    (each used to find none, and each made its own); None when another made it first."""
+    tenant_name(tenant)
+    token = new_token()
+
+    def add(tx: Tx) -> TokenRecord | None:
+        if tx.list_tokens():
+            return None
+        record = TokenRecord(id=f"tok-{uuid.uuid4().hex[:12]}", tenant=tenant, role=role, create_time=tx.now)
+        tx.add_token(record, token_hash(token))
+        return record
+
+    record = await store.transact(add)
+    return None if record is None else (record, token)
+
+
 async def revoke(store: Store, token_id: str) -> bool:
     return await store.transact(lambda tx: tx.revoke_token(token_id))
 

@@ -9,11 +9,13 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
 import pytest
 from kibo.ctrl.v1 import workspace_service_pb2 as ws
+from kibo.ctrl.v1 import workspace_service_pb2_grpc as ws_grpc
 
 from tests.client import Client, S, meta
 from tests.postgres import Databases
@@ -85,3 +87,28 @@ def test_a_store_that_cannot_be_used_stops_serve_with_its_reason(tmp_path: Path,
     result = subprocess.run(command, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2, result.stderr
     assert words in result.stderr and "Traceback" not in result.stderr, result.stderr
+
+
+def test_replicas_starting_together_on_a_fresh_database_agree_on_one_token(
+    server_factory: Callable[..., ServerProcess], postgres_databases: Databases
+) -> None:
+    """Each replica read the store's tokens, found none and made its own (issue 26): four
+    replicas started at once on a fresh database made up to four "first" tokens. The check and
+    the insert are now one transaction: one token, in one replica's admin.token, taken by all."""
+    url = postgres_databases.create()
+    with ThreadPoolExecutor(4) as pool:
+        replicas = list(pool.map(lambda _: server_factory("--no-local-node", auth=True, store=url), range(4)))
+    made = [replica for replica in replicas if (replica.data_dir / "admin.token").exists()]
+    listed = subprocess.run(
+        [sys.executable, "-m", "kibo_ctrl", "token", "list", "--store", url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    assert len(made) == 1 and listed.count("tok-") == 1, (len(made), listed)
+    token = made[0].admin_token
+    for replica in replicas:
+        with grpc.insecure_channel(replica.address) as channel:
+            stub = ws_grpc.WorkspaceServiceStub(channel)  # type: ignore[no-untyped-call]
+            stub.ListWorkspaces(ws.ListWorkspacesRequest(), metadata=(("authorization", f"Bearer {token}"),))

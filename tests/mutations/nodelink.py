@@ -1,4 +1,5 @@
-"""Mutations of the node protections of issue 26: listeners (item 6), disks kept with their node (item 3)."""
+"""Mutations of the protections of issue 26: listeners (item 6), disks kept with their node (item 3),
+one first token for replicas (item 4)."""
 
 from tests.mutations.base import Mutation
 
@@ -28,5 +29,12 @@ MUTATIONS = [
         find=" and wants.pin in (None, node.id)]",
         replace="]",
         tests=("tests/integration/test_scheduler.py::test_a_workspace_starts_only_on_the_node_that_holds_its_disks",),
+    ),
+    Mutation(
+        claim="Replicas starting together on a fresh database make one first token between them",
+        code="server/kibo_ctrl/tokens.py",
+        find="        if tx.list_tokens():\n            return None\n",
+        replace="",
+        tests=("tests/unit/test_first_token.py::test_the_first_token_is_made_once_whoever_asks",),
     ),
 ]
