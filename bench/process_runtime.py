@@ -84,8 +84,10 @@ class Server:
     @property
     def flags(self) -> list[str]:
         # Hundreds of idle default-size workspaces (10 + 10 GiB, sparse, nearly empty): the
-        # density run lets their capacities promise more than the free disk.
+        # density run lets their capacities promise more than the free disk, and the node offer
+        # more vCPUs and memory than its ratios would (this measures what the host bears).
         flags = ["--runtime", "process", "--insecure-no-auth", "--http-listen", "", "--log-level", "warning"]
+        flags += ["--node-vcpus", "100000", "--node-memory-mib", "100000000"]
         return [*flags, "--storage-overcommit", "1000", "--supervisor", self.supervisor]
 
     def start(self) -> Server:
