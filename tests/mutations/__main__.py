@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import importlib
 import os
 import pkgutil
@@ -49,6 +50,7 @@ REPO = PACKAGE.parents[1]
 NOT_ENTRIES = frozenset({"base", "__main__", "__init__"})
 EXCLUDED = (".venv", "node_modules", ".git", "__pycache__", ".mypy_cache", ".ruff_cache", ".pytest_cache")
 BEGIN, END = "<!-- claims:begin -->", "<!-- claims:end -->"
+CGROUP_ROOT = Path("/sys/fs/cgroup")
 # pytest's summary lines (-rA): "PASSED node_id", "FAILED node_id - message", ...
 OUTCOME = re.compile(r"^(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS) (\S+)(?: - (.*))?$", re.MULTILINE)
 CAUGHT, NOT_CAUGHT, ERROR = "CAUGHT", "NOT CAUGHT", "ERROR"
@@ -210,7 +212,38 @@ def pytest_run(root: Path, tests: Sequence[str], basetemp: Path, timeout: float,
         finally:
             with _LOCK:
                 _RUNNING.discard(process)
+    _remove_cgroups_of(basetemp)
     return Run(process.returncode, {m.group(2): m.group(1) for m in OUTCOME.finditer(output)}, output)
+
+
+def _remove_cgroups_of(basetemp: Path) -> None:
+    """The process runtimes' cgroups (kibo-<tag>, <tag> from a data directory's path) of the
+    data directories under `basetemp`, if empty: a server a mutation broke may end without
+    removing its parent cgroups, which the fixtures' reap does not know of (the next run
+    clears basetemp). rmdir only: a cgroup still in use stays, nothing is killed."""
+    tags = {
+        hashlib.sha256(str(instances.parent.resolve()).encode()).hexdigest()[:10]
+        for instances in basetemp.rglob("instances")
+        if instances.is_dir()
+    }
+    if not tags:
+        return
+    hierarchies = [CGROUP_ROOT]
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, own = line.split(":", 2)
+        for controller in controllers.split(",") if controllers else []:
+            hierarchy = CGROUP_ROOT / controller.removeprefix("name=")
+            hierarchies += [hierarchy, hierarchy / own.lstrip("/")]
+    for hierarchy in hierarchies:
+        for tag in tags:
+            parent = hierarchy / f"kibo-{tag}"
+            if not parent.is_dir():
+                continue
+            for child in (c for c in parent.iterdir() if c.is_dir()):
+                with contextlib.suppress(OSError):
+                    child.rmdir()
+            with contextlib.suppress(OSError):
+                parent.rmdir()
 
 
 def _end_group(process: subprocess.Popen[str]) -> None:

@@ -58,15 +58,26 @@ def floor() -> float:
     return cost(validation.command_id, "")
 
 
-def assert_linear(parser: Callable[[Any], object], valid: Any, worst: dict[str, Any], rounds: int = ROUNDS) -> None:
-    baseline = cost(parser, valid, rounds)
+def assert_linear(
+    parser: Callable[[Any], object], valid: Any, worst: dict[str, Any], rounds: int = ROUNDS, attempts: int = 3
+) -> None:
+    """Each worst input within RATIO of the valid one. An input over the bound is measured
+    again, with the valid one, up to `attempts` times: a busy machine can slow one round of
+    one side (seen under a full suite beside other work), a parser that backtracks is slow in
+    every attempt (the filter's old split: 470x, each time)."""
     parser(valid)  # valid indeed: it raises otherwise
-    bound = RATIO * (baseline + floor())
-    costs = {name: cost(parser, value, rounds) for name, value in worst.items()}
-    shown = ", ".join(f"{name} {seconds * 1e6:.0f}" for name, seconds in costs.items())
-    print(f"{getattr(parser, '__name__', parser)}: valid {baseline * 1e6:.1f} us; worst (us): {shown}")
-    slow = {name: f"{seconds * 1e6:.0f} us" for name, seconds in costs.items() if seconds > bound}
-    assert not slow, f"valid: {baseline * 1e6:.1f} us, bound {bound * 1e6:.1f} us; over it: {slow}"
+    pending = dict(worst)
+    for _ in range(attempts):
+        baseline = cost(parser, valid, rounds)
+        bound = RATIO * (baseline + floor())
+        costs = {name: cost(parser, value, rounds) for name, value in pending.items()}
+        shown = ", ".join(f"{name} {seconds * 1e6:.0f}" for name, seconds in costs.items())
+        print(f"{getattr(parser, '__name__', parser)}: valid {baseline * 1e6:.1f} us; worst (us): {shown}")
+        slow = {name: f"{seconds * 1e6:.0f} us" for name, seconds in costs.items() if seconds > bound}
+        if not slow:
+            return
+        pending = {name: pending[name] for name in slow}
+    raise AssertionError(f"valid: {baseline * 1e6:.1f} us, bound {bound * 1e6:.1f} us; over it: {slow}")
 
 
 # -- the list filter ----------------------------------------------------------------------------
