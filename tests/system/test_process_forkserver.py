@@ -301,12 +301,12 @@ def _children_titled(parent: int, words: list[bytes]) -> list[int]:
     found = []
     for name in os.listdir("/proc"):
         if name.isdigit():
-            try:
-                if Path(f"/proc/{name}/cmdline").read_bytes().startswith(title):
+            try:  # a process may end between the listing and these reads: it is no child then
+                if Path(f"/proc/{name}/cmdline").read_bytes().startswith(title) and int(_stat(int(name))[1]) == parent:
                     found.append(int(name))
             except OSError:
                 continue
-    return [pid for pid in found if int(_stat(pid)[1]) == parent]
+    return found
 
 
 def _spares(door: Door, instance: Path) -> list[int]:
