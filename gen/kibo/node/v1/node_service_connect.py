@@ -21,7 +21,7 @@ from connectrpc.protocol import ProtocolType
 from connectrpc.server import ConnectASGIApplication, ConnectWSGIApplication, DEFAULT_READ_MAX_BYTES, Endpoint, EndpointSync
 from pyqwest import Client, SyncClient
 
-from .node_service_pb2 import GetLaunchSpecRequest, GetLaunchSpecResponse, JoinRequest, JoinResponse, RenewLeaseRequest, RenewLeaseResponse, ReportBatchRequest, ReportBatchResponse, ReportRequest, ReportResponse, ReportStorageReleasedRequest, ReportStorageReleasedResponse, ReportVolumeReleasedRequest, ReportVolumeReleasedResponse, WatchStepsRequest, WatchStepsResponse
+from .node_service_pb2 import GetLaunchSpecRequest, GetLaunchSpecResponse, IssueNodeCertificateRequest, IssueNodeCertificateResponse, JoinRequest, JoinResponse, RenewLeaseRequest, RenewLeaseResponse, ReportBatchRequest, ReportBatchResponse, ReportRequest, ReportResponse, ReportStorageReleasedRequest, ReportStorageReleasedResponse, ReportVolumeReleasedRequest, ReportVolumeReleasedResponse, WatchStepsRequest, WatchStepsResponse
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Iterator, Mapping
@@ -101,6 +101,19 @@ class NodeService(Protocol):
         """
         Keeps the node alive; a node whose lease runs out has its workspaces UNKNOWN until it
         renews again.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    async def issue_node_certificate(self, request: IssueNodeCertificateRequest, ctx: RequestContext[IssueNodeCertificateRequest, IssueNodeCertificateResponse], /) -> IssueNodeCertificateResponse:
+        """
+        The node's certificate for the mutual-TLS node link (SECURITY.md: the node link). On the
+        control plane's main port, authenticated by the node's join token: the first answer to a
+        token uses it up (a retry with the same public key gets the same certificate; another key
+        is refused: make a new join token); with csr_pem empty it answers only where this replica
+        serves the node port, and the cluster CA. On the node port (the node's current
+        certificate): a renewal, for the same node. The node checks the CA against the pin in its
+        join token before it trusts the answer. FAILED_PRECONDITION from a control plane that runs
+        with --insecure-node-link.
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -205,6 +218,17 @@ class NodeServiceASGIApplication(ConnectASGIApplication[NodeService]):
                         stream_type=StreamType.UNARY,
                     ),
                     function=svc.renew_lease,
+                ),
+                "/kibo.node.v1.NodeService/IssueNodeCertificate": Endpoint.unary(
+                    method=MethodInfo(
+                        name="IssueNodeCertificate",
+                        service_name="kibo.node.v1.NodeService",
+                        input=IssueNodeCertificateRequest,
+                        output=IssueNodeCertificateResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=svc.issue_node_certificate,
                 ),
             },
             interceptors=interceptors,
@@ -446,6 +470,36 @@ class NodeServiceClient(ConnectClient):
             headers=headers,
             timeout_ms=timeout_ms,
         )
+    async def issue_node_certificate(
+        self,
+        request: IssueNodeCertificateRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> IssueNodeCertificateResponse:
+        """
+        The node's certificate for the mutual-TLS node link (SECURITY.md: the node link). On the
+        control plane's main port, authenticated by the node's join token: the first answer to a
+        token uses it up (a retry with the same public key gets the same certificate; another key
+        is refused: make a new join token); with csr_pem empty it answers only where this replica
+        serves the node port, and the cluster CA. On the node port (the node's current
+        certificate): a renewal, for the same node. The node checks the CA against the pin in its
+        join token before it trusts the answer. FAILED_PRECONDITION from a control plane that runs
+        with --insecure-node-link.
+        """
+        return await self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="IssueNodeCertificate",
+                service_name="kibo.node.v1.NodeService",
+                input=IssueNodeCertificateRequest,
+                output=IssueNodeCertificateResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
 
 class NodeServiceSync(Protocol):
     """
@@ -511,6 +565,19 @@ class NodeServiceSync(Protocol):
         """
         Keeps the node alive; a node whose lease runs out has its workspaces UNKNOWN until it
         renews again.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    def issue_node_certificate(self, request: IssueNodeCertificateRequest, ctx: RequestContext[IssueNodeCertificateRequest, IssueNodeCertificateResponse], /) -> IssueNodeCertificateResponse:
+        """
+        The node's certificate for the mutual-TLS node link (SECURITY.md: the node link). On the
+        control plane's main port, authenticated by the node's join token: the first answer to a
+        token uses it up (a retry with the same public key gets the same certificate; another key
+        is refused: make a new join token); with csr_pem empty it answers only where this replica
+        serves the node port, and the cluster CA. On the node port (the node's current
+        certificate): a renewal, for the same node. The node checks the CA against the pin in its
+        join token before it trusts the answer. FAILED_PRECONDITION from a control plane that runs
+        with --insecure-node-link.
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -613,6 +680,17 @@ class NodeServiceWSGIApplication(ConnectWSGIApplication):
                         stream_type=StreamType.UNARY,
                     ),
                     function=service.renew_lease,
+                ),
+                "/kibo.node.v1.NodeService/IssueNodeCertificate": EndpointSync.unary(
+                    method=MethodInfo(
+                        name="IssueNodeCertificate",
+                        service_name="kibo.node.v1.NodeService",
+                        input=IssueNodeCertificateRequest,
+                        output=IssueNodeCertificateResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=service.issue_node_certificate,
                 ),
             },
             interceptors=interceptors,
@@ -848,6 +926,36 @@ class NodeServiceClientSync(ConnectClientSync):
                 service_name="kibo.node.v1.NodeService",
                 input=RenewLeaseRequest,
                 output=RenewLeaseResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    def issue_node_certificate(
+        self,
+        request: IssueNodeCertificateRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> IssueNodeCertificateResponse:
+        """
+        The node's certificate for the mutual-TLS node link (SECURITY.md: the node link). On the
+        control plane's main port, authenticated by the node's join token: the first answer to a
+        token uses it up (a retry with the same public key gets the same certificate; another key
+        is refused: make a new join token); with csr_pem empty it answers only where this replica
+        serves the node port, and the cluster CA. On the node port (the node's current
+        certificate): a renewal, for the same node. The node checks the CA against the pin in its
+        join token before it trusts the answer. FAILED_PRECONDITION from a control plane that runs
+        with --insecure-node-link.
+        """
+        return self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="IssueNodeCertificate",
+                service_name="kibo.node.v1.NodeService",
+                input=IssueNodeCertificateRequest,
+                output=IssueNodeCertificateResponse,
                 idempotency_level=IdempotencyLevel.UNKNOWN,
                 stream_type=StreamType.UNARY,
             ),

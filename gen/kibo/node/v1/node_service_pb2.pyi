@@ -6,6 +6,24 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class IssueNodeCertificateRequest(_message.Message):
+    __slots__ = ("node_id", "csr_pem")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    CSR_PEM_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    csr_pem: str
+    def __init__(self, node_id: _Optional[str] = ..., csr_pem: _Optional[str] = ...) -> None: ...
+
+class IssueNodeCertificateResponse(_message.Message):
+    __slots__ = ("certificate_pem", "ca_certificate_pem", "node_port")
+    CERTIFICATE_PEM_FIELD_NUMBER: _ClassVar[int]
+    CA_CERTIFICATE_PEM_FIELD_NUMBER: _ClassVar[int]
+    NODE_PORT_FIELD_NUMBER: _ClassVar[int]
+    certificate_pem: str
+    ca_certificate_pem: str
+    node_port: int
+    def __init__(self, certificate_pem: _Optional[str] = ..., ca_certificate_pem: _Optional[str] = ..., node_port: _Optional[int] = ...) -> None: ...
+
 class JoinRequest(_message.Message):
     __slots__ = ("node_id", "vcpus", "memory_mib", "storage_pool", "labels", "capabilities", "data_plane_address", "data_plane_token", "resources", "disk")
     class LabelsEntry(_message.Message):

@@ -81,6 +81,11 @@ class NodeServiceStub:
                 request_serializer=kibo_dot_node_dot_v1_dot_node__service__pb2.RenewLeaseRequest.SerializeToString,
                 response_deserializer=kibo_dot_node_dot_v1_dot_node__service__pb2.RenewLeaseResponse.FromString,
                 _registered_method=True)
+        self.IssueNodeCertificate = channel.unary_unary(
+                '/kibo.node.v1.NodeService/IssueNodeCertificate',
+                request_serializer=kibo_dot_node_dot_v1_dot_node__service__pb2.IssueNodeCertificateRequest.SerializeToString,
+                response_deserializer=kibo_dot_node_dot_v1_dot_node__service__pb2.IssueNodeCertificateResponse.FromString,
+                _registered_method=True)
 
 
 class NodeServiceServicer:
@@ -158,6 +163,20 @@ class NodeServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def IssueNodeCertificate(self, request, context):
+        """The node's certificate for the mutual-TLS node link (SECURITY.md: the node link). On the
+        control plane's main port, authenticated by the node's join token: the first answer to a
+        token uses it up (a retry with the same public key gets the same certificate; another key
+        is refused: make a new join token); with csr_pem empty it answers only where this replica
+        serves the node port, and the cluster CA. On the node port (the node's current
+        certificate): a renewal, for the same node. The node checks the CA against the pin in its
+        join token before it trusts the answer. FAILED_PRECONDITION from a control plane that runs
+        with --insecure-node-link.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_NodeServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -200,6 +219,11 @@ def add_NodeServiceServicer_to_server(servicer, server):
                     servicer.RenewLease,
                     request_deserializer=kibo_dot_node_dot_v1_dot_node__service__pb2.RenewLeaseRequest.FromString,
                     response_serializer=kibo_dot_node_dot_v1_dot_node__service__pb2.RenewLeaseResponse.SerializeToString,
+            ),
+            'IssueNodeCertificate': grpc.unary_unary_rpc_method_handler(
+                    servicer.IssueNodeCertificate,
+                    request_deserializer=kibo_dot_node_dot_v1_dot_node__service__pb2.IssueNodeCertificateRequest.FromString,
+                    response_serializer=kibo_dot_node_dot_v1_dot_node__service__pb2.IssueNodeCertificateResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -425,6 +449,33 @@ class NodeService:
             '/kibo.node.v1.NodeService/RenewLease',
             kibo_dot_node_dot_v1_dot_node__service__pb2.RenewLeaseRequest.SerializeToString,
             kibo_dot_node_dot_v1_dot_node__service__pb2.RenewLeaseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def IssueNodeCertificate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kibo.node.v1.NodeService/IssueNodeCertificate',
+            kibo_dot_node_dot_v1_dot_node__service__pb2.IssueNodeCertificateRequest.SerializeToString,
+            kibo_dot_node_dot_v1_dot_node__service__pb2.IssueNodeCertificateResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -42,6 +42,15 @@ type NodeServiceClient interface {
 	// Keeps the node alive; a node whose lease runs out has its workspaces UNKNOWN until it
 	// renews again.
 	RenewLease(ctx context.Context, in *RenewLeaseRequest, opts ...grpc.CallOption) (*RenewLeaseResponse, error)
+	// The node's certificate for the mutual-TLS node link (SECURITY.md: the node link). On the
+	// control plane's main port, authenticated by the node's join token: the first answer to a
+	// token uses it up (a retry with the same public key gets the same certificate; another key
+	// is refused: make a new join token); with csr_pem empty it answers only where this replica
+	// serves the node port, and the cluster CA. On the node port (the node's current
+	// certificate): a renewal, for the same node. The node checks the CA against the pin in its
+	// join token before it trusts the answer. FAILED_PRECONDITION from a control plane that runs
+	// with --insecure-node-link.
+	IssueNodeCertificate(ctx context.Context, in *IssueNodeCertificateRequest, opts ...grpc.CallOption) (*IssueNodeCertificateResponse, error)
 }
 
 type nodeServiceClient struct {
@@ -147,6 +156,15 @@ func (c *nodeServiceClient) RenewLease(ctx context.Context, in *RenewLeaseReques
 	return out, nil
 }
 
+func (c *nodeServiceClient) IssueNodeCertificate(ctx context.Context, in *IssueNodeCertificateRequest, opts ...grpc.CallOption) (*IssueNodeCertificateResponse, error) {
+	out := new(IssueNodeCertificateResponse)
+	err := c.cc.Invoke(ctx, "/kibo.node.v1.NodeService/IssueNodeCertificate", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // NodeServiceServer is the server API for NodeService service.
 // All implementations must embed UnimplementedNodeServiceServer
 // for forward compatibility
@@ -176,6 +194,15 @@ type NodeServiceServer interface {
 	// Keeps the node alive; a node whose lease runs out has its workspaces UNKNOWN until it
 	// renews again.
 	RenewLease(context.Context, *RenewLeaseRequest) (*RenewLeaseResponse, error)
+	// The node's certificate for the mutual-TLS node link (SECURITY.md: the node link). On the
+	// control plane's main port, authenticated by the node's join token: the first answer to a
+	// token uses it up (a retry with the same public key gets the same certificate; another key
+	// is refused: make a new join token); with csr_pem empty it answers only where this replica
+	// serves the node port, and the cluster CA. On the node port (the node's current
+	// certificate): a renewal, for the same node. The node checks the CA against the pin in its
+	// join token before it trusts the answer. FAILED_PRECONDITION from a control plane that runs
+	// with --insecure-node-link.
+	IssueNodeCertificate(context.Context, *IssueNodeCertificateRequest) (*IssueNodeCertificateResponse, error)
 	mustEmbedUnimplementedNodeServiceServer()
 }
 
@@ -206,6 +233,9 @@ func (UnimplementedNodeServiceServer) ReportVolumeReleased(context.Context, *Rep
 }
 func (UnimplementedNodeServiceServer) RenewLease(context.Context, *RenewLeaseRequest) (*RenewLeaseResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method RenewLease not implemented")
+}
+func (UnimplementedNodeServiceServer) IssueNodeCertificate(context.Context, *IssueNodeCertificateRequest) (*IssueNodeCertificateResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method IssueNodeCertificate not implemented")
 }
 func (UnimplementedNodeServiceServer) mustEmbedUnimplementedNodeServiceServer() {}
 
@@ -367,6 +397,24 @@ func _NodeService_RenewLease_Handler(srv interface{}, ctx context.Context, dec f
 	return interceptor(ctx, in, info, handler)
 }
 
+func _NodeService_IssueNodeCertificate_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(IssueNodeCertificateRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NodeServiceServer).IssueNodeCertificate(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/kibo.node.v1.NodeService/IssueNodeCertificate",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NodeServiceServer).IssueNodeCertificate(ctx, req.(*IssueNodeCertificateRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 var _NodeService_serviceDesc = grpc.ServiceDesc{
 	ServiceName: "kibo.node.v1.NodeService",
 	HandlerType: (*NodeServiceServer)(nil),
@@ -398,6 +446,10 @@ var _NodeService_serviceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "RenewLease",
 			Handler:    _NodeService_RenewLease_Handler,
+		},
+		{
+			MethodName: "IssueNodeCertificate",
+			Handler:    _NodeService_IssueNodeCertificate_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
