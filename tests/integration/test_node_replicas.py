@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Callable
 
 import pytest
@@ -127,3 +128,64 @@ async def test_a_node_joined_elsewhere_is_expired_by_the_leader_and_fed_by_any_r
             await expiry
         leader.close()
         follower.close()
+
+
+class _Skewed:
+    """A replica's wall clock, `skew` seconds off (its host has no NTP); intervals are true."""
+
+    def __init__(self, skew: float) -> None:
+        self.skew = skew
+
+    def now(self) -> float:
+        return time.time() + self.skew
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+
+@pytest.mark.parametrize("skew", [-30.0, 30.0])
+async def test_leases_hold_against_the_database_clock_whatever_the_replicas_clocks_say(
+    replicas: tuple[PostgresStore, PostgresStore], skew: float
+) -> None:
+    """A follower whose clock is 30 s off (either way) stores the leases of the node it sees:
+    the leader keeps the node alive while it renews there, and makes it silent within a few
+    leases once it stops (not 30 s late, nor at once)."""
+    leader_store, follower_store = replicas
+    leader = await _registry(leader_store)
+    follower = NodeRegistry(follower_store, LEASE_S, _Skewed(skew))
+    follower_store.subscribe(follower.on_changes)
+    await follower.load()
+    await follower.join(Declaration(Node("node-1", 4, 4096, "local")))
+    assert await _until(lambda: "node-1" in leader._pools, 10)
+
+    async def silent() -> bool:
+        record = await leader_store.read(lambda r: r.get_node("node-1"))
+        return record is not None and record.silent
+
+    expiry = asyncio.create_task(leader.run())
+    stop_renewing = asyncio.Event()
+
+    async def renew() -> None:
+        while not stop_renewing.is_set():
+            await follower.renew("node-1")
+            await asyncio.sleep(LEASE_S / 4)
+
+    renewing = asyncio.create_task(renew())
+    try:
+        for _ in range(int(4 * LEASE_S / 0.1)):
+            assert not await silent(), f"a follower {skew:+} s off had the leader expire a node it renews"
+            await asyncio.sleep(0.1)
+        stop_renewing.set()
+        await renewing
+        stopped = time.monotonic()
+        assert await _until(silent, 8 * LEASE_S), f"a follower {skew:+} s off kept a stopped node alive"
+        assert time.monotonic() - stopped < 8 * LEASE_S
+    finally:
+        stop_renewing.set()
+        expiry.cancel()
+        leader.close()
+        follower.close()
+        with contextlib.suppress(BaseException):
+            await expiry
+        with contextlib.suppress(BaseException):
+            await renewing

@@ -26,7 +26,13 @@ hops, silence, and the stored lease of a node renewed elsewhere. Only the leader
 expires leases: a lease stored by another replica (`renewed_by`) counts until its stored
 expiry, one stored here until the renewals seen here stop. A replica that sees a node's
 renewals after a gap (the node came from another replica) stores the lease at once, so the
-stored record always names the replica that sees the node now."""
+stored record always names the replica that sees the node now.
+
+Stored leases are in the store's time (`Tx.now`: on PostgreSQL the database's clock, so
+replicas on hosts whose clocks disagree compare the same figures); each registry turns them
+into its own clock's with the offset it measures in its own transactions. A replica whose
+clock is off by a minute neither expires a node another replica renews nor keeps a stopped
+one alive for that minute."""
 
 from __future__ import annotations
 
@@ -152,6 +158,9 @@ class NodeRegistry:
         self._deadlines: dict[str, float] = {}
         self._silent: dict[str, bool] = {}
         self._stored: dict[str, float] = {}
+        # The store's time minus this registry's clock, from its last transaction (0 where
+        # they are one clock: SQLite, the simulation).
+        self._offset = 0.0
         self._feeds: dict[str, _Feed] = {}
         self._pools: dict[str, str] = {}
         self._renewed: dict[str, float] = {}
@@ -171,13 +180,19 @@ class NodeRegistry:
     async def load(self) -> None:
         """Learn the storage pools of the nodes that joined before (storage work is routed
         by pool from the first commit on, whoever has reconnected yet)."""
+        await self._store.transact(self._measure)
         now = self._clock.now()
         for node in await self._store.read(lambda r: r.list_nodes()):
             # The stored lease, or one lease from this start (the time to reconnect).
-            self._deadlines[node.id] = max(now + self.lease_seconds, node.lease_expiry)
+            self._deadlines[node.id] = max(now + self.lease_seconds, node.lease_expiry - self._offset)
             self._stored[node.id] = node.lease_expiry
             self._placements[node.id] = _placement(node)
             self._learn(node)
+
+    def _measure(self, tx: Tx) -> None:
+        """Learn how far the store's time is from this registry's clock (called in each of
+        its transactions; the commit's time and this read are a batch apart at most)."""
+        self._offset = tx.now - self._clock.now()
 
     def _learn(self, node: NodeRecord) -> None:
         """What any replica may rely on from a stored node record."""
@@ -254,7 +269,7 @@ class NodeRegistry:
         record.data_plane_address = declaration.data_plane_address
         record.data_plane_token = declaration.data_plane_token
         record.join_time = tx.now
-        return self._renew_record(tx, record, now)
+        return self._renew_record(tx, record)
 
     def _check_pool(self, tx: Tx, node: Node) -> None:
         """A node keeps the pool of its first join; a new node may declare a shared pool or one
@@ -291,10 +306,11 @@ class NodeRegistry:
         writes it makes no difference (the simulator's warp relies on it, simulate/loop.py)."""
         return (self.stretch(now) + 1) * self.persist_s + self.lease_seconds
 
-    def _renew_record(self, tx: Tx, record: NodeRecord, now: float) -> bool:
+    def _renew_record(self, tx: Tx, record: NodeRecord) -> bool:
         """Store a lease that outlasts the next write; a silent node is back (its workspaces
-        leave UNKNOWN). Lease times are the registry's clock's (`now`), as its deadlines are."""
-        record.lease_expiry = self.stored_lease(now)
+        leave UNKNOWN). Stored lease times are the store's (`tx.now`), whoever compares them."""
+        self._measure(tx)
+        record.lease_expiry = self.stored_lease(tx.now)
         record.lease_seconds = self.lease_seconds
         record.renewed_by = self.epoch
         returned = record.silent
@@ -351,7 +367,7 @@ class NodeRegistry:
                 state = "under its disk reserve: no new storage there" if disk.pressure else "above its reserve again"
                 log.warning("node %s is %s (%d MiB free)", node, state, disk.free_bytes >> 20)
             record.disk = disk
-        return self._renew_record(tx, record, now)
+        return self._renew_record(tx, record)
 
     async def run(self) -> None:
         """Mark the nodes whose lease ran out silent (their workspaces UNKNOWN)."""
@@ -384,14 +400,15 @@ class NodeRegistry:
     def _expire(self, tx: Tx, nodes: list[str], now: float) -> tuple[list[str], dict[str, float]]:
         """Make silent the nodes whose lease ran out; and the stored leases (by node) of those
         another replica renewed, which still hold."""
+        self._measure(tx)
         expired = []
         held: dict[str, float] = {}
         for node in nodes:
             record = tx.get_node(node)
             if record is None or record.silent:
                 continue
-            if record.renewed_by != self.epoch and record.lease_expiry >= now:
-                held[node] = record.lease_expiry
+            if record.renewed_by != self.epoch and record.lease_expiry >= tx.now:
+                held[node] = record.lease_expiry - self._offset
                 continue
             record.silent = True
             tx.put_node(record)
@@ -444,7 +461,9 @@ class NodeRegistry:
             self._learn(record)
             if record.renewed_by != self.epoch:
                 # Renewed through another replica (or another incarnation): its stored lease.
-                self._deadlines[record.id] = max(self._deadlines.get(record.id, 0.0), record.lease_expiry)
+                self._deadlines[record.id] = max(
+                    self._deadlines.get(record.id, 0.0), record.lease_expiry - self._offset
+                )
         if room:
             self._changed()
         for instance in changes.instances.values():
