@@ -86,6 +86,9 @@ class ServerProcess:
     flags: tuple[str, ...] = ()
     port: int = field(default_factory=free_port)
     http_port: int = field(default_factory=free_port)
+    # The node port (--node-listen: NodeService over mutual TLS), a port of its own: the default
+    # 50053 would be one port for every server of the session.
+    node_port: int = field(default_factory=free_port)
     # False: --insecure-no-auth. True: tokens required; `admin_token` is the first one.
     auth: bool = False
     # For a server started with --tls-cert: how the health check connects.
@@ -119,6 +122,8 @@ class ServerProcess:
             self.http_address,
             "--data-dir",
             str(self.data_dir),
+            "--node-listen",
+            f"127.0.0.1:{self.node_port}",
             *TEST_FLAGS,
             *(() if self.auth else ("--insecure-no-auth",)),
             *(() if self.store is None else ("--store", self.store)),

@@ -24,12 +24,13 @@ from .api.auth import Authenticator
 from .api.control_plane import Api
 from .api.fairness import WATCHES_PER_TENANT
 from .api.node_api import NodeAdminApi, NodeApi
+from .api.node_certs import NodeCertificates, certified_node
 from .domain.access import DEFAULT_TENANT, Role, TokenRecord
 from .domain.clock import SYSTEM_CLOCK, Clock
 from .domain.model import Backend, Node, Workspace
 from .domain.nodes import AllocationRatios, DiskStatus, NodeResources, capacity
 from .domain.reports import StorageReleased
-from .engine import controller
+from .engine import cluster_ca, controller
 from .engine.expiry import ExpiryLoop
 from .engine.hub import Hub
 from .engine.local_link import LocalLink
@@ -58,7 +59,7 @@ from .transport.connect import application
 from .transport.grpc import EXCLUSIVE_PORT, STREAMS_PER_CONNECTION, bind, service_handler
 from .transport.http import SERVERS, HttpLimits, HttpServer, open_file_limit
 from .transport.http_guard import BodyLimits, guard
-from .transport.node_guest_client import NodeGuests
+from .transport.node_guest_client import GuestTls, NodeGuests
 from .transport.rpc import NO_OBSERVER, RpcObserver
 from .transport.tls import Tls
 
@@ -78,6 +79,8 @@ DEFAULT_RATE_LIMIT_RPS = 1000.0
 # that simulated workloads are bounded by what they test, not by the machine they run on.
 SIM_NODE_VCPUS = 4096
 SIM_NODE_MEMORY_MIB = 16 * 1024 * 1024
+# The node port's default (--node-listen): NodeService over mutual TLS for `kibo-ctrl node`.
+NODE_PORT = 50053
 
 
 @dataclass(frozen=True)
@@ -126,6 +129,12 @@ class Config:
     max_watches_per_tenant: int = WATCHES_PER_TENANT
     quotas: Quotas = field(default_factory=Quotas)
     tls: Tls | None = None
+    # The node link (SECURITY.md): NodeService over mutual TLS on node_listen (HOST:PORT;
+    # "": the host of `listen`, port NODE_PORT, or 0 when `listen`'s port is 0), its
+    # bootstrap on the main port. insecure_node_link: plaintext on the main port (as is any
+    # server without auth).
+    node_listen: str = ""
+    insecure_node_link: bool = False
     # The process runtime (--runtime process): personality, isolation, limits, guest.
     backend: Backend = Backend.FIRECRACKER
     sandbox: str = "auto"
@@ -145,6 +154,19 @@ class Config:
         """The process runtime's (ProcessSettings): its images' declared capacities may add
         up to this many times the data dir's filesystem."""
         return self.allocation.disk
+
+    @property
+    def node_mtls(self) -> bool:
+        """Whether the node link is mutual TLS (the default with auth on)."""
+        return self.auth and not self.insecure_node_link
+
+    @property
+    def node_address(self) -> str:
+        """Where NodeService is served over mutual TLS (see node_listen)."""
+        if self.node_listen:
+            return self.node_listen
+        host, _, port = self.listen.rpartition(":")
+        return f"{host}:{0 if port == '0' else NODE_PORT}"
 
 
 class App:
@@ -200,6 +222,8 @@ class App:
             Settings(storage_pool=storage_pool, quotas=config.quotas, place_at_command=single_writer)
         )
         self.authenticator = await self._authenticator()
+        # The node link's CA (engine/cluster_ca.py): made by the first replica that starts.
+        self.cluster_ca = await cluster_ca.ensure(self.store) if config.node_mtls else None
         # Nodes: the registry (leases, feeds) serves the local node agents and the remote
         # ones (kibo.node.v1) alike; the scheduler places on the nodes it records.
         # The embedded nodes' capacity is the operator's own (its flags, or the host's), not a claim.
@@ -239,7 +263,7 @@ class App:
         )
         # The data plane reaches the embedded node's guests in process, a remote node's through
         # the hop it declared at its join (kibo.node.v1.NodeGuestService on that node).
-        self.guests = NodeGuests(guests, self.registry.data_plane_of, safepath.guest_file_path)
+        self.guests = NodeGuests(guests, self.registry.data_plane_of, safepath.guest_file_path, self._guest_tls())
         self.data_plane = data_plane.DataPlane(self.store, self.guests, config.data_dir)
         # Revoke, stop and delete end the data-plane calls running under the old credential.
         self.hub.listen(self.data_plane.on_changes)
@@ -261,6 +285,12 @@ class App:
         else:
             self._tasks.extend(asyncio.create_task(coroutine) for coroutine in loops())
         await self._serve()
+
+    def _guest_tls(self) -> GuestTls | None:
+        """The control plane's side of the guest hop's mutual TLS: it presents the cluster CA's
+        own certificate (the one peer a node's hop takes) and trusts the CA's node certificates."""
+        ca = self.cluster_ca
+        return None if ca is None else GuestTls(ca.cert_pem.encode(), ca.key_pem.encode())
 
     def _local_node_ids(self) -> list[str]:
         """node-1 (the simulator: node-1 to node-N): the embedded nodes' IDs."""
@@ -410,9 +440,13 @@ class App:
             services.append(routes.simulator_service(self.sim_api))
         services.append(routes.node_admin_service(NodeAdminApi(self.registry)))
         grpc_observer = self._rpc_observer("grpc")
-        # Node agents (kibo-ctrl node) on the gRPC port only, with the authenticator that
-        # takes node tokens (every other service refuses them).
-        node_service = routes.node_service(NodeApi(self.registry, self.config.auth))
+        # Node agents (kibo-ctrl node) on gRPC only, with the authenticator that takes node
+        # tokens (every other service refuses them): over mutual TLS on the node port, and on
+        # this port only the bootstrap (api/node_certs.py); --insecure-node-link: all here.
+        node_api = NodeApi(self.registry, self.config.auth)
+        self.node_port = await self._serve_nodes(options, node_api, grpc_observer)
+        certificates = NodeCertificates(self.store, self.cluster_ca, self.node_port, self.config.auth)
+        node_service = routes.node_service(node_api, certificates, "main" if self.config.node_mtls else "plaintext")
         self.server.add_generic_rpc_handlers(
             [service_handler(service, self.authenticator, grpc_observer) for service in services]
             + [service_handler(node_service, self.authenticator.for_nodes(), grpc_observer)]
@@ -423,7 +457,11 @@ class App:
         names += [health.SERVICE_NAME, reflection.SERVICE_NAME]
         reflection.enable_server_reflection(names, self.server)
         tls = self.config.tls
-        self.port = bind(self.server, self.config.listen, None if tls is None else tls.grpc_credentials())
+        try:
+            self.port = bind(self.server, self.config.listen, None if tls is None else tls.grpc_credentials())
+        except OSError:
+            await self._stop_node_server()
+            raise
         await self.server.start()
         self.http: HttpServer | None = None
         if self.config.http_listen:
@@ -445,10 +483,38 @@ class App:
                 await self.http.start()
             except OSError:
                 await self.server.stop(None)
+                await self._stop_node_server()
                 raise
         # SERVING only once both listeners accept calls.
         for name in ["", *(service.full_name for service in services)]:
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+
+    async def _serve_nodes(self, options: list[tuple[str, Any]], node_api: NodeApi, observer: RpcObserver) -> int:
+        """The node port: NodeService to clients with a certificate of the cluster CA's, each
+        held to the node its certificate names (api/node_certs.py certified_node); the port
+        bound (0: none, the link is plaintext on the main port)."""
+        ca = self.cluster_ca
+        self.node_server: grpc.aio.Server | None = None
+        if ca is None:
+            return 0
+        self.node_server = grpc.aio.server(options=options)
+        certificates = NodeCertificates(self.store, ca, 0, self.config.auth)
+        service = routes.node_service(node_api, certificates, "node")
+        gate = self.authenticator.for_nodes(peer=certified_node)
+        self.node_server.add_generic_rpc_handlers([service_handler(service, gate, observer)])
+        credentials = grpc.ssl_server_credentials(
+            [(ca.key_pem.encode(), ca.cert_pem.encode())],
+            root_certificates=ca.cert_pem.encode(),
+            require_client_auth=True,
+        )
+        port = bind(self.node_server, self.config.node_address, credentials)
+        certificates.node_port = port
+        await self.node_server.start()
+        return port
+
+    async def _stop_node_server(self) -> None:
+        if self.node_server is not None:
+            await self.node_server.stop(None)
 
     def _rpc_observer(self, transport: str) -> RpcObserver:
         observers: list[RpcObserver] = []
@@ -473,6 +539,8 @@ class App:
         # Ends the nodes' feeds (WatchSteps streams) at once, so the server's grace is not spent on them.
         self.registry.close()
         stopping = [self.server.stop(self.config.shutdown_grace_s)]
+        if self.node_server is not None:
+            stopping.append(self.node_server.stop(self.config.shutdown_grace_s))
         if self.http is not None:
             stopping.append(self.http.stop())
         await asyncio.gather(*stopping)

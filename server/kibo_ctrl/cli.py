@@ -250,7 +250,27 @@ def serve(
         ),
     ] = False,
     insecure_no_auth: Annotated[
-        bool, typer.Option(help="No tokens: anyone who reaches the server is admin. Local experiments only.")
+        bool,
+        typer.Option(
+            help="No tokens: anyone who reaches the server is admin. Local experiments only. Implies "
+            "--insecure-node-link."
+        ),
+    ] = False,
+    node_listen: Annotated[
+        str,
+        typer.Option(
+            help="Where nodes (kibo-ctrl node) call the node API over mutual TLS, HOST:PORT: only clients with "
+            "a node certificate of this cluster's CA (issued at join for a join token). Default: the host of "
+            "--listen, port 50053 (port 0 when --listen's is 0).",
+            show_default=False,
+        ),
+    ] = "",
+    insecure_node_link: Annotated[
+        bool,
+        typer.Option(
+            help="Serve the node API in plaintext on the gRPC port, with node tokens only, and dial the nodes' "
+            "guest hops in plaintext (the link before mutual TLS); nodes then need --insecure-node-link too."
+        ),
     ] = False,
     rate_limit_rps: Annotated[
         float | None,
@@ -337,6 +357,8 @@ def serve(
         allocation=_ratios(cpu_allocation_ratio, memory_allocation_ratio, disk_allocation_ratio, storage_overcommit),
         supervisor=supervisor.value,
         auth=not insecure_no_auth,
+        node_listen=node_listen,
+        insecure_node_link=insecure_node_link or insecure_no_auth,
         rate_limit_rps=rate_limit_rps,
         max_watches_per_tenant=max_watches_per_tenant,
         quotas=Quotas(workspaces=quota_workspaces, vcpus=quota_vcpus, memory_mib=quota_memory_mib),
@@ -429,10 +451,11 @@ def token_create(
             check_node_id(node, "node")
         except KiboError as error:
             raise typer.BadParameter(error.message, param_hint="--node") from None
-        # A node token's tenant field holds its node ID (domain/access.py, Role.NODE).
-        record, token = _with_store(data_dir, lambda on: tokens.create(on, node, Role.NODE), store)
+        # A node token's tenant field holds its node ID (domain/access.py, Role.NODE); the join
+        # token adds the cluster CA's pin (made now if the store has no CA yet).
+        record, token = _with_store(data_dir, lambda on: tokens.create_join(on, node), store)
         typer.echo(token)
-        typer.echo(f"created {record.id} for node {node}", err=True)
+        typer.echo(f"created {record.id} for node {node} (a join token: it buys the node's certificate once)", err=True)
         return
     if not tenant:
         raise typer.BadParameter("give the tenant the token acts for (or --node)", param_hint="--tenant")
@@ -498,12 +521,13 @@ async def _serve(config: Config) -> None:
     _tune_gc()
     log = logging.getLogger("kibo")
     log.info(
-        "serving gRPC on %s (port %d), HTTP on %s, data in %s, %s",
+        "serving gRPC on %s (port %d), HTTP on %s, data in %s, %s; %s",
         config.listen,
         app.port,
         config.http_listen or "-",
         config.data_dir,
         _runs_what(config),
+        f"nodes over mutual TLS on port {app.node_port}" if app.node_port else "node link in plaintext",
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -537,9 +561,17 @@ def node(
         str,
         typer.Option(
             envvar="KIBO_NODE_TOKEN",
-            help="The node's join token (kibo-ctrl token create --node ID); none against --insecure-no-auth.",
+            help="The node's join token (kibo-ctrl token create --node ID: TOKEN.CA_SHA256); none against "
+            "--insecure-no-auth. It buys the node's certificate once, kept in --data-dir.",
         ),
     ] = "",
+    insecure_node_link: Annotated[
+        bool,
+        typer.Option(
+            help="Talk to the control plane and serve the guest hop in plaintext (a control plane with "
+            "--insecure-node-link or --insecure-no-auth); the token's pin, if any, is not checked."
+        ),
+    ] = False,
     vcpus: Annotated[
         int, typer.Option(min=0, help="vCPUs this node offers; 0: the host's cores x --cpu-allocation-ratio.")
     ] = 0,
@@ -609,6 +641,7 @@ def node(
         node_id=node_id,
         labels=parsed_labels,
         token=token,
+        insecure_node_link=insecure_node_link,
         vcpus=vcpus,
         memory_mib=memory_mib,
         storage_pool=storage_pool,

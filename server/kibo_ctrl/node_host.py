@@ -17,16 +17,21 @@ from pathlib import Path
 import grpc
 
 from . import routes
+from .api.node_certs import control_plane_peer
 from .api.node_guest_api import NodeGuestApi, guest_authenticator
+from .domain.errors import KiboError
 from .domain.model import Backend, Node
 from .domain.nodes import AllocationRatios, DiskStatus, capacity
 from .engine.node_agent import NodeAgent
+from .engine.node_link import LinkDown
+from .engine.pki import split_join_token
 from .runtime.base import Closable, GuestAccess, Runtime
 from .runtime.process.options import host_capacity, options_from
 from .runtime.process.runtime import ProcessRuntime
 from .runtime.sim.simulator import SimBoard, SimNode
 from .transport.grpc import EXCLUSIVE_PORT, bind, service_handler
-from .transport.node_client import GrpcLink, targets
+from .transport.node_client import CALL_TIMEOUT_S, GrpcLink, targets
+from .transport.node_identity import RENEW_CHECK_S, NodeIdentity
 
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 
@@ -40,7 +45,11 @@ class NodeConfig:
     runtime: str = "process"
     node_id: str = ""
     labels: dict[str, str] = field(default_factory=dict)
+    # The join token (TOKEN.CA_SHA256: kibo-ctrl token create --node); empty against
+    # --insecure-no-auth.
     token: str = ""
+    # Plaintext node link (a control plane with --insecure-node-link); also without a token.
+    insecure_node_link: bool = False
     vcpus: int = 0
     memory_mib: int = 0
     storage_pool: str = "local"
@@ -88,7 +97,10 @@ class NodeHost:
         self.config = config
         self._closables: list[Closable] = []
         self._task: asyncio.Task[None] | None = None
+        self._renewal: asyncio.Task[None] | None = None
         self._server: grpc.aio.Server | None = None
+        self.identity: NodeIdentity | None = None
+        self._token = ""
 
     @classmethod
     async def start(cls, config: NodeConfig) -> NodeHost:
@@ -102,6 +114,7 @@ class NodeHost:
             raise ValueError(f"unknown runtime {config.runtime!r}; this build has: sim, process")
         config.data_dir.mkdir(parents=True, exist_ok=True)
         node_id = config.node_id or default_node_id()
+        self.identity = await self._identity(node_id)
         # The same resource model as every node (domain/nodes.py): the host's times the ratios.
         vcpus, memory_mib, resources = capacity(host_capacity(), config.allocation, config.vcpus, config.memory_mib)
         node = Node(node_id, vcpus, memory_mib, config.storage_pool)
@@ -119,12 +132,13 @@ class NodeHost:
             disk = process.disk_status
         else:
             runtime = SimNode(node_id, config.sim_backend, config.sim_step_ms / 1000, SimBoard())
-        credentials = None
-        if config.tls_ca is not None:
-            credentials = grpc.ssl_channel_credentials(root_certificates=config.tls_ca.read_bytes())
-        self.link = GrpcLink(config.control_plane, node_id, config.token, credentials)
+        identity = self.identity
+        dial = None if identity is None else identity.dial
+        self.link = GrpcLink(config.control_plane, node_id, self._token, self._main_port_credentials(), dial)
         self.agent = NodeAgent(node, runtime, self.link, config.labels, data_plane, resources, disk)
         self._task = asyncio.create_task(self.agent.run(), name=f"node agent {node_id}")
+        if identity is not None:
+            self._renewal = asyncio.create_task(self._renew(identity), name="node certificate renewal")
         log.info(
             "node %s: %d vCPU (%d cores x %g), %d MiB (%d MiB x %g), %d GiB of storage, pool %s, runtime %s; "
             "control plane %s",
@@ -141,16 +155,62 @@ class NodeHost:
             config.control_plane,
         )
 
+    def _main_port_credentials(self) -> grpc.ChannelCredentials | None:
+        """TLS to the control plane's main port, if its operator put TLS there (--tls-ca)."""
+        if self.config.tls_ca is None:
+            return None
+        return grpc.ssl_channel_credentials(root_certificates=self.config.tls_ca.read_bytes())
+
+    async def _identity(self, node_id: str) -> NodeIdentity | None:
+        """The node's certificate for the mutual-TLS link, from its data dir or got now with its
+        join token (transport/node_identity.py); None: a plaintext link (--insecure-node-link,
+        or no token: a control plane with --insecure-no-auth)."""
+        config = self.config
+        try:
+            self._token, pin = split_join_token(config.token)
+        except ValueError as error:
+            raise ValueError(f"--token: {error}") from None
+        if config.insecure_node_link or not config.token:
+            log.warning("the node link is plaintext (%s)", "--insecure-node-link" if config.token else "no token")
+            return None
+        if not pin:
+            raise ValueError(
+                "--token: this token has no CA pin (TOKEN.SHA256): make a join token on the control plane's "
+                "machine with kibo-ctrl token create --node ID, or link in plaintext with --insecure-node-link"
+            )
+        identity = NodeIdentity(config.data_dir, node_id, self._token, pin, self._main_port_credentials())
+        await identity.join(targets(config.control_plane))
+        return identity
+
+    async def _renew(self, identity: NodeIdentity) -> None:
+        """Renews the node's certificate when a third of its lifetime is left (over the link);
+        the link's next calls dial with it, the guest hop takes it at its next handshake."""
+        while True:
+            await asyncio.sleep(RENEW_CHECK_S)
+            if not identity.renewal_due():
+                continue
+            try:
+                await identity.renew(await self.link.channel())
+            except (grpc.aio.AioRpcError, LinkDown, KiboError) as error:
+                log.warning("node link: the certificate's renewal failed (retried in an hour): %s", error)
+                continue
+            old = self.link.redial()
+            await asyncio.sleep(CALL_TIMEOUT_S)  # calls under way on the old channels end first
+            for channel in old:
+                await channel.close()
+
     async def _serve_guests(self, guests: GuestAccess) -> tuple[str, str]:
         """Serve NodeGuestService for the control plane; the (address, secret) to declare."""
         secret = secrets.token_urlsafe(32)
         options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES), EXCLUSIVE_PORT]
         self._server = grpc.aio.server(options=options)
         service = routes.node_guest_service(NodeGuestApi(guests))
-        self._server.add_generic_rpc_handlers([service_handler(service, guest_authenticator(secret))])
+        peer = None if self.identity is None else control_plane_peer
+        self._server.add_generic_rpc_handlers([service_handler(service, guest_authenticator(secret, peer))])
         listen = self.config.data_plane_listen or _join(_route_host(self.config), DATA_PLANE_PORT)
+        credentials = None if self.identity is None else self.identity.server_credentials()
         try:
-            port = bind(self._server, listen)
+            port = bind(self._server, listen, credentials)
         except OSError as error:
             raise OSError(
                 f"{error} (--data-plane-listen: another node agent on this host needs a port of its own)"
@@ -166,6 +226,8 @@ class NodeHost:
 
     async def stop(self) -> None:
         """Stop the agent; the sandboxes keep running (a restarted agent adopts them)."""
+        if self._renewal is not None:
+            self._renewal.cancel()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(BaseException):

@@ -22,9 +22,10 @@ from .api.commands import VOLUME_COMMANDS, WORKSPACE_COMMANDS
 from .api.control_plane import Api
 from .api.data_plane import DataPlane
 from .api.node_api import NodeAdminApi, NodeApi
+from .api.node_certs import NodeCertificates, node_port_only, node_port_only_stream
 from .api.node_guest_api import NodeGuestApi
 from .runtime.sim.api import SimulatorApi
-from .transport.rpc import ServerStream, Service, Unary
+from .transport.rpc import Rpc, ServerStream, Service, Unary
 
 
 def workspace_service(api: Api) -> Service:
@@ -69,6 +70,8 @@ def observation_service(api: Api) -> Service:
                 obs.ListWorkspaceInstancesResponse,
                 api.list_workspace_instances,
             ),
+            Unary("ListEvents", obs.ListEventsRequest, obs.ListEventsResponse, api.events.list_events),
+            ServerStream("WatchEvents", obs.WatchEventsRequest, obs.WatchEventsResponse, api.events.watch_events),
         ),
     )
 
@@ -128,11 +131,17 @@ def simulator_service(simulator: SimulatorApi) -> Service:
     )
 
 
-def node_service(nodes: NodeApi) -> Service:
+def node_service(nodes: NodeApi, certificates: NodeCertificates, port: str = "plaintext") -> Service:
     # What node agents call (kibo-ctrl node): gRPC only, with the node authenticator (app.py).
+    # `port`: "node" (mutual TLS: everything, renewal), "main" (a mutual-TLS cluster's main
+    # port: the bootstrap only) or "plaintext" (--insecure-node-link: everything, as before).
+    if port == "main":
+        return _node_bootstrap_only(certificates)
+    issue = certificates.renew if port == "node" else certificates.bootstrap
     return Service(
         nd.DESCRIPTOR.services_by_name["NodeService"],
         (
+            Unary("IssueNodeCertificate", nd.IssueNodeCertificateRequest, nd.IssueNodeCertificateResponse, issue),
             Unary("Join", nd.JoinRequest, nd.JoinResponse, nodes.join),
             ServerStream("WatchSteps", nd.WatchStepsRequest, nd.WatchStepsResponse, nodes.watch_steps),
             Unary("GetLaunchSpec", nd.GetLaunchSpecRequest, nd.GetLaunchSpecResponse, nodes.get_launch_spec),
@@ -153,6 +162,24 @@ def node_service(nodes: NodeApi) -> Service:
             Unary("RenewLease", nd.RenewLeaseRequest, nd.RenewLeaseResponse, nodes.renew_lease),
         ),
     )
+
+
+def _node_bootstrap_only(certificates: NodeCertificates) -> Service:
+    """NodeService on a mutual-TLS cluster's main port: IssueNodeCertificate, and every other
+    method refused, naming the node port (api/node_certs.py)."""
+    service = nd.DESCRIPTOR.services_by_name["NodeService"]
+    rpcs: list[Rpc] = []
+    for method in service.methods:
+        request = getattr(nd, method.input_type.name)
+        response = getattr(nd, method.output_type.name)
+        if method.name == "IssueNodeCertificate":
+            # Authorized by the join proof in the request: no bearer token crosses this port.
+            rpcs.append(Unary(method.name, request, response, certificates.bootstrap, credential=True))
+        elif method.server_streaming:
+            rpcs.append(ServerStream(method.name, request, response, node_port_only_stream))
+        else:
+            rpcs.append(Unary(method.name, request, response, node_port_only))
+    return Service(service, tuple(rpcs))
 
 
 def node_admin_service(admin: NodeAdminApi) -> Service:

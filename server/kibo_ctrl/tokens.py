@@ -11,6 +11,7 @@ from kibotos.token_discovery import prune_pointers, remove_pointer, write_pointe
 
 from .api.auth import new_token, token_hash
 from .domain.access import Role, TokenRecord, tenant_name
+from .engine import cluster_ca, pki
 from .store.base import Store, Tx
 
 ADMIN_TOKEN_FILE = "admin.token"
@@ -29,6 +30,15 @@ async def create(store: Store, tenant: str, role: Role) -> tuple[TokenRecord, st
         return record
 
     return await store.transact(add), token
+
+
+async def create_join(store: Store, node_id: str) -> tuple[TokenRecord, str]:
+    """A node's join token: a node token (it acts as `node_id` only), '.', and the pin of the
+    store's cluster CA (made now if it has none), which the node checks before it trusts the
+    control plane (engine/pki.py join_token)."""
+    ca = await cluster_ca.ensure(store)
+    record, token = await create(store, node_id, Role.NODE)
+    return record, pki.join_token(token, ca.cert_pem)
 
 
 async def create_first(store: Store, tenant: str, role: Role) -> tuple[TokenRecord, str] | None:

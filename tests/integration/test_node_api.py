@@ -30,16 +30,23 @@ from tests.server import ServerProcess
 from tests.system.test_durability import eventually
 
 Factory = Callable[..., ServerProcess]
-# Long leases: the raw "nodes" of these tests never renew.
-FLAGS = ("--no-local-node", "--node-timeout-ms", "600000")
+# Long leases: the raw "nodes" of these tests never renew. The node API's checks are the same on
+# either port: these raw callers use the plaintext link (tests/system/test_node_mtls.py: mTLS).
+FLAGS = ("--no-local-node", "--node-timeout-ms", "600000", "--insecure-node-link")
 
 
-def node_token(server: ServerProcess, node_id: str) -> str:
+def join_token(server: ServerProcess, node_id: str) -> str:
+    """What `kibo-ctrl token create --node` prints: TOKEN.CA_SHA256 (kibo-ctrl node --token)."""
     command = [sys.executable, "-m", "kibo_ctrl", "token", "create", "--node", node_id]
     result = subprocess.run(
         [*command, "--data-dir", str(server.data_dir)], capture_output=True, text=True, check=True, timeout=30
     )
     return result.stdout.strip()
+
+
+def node_token(server: ServerProcess, node_id: str) -> str:
+    """A node token to send as a bearer (a join token without its CA pin)."""
+    return join_token(server, node_id).rpartition(".")[0]
 
 
 @dataclass(frozen=True)
@@ -265,7 +272,7 @@ async def test_a_node_reports_released_only_the_storage_routed_to_it(server_fact
     """Issue 27 item 6: with n1 paused, n2 (same default pool) reports n1's volume and n1's
     workspace storage released. Both answer NOT_FOUND exactly like IDs that do not exist, and
     nothing changes: n1's feed still hands it both releases, the cleanup is still pending."""
-    server = server_factory("--no-local-node", "--node-timeout-ms", "1500", auth=True)
+    server = server_factory("--no-local-node", "--node-timeout-ms", "1500", "--insecure-node-link", auth=True)
     operator_token = make_token(server, "default", "operator")
     async with (
         grpc.aio.insecure_channel(server.address) as channel,

@@ -19,7 +19,7 @@ from kibo.node.v1 import node_admin_service_pb2 as adm
 
 from tests.client import Client, S, meta, rejected
 from tests.integration.test_auth import make_token
-from tests.integration.test_node_api import node_token
+from tests.integration.test_node_api import join_token
 from tests.nodes import NodeProcess, admin, list_nodes
 from tests.server import ServerProcess
 from tests.system.test_durability import eventually
@@ -199,13 +199,13 @@ async def test_a_node_joins_with_its_token_and_an_operator_manages_it_with_kibo_
     server_factory: Callable[..., ServerProcess], tmp_path: Path
 ) -> None:
     server = server_factory("--no-local-node", "--node-timeout-ms", LEASE_MS, auth=True)
-    token = node_token(server, "node-s")
+    token = join_token(server, "node-s")
     operator = make_token(server, "default", "operator")
-    # A node token names its node: started as another node, the agent is refused and exits.
+    # A join token names its node: started as another node, the agent gets no certificate and exits.
     impostor = NodeProcess(server.address, tmp_path / "node-t", "node-t", ("--token", token)).start()
     assert impostor.process is not None
     assert impostor.process.wait(30) == 2
-    assert "acts as node node-s" in impostor.log()
+    assert "no active join token of node node-t" in impostor.log()
     node = NodeProcess(server.address, tmp_path / "node-s", "node-s", ("--token", token, "--labels", "zone=a")).start()
     try:
 

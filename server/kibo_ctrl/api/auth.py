@@ -28,18 +28,28 @@ def token_hash(token: str) -> str:
 
 
 Lookup = Callable[[str], Awaitable[TokenRecord | None]]
+# What a listener with client certificates also checks: the caller and the common names of the
+# peer's verified certificate (the transport's), to the caller it accepts; raises to refuse.
+PeerRule = Callable[[Caller, tuple[str, ...]], Caller]
 
 
 class Authenticator:
     """Turns an Authorization header into a Caller; applies the per-tenant rate limit."""
 
     def __init__(
-        self, lookup: Lookup | None, rate_per_second: float = 0.0, burst: float = 0.0, nodes: bool = False
+        self,
+        lookup: Lookup | None,
+        rate_per_second: float = 0.0,
+        burst: float = 0.0,
+        nodes: bool = False,
+        peer: PeerRule | None = None,
     ) -> None:
         # lookup None: authentication is off and every caller is the local admin.
         self._lookup = lookup
         # Whether node tokens are accepted: only by the node API's authenticator (api/node_api.py).
         self._nodes = nodes
+        # On a mutual-TLS listener (the node port, a node's guest hop): the certificate's rule.
+        self.peer = peer
         self._cache: dict[str, tuple[float, Caller | None]] = {}
         self._limiter = RateLimiter(rate_per_second, burst or 2 * rate_per_second)
 
@@ -85,9 +95,10 @@ class Authenticator:
         record = await self._lookup(token_hash(token.strip()))
         return None if record is None or record.revoked else Caller(record.tenant, record.role)
 
-    def for_nodes(self) -> Authenticator:
-        """The same tokens and rate limit, for the node API: node tokens accepted."""
-        gate = Authenticator(self._lookup, nodes=True)
+    def for_nodes(self, peer: PeerRule | None = None) -> Authenticator:
+        """The same tokens and rate limit, for the node API: node tokens accepted (and on the
+        node port, `peer`: the client certificate must be the token's node's)."""
+        gate = Authenticator(self._lookup, nodes=True, peer=peer)
         gate._cache, gate._limiter = self._cache, self._limiter
         return gate
 

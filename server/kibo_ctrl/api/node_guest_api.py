@@ -18,20 +18,21 @@ from kibo.node.v1 import node_guest_service_pb2 as guest_pb2
 from ..domain.access import Caller, Role, TokenRecord
 from ..domain.errors import InvalidArgument
 from ..runtime.base import Exit, GuestAccess, GuestRefused, Output
-from .auth import Authenticator, token_hash
+from .auth import Authenticator, PeerRule, token_hash
 
 MAX_JOB_BYTES = 64 * 1024
 
 
-def guest_authenticator(secret: str) -> Authenticator:
-    """Takes exactly one bearer token: the secret this node gave the control plane."""
+def guest_authenticator(secret: str, peer: PeerRule | None = None) -> Authenticator:
+    """Takes exactly one bearer token: the secret this node gave the control plane (and over
+    mutual TLS, `peer`: node_certs.control_plane_peer, the control plane's certificate only)."""
     digest = token_hash(secret)
     record = TokenRecord(id="control-plane", tenant="control-plane", role=Role.OPERATOR, create_time=time.time())
 
     async def lookup(candidate: str) -> TokenRecord | None:
         return record if hmac.compare_digest(candidate, digest) else None
 
-    return Authenticator(lookup)
+    return Authenticator(lookup, peer=peer)
 
 
 class NodeGuestApi:

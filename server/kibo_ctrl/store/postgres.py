@@ -42,6 +42,7 @@ import psycopg
 from psycopg import errors as pg_errors
 
 from ..domain.access import Role, TokenRecord
+from ..domain.certificates import ClusterCa, NodeIssuance
 from ..domain.clock import SYSTEM_CLOCK, Clock
 from ..domain.errors import StoreError
 from ..domain.model import Command, Event, Instance, Volume, Workspace, WorkspaceState
@@ -216,6 +217,25 @@ class PostgresReader:
 
     # -- end of nodes ---------------------------------------------------------------------------
 
+    # -- the node link's certificates (engine/cluster_ca.py) ------------------------------------
+    def get_cluster_ca(self) -> ClusterCa | None:
+        row = self._conn.execute("SELECT cert_pem, key_pem, create_time FROM cluster_ca WHERE id = 1").fetchone()
+        return None if row is None else ClusterCa(str(row[0]), str(row[1]), float(row[2]))
+
+    def get_node_issuance(self, token_id: str) -> NodeIssuance | None:
+        row = self._conn.execute(
+            "SELECT node_id, key_sha256, cert_pem, issue_time FROM node_issuances WHERE token_id = %s", (token_id,)
+        ).fetchone()
+        return None if row is None else NodeIssuance(token_id, str(row[0]), str(row[1]), str(row[2]), float(row[3]))
+
+    def node_token_digests(self, node_id: str) -> list[tuple[TokenRecord, str]]:
+        rows = self._conn.execute(
+            "SELECT id, tenant, role, create_time, revoked, hash FROM tokens "
+            "WHERE tenant = %s AND role = %s AND NOT revoked ORDER BY create_time",
+            (node_id, Role.NODE.value),
+        )
+        return [(TokenRecord(r[0], r[1], Role(r[2]), float(r[3]), bool(r[4])), str(r[5])) for r in rows]
+
 
 class PostgresTx(PostgresReader):
     """A transaction on the writer connection (the Tx protocol). Writes are collected into `changes`."""
@@ -331,6 +351,22 @@ class PostgresTx(PostgresReader):
 
     # -- end of nodes ---------------------------------------------------------------------------
 
+    # -- the node link's certificates -----------------------------------------------------------
+    def add_cluster_ca(self, ca: ClusterCa) -> bool:
+        cursor = self._conn.execute(
+            "INSERT INTO cluster_ca (id, cert_pem, key_pem, create_time) VALUES (1, %s, %s, %s) "
+            "ON CONFLICT (id) DO NOTHING",
+            (ca.cert_pem, ca.key_pem, ca.create_time),
+        )
+        return cursor.rowcount > 0
+
+    def add_node_issuance(self, issuance: NodeIssuance) -> None:
+        self._conn.execute(
+            "INSERT INTO node_issuances (token_id, node_id, key_sha256, cert_pem, issue_time) "
+            "VALUES (%s, %s, %s, %s, %s)",
+            (issuance.token_id, issuance.node_id, issuance.key_sha256, issuance.cert_pem, issuance.issue_time),
+        )
+
 
 def _conditions(query: WorkspaceQuery) -> tuple[str, list[Any]]:
     """The query's filter as one SQL condition on a workspaces row, with its arguments."""
@@ -369,9 +405,7 @@ class PostgresStore:
     def __init__(self, dsn: str, loop: asyncio.AbstractEventLoop, clock: Clock = SYSTEM_CLOCK) -> None:
         self.dsn = dsn
         self.where = describe(dsn)
-        # Not the commits' time (the database's clock is, _commit_batch); kept for the Store API.
         self._clock = clock
-        self._last_now = 0.0
         self._loop = loop
         self._listeners: list[Callable[[Changes], None]] = []
         self._commit_observers: list[CommitObserver] = []
@@ -525,19 +559,12 @@ class PostgresStore:
             connection.drop()
 
     def _commit_batch(self, connection: Connection, batch: list[_Job]) -> None:
+        now = self._clock.now()
         started = time.perf_counter()
         took: float | None = None
         try:
             conn = connection.begin("BEGIN ISOLATION LEVEL READ COMMITTED")
-            # The commit's time is the database's, read under the write lock: every replica
-            # stamps with one clock (node leases compare across replicas), and commit times
-            # never go back from one batch to the next, whichever replica writes.
-            row = conn.execute(
-                "SELECT pg_advisory_xact_lock(%s)::text, extract(epoch FROM clock_timestamp())::float8", (WRITE_LOCK,)
-            ).fetchone()
-            assert row is not None
-            now = max(float(row[1]), self._last_now)
-            self._last_now = now
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_LOCK,))
             # Under the lock: no other replica can take the lease before this batch commits.
             leader = current(conn) if any(job.fence is not None for job in batch) else None
             outcomes, changes = _run_jobs(conn, batch, now, leader)

@@ -106,4 +106,36 @@ MIGRATIONS: tuple[str, ...] = (
         data BYTEA NOT NULL
     );
     """,
+    # 4: the node link's certificates (issue 26 item 4; SQLite's migration 5): the cluster CA
+    # (one row: replicas starting together insert if absent, and all read the one that won)
+    # and each join token's one use.
+    """
+    CREATE TABLE cluster_ca (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        cert_pem TEXT NOT NULL,
+        key_pem TEXT NOT NULL,
+        create_time DOUBLE PRECISION NOT NULL
+    );
+    CREATE TABLE node_issuances (
+        token_id TEXT PRIMARY KEY,
+        node_id TEXT NOT NULL,
+        key_sha256 TEXT NOT NULL,
+        cert_pem TEXT NOT NULL,
+        issue_time DOUBLE PRECISION NOT NULL
+    );
+    """,
+    # 5: fleet-wide events (SQLite's migration 6): each event's tenant, node, type and time as
+    # columns, filled in from the records (and the tenant from the workspace), and the index a
+    # tenant's events are listed by.
+    """
+    ALTER TABLE events ADD COLUMN tenant TEXT NOT NULL DEFAULT '';
+    ALTER TABLE events ADD COLUMN node_id TEXT NOT NULL DEFAULT '';
+    ALTER TABLE events ADD COLUMN event_type INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE events ADD COLUMN event_time DOUBLE PRECISION NOT NULL DEFAULT 0;
+    UPDATE events SET
+        tenant = COALESCE((SELECT tenant FROM workspaces WHERE workspaces.id = events.workspace_id), 'default'),
+        event_type = COALESCE((convert_from(data, 'UTF8')::json ->> 'type')::integer, 0),
+        event_time = COALESCE((convert_from(data, 'UTF8')::json ->> 'time')::double precision, 0);
+    CREATE INDEX events_tenant ON events (tenant, seq);
+    """,
 )

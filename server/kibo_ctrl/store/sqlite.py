@@ -27,11 +27,22 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 import msgspec
 
 from ..domain.access import Role, TokenRecord
+from ..domain.certificates import ClusterCa, NodeIssuance
 from ..domain.clock import SYSTEM_CLOCK, Clock
 from ..domain.errors import StoreError, Unavailable
 from ..domain.model import Command, Event, Instance, Volume, Workspace, WorkspaceState
 from ..domain.nodes import NodeRecord
-from .base import Changes, CommitObserver, ListedWorkspace, Reader, Tx, WorkspaceQuery, WorkspaceSlice
+from .base import (
+    Changes,
+    CommitObserver,
+    EventQuery,
+    EventSlice,
+    ListedWorkspace,
+    Reader,
+    Tx,
+    WorkspaceQuery,
+    WorkspaceSlice,
+)
 from .migrations import MIGRATIONS
 from .records import COMMAND as _COMMAND
 from .records import ENCODER as _ENCODER
@@ -40,7 +51,15 @@ from .records import INSTANCE as _INSTANCE
 from .records import NODE as _NODE
 from .records import VOLUME as _VOLUME
 from .records import WORKSPACE as _WORKSPACE
-from .records import instance_active, instance_unscheduled, listed_workspace, workspace_storage_pending
+from .records import (
+    event_columns,
+    event_scan,
+    event_slice,
+    instance_active,
+    instance_unscheduled,
+    listed_workspace,
+    workspace_storage_pending,
+)
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -156,6 +175,12 @@ class SqliteReader:
             events.append(event)
         return events
 
+    def scan_events(self, query: EventQuery, max_rows: int, want: int) -> EventSlice:
+        sql, args = event_scan(query, max_rows, "?")
+        rows = self._conn.execute(sql, args).fetchall()
+        newest = int(self._conn.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchone()[0])
+        return event_slice(rows, max_rows, want, newest)
+
     def list_instances(self, workspace_id: str) -> list[Instance]:
         rows = self._conn.execute("SELECT data FROM instances WHERE workspace_id = ? ORDER BY rowid", (workspace_id,))
         return [_INSTANCE.decode(bytes(row[0])) for row in rows]
@@ -207,6 +232,25 @@ class SqliteReader:
         return [_NODE.decode(bytes(row[0])) for row in self._conn.execute("SELECT data FROM nodes ORDER BY id")]
 
     # -- end of nodes ---------------------------------------------------------------------------
+
+    # -- the node link's certificates (engine/cluster_ca.py) ------------------------------------
+    def get_cluster_ca(self) -> ClusterCa | None:
+        row = self._conn.execute("SELECT cert_pem, key_pem, create_time FROM cluster_ca WHERE id = 1").fetchone()
+        return None if row is None else ClusterCa(str(row[0]), str(row[1]), float(row[2]))
+
+    def get_node_issuance(self, token_id: str) -> NodeIssuance | None:
+        row = self._conn.execute(
+            "SELECT node_id, key_sha256, cert_pem, issue_time FROM node_issuances WHERE token_id = ?", (token_id,)
+        ).fetchone()
+        return None if row is None else NodeIssuance(token_id, str(row[0]), str(row[1]), str(row[2]), float(row[3]))
+
+    def node_token_digests(self, node_id: str) -> list[tuple[TokenRecord, str]]:
+        rows = self._conn.execute(
+            "SELECT id, tenant, role, create_time, revoked, hash FROM tokens "
+            "WHERE tenant = ? AND role = ? AND revoked = 0 ORDER BY create_time",
+            (node_id, Role.NODE.value),
+        )
+        return [(TokenRecord(r[0], r[1], Role(r[2]), float(r[3]), bool(r[4])), str(r[5])) for r in rows]
 
 
 class SqliteTx(SqliteReader):
@@ -299,7 +343,8 @@ class SqliteTx(SqliteReader):
 
     def add_event(self, event: Event) -> None:
         cursor = self._conn.execute(
-            "INSERT INTO events (workspace_id, data) VALUES (?, ?)", (event.workspace_id, _ENCODER.encode(event))
+            "INSERT INTO events (workspace_id, tenant, node_id, event_type, event_time, data) VALUES (?, ?, ?, ?, ?, ?)",
+            (*event_columns(event), _ENCODER.encode(event)),
         )
         event.seq = int(cursor.lastrowid or 0)
         self.changes.events.append(event)
@@ -314,6 +359,22 @@ class SqliteTx(SqliteReader):
         self.changes.nodes[node.id] = msgspec.structs.replace(node)
 
     # -- end of nodes ---------------------------------------------------------------------------
+
+    # -- the node link's certificates -----------------------------------------------------------
+    def add_cluster_ca(self, ca: ClusterCa) -> bool:
+        cursor = self._conn.execute(
+            "INSERT INTO cluster_ca (id, cert_pem, key_pem, create_time) VALUES (1, ?, ?, ?) "
+            "ON CONFLICT (id) DO NOTHING",
+            (ca.cert_pem, ca.key_pem, ca.create_time),
+        )
+        return cursor.rowcount > 0
+
+    def add_node_issuance(self, issuance: NodeIssuance) -> None:
+        self._conn.execute(
+            "INSERT INTO node_issuances (token_id, node_id, key_sha256, cert_pem, issue_time) "
+            "VALUES (?, ?, ?, ?, ?)",
+            (issuance.token_id, issuance.node_id, issuance.key_sha256, issuance.cert_pem, issuance.issue_time),
+        )
 
 
 def _conditions(query: WorkspaceQuery) -> tuple[str, list[Any]]:

@@ -80,6 +80,18 @@ def _authorization(context: grpc.aio.ServicerContext[Any, Any]) -> str | None:
     return None
 
 
+def _common_names(context: grpc.aio.ServicerContext[Any, Any]) -> tuple[str, ...]:
+    """The common names of the peer's certificate, as grpc verified it (none over plaintext)."""
+    names = context.auth_context().get("x509_common_name", ())
+    return tuple(n.decode(errors="replace") if isinstance(n, bytes) else str(n) for n in names)
+
+
+async def _caller(auth: Authenticator, context: grpc.aio.ServicerContext[Any, Any]) -> Caller:
+    caller = await auth.authenticate(_authorization(context))
+    # A mutual-TLS listener's rule: the verified client certificate must fit the caller.
+    return caller if auth.peer is None else auth.peer(caller, _common_names(context))
+
+
 def _unary(
     names: tuple[str, str], request_class: type[Message], fn: UnaryFn, auth: Authenticator, observer: RpcObserver
 ) -> grpc.RpcMethodHandler[Any, Any]:
@@ -89,7 +101,7 @@ def _unary(
         outcome = "CANCELLED"  # unless the handler returns or raises: the call was cancelled
         observed = False
         try:
-            caller = await auth.authenticate(_authorization(context))
+            caller = await _caller(auth, context)
             response = await fn(_decode(request_class, raw), caller)
             outcome = "OK"
         except Exception as error:  # every exception: status_of tells a domain error from a bug
@@ -120,7 +132,7 @@ def _stream(
         outcome = "CANCELLED"
         observed = False
         try:
-            caller = await auth.authenticate(_authorization(context))
+            caller = await _caller(auth, context)
             # Closed here, at once, when the call ends early (the client cancelled or went
             # away): the handler's cleanup (e.g. killing an exec's command) must not wait for
             # the garbage collector.

@@ -12,7 +12,7 @@ next one (the agent rejoins there, and its feed resumes or starts from a snapsho
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import grpc
@@ -70,25 +70,60 @@ def targets(control_plane: str) -> list[str]:
     return [target.strip() for target in control_plane.split(",") if target.strip()]
 
 
+# Opens the channel to one replica (a HOST:PORT of --control-plane): over mutual TLS, the node's
+# identity dials that replica's node port (transport/node_identity.py NodeIdentity.dial).
+Dial = Callable[[str], Awaitable[grpc.aio.Channel]]
+
+
 class GrpcLink:
-    def __init__(self, target: str, node_id: str, token: str = "", credentials: Any = None) -> None:
-        options = [("grpc.max_receive_message_length", 4 * 1024 * 1024), ("grpc.keepalive_time_ms", 10_000)]
-        self._channels = [
-            grpc.aio.insecure_channel(one, options=options)
-            if credentials is None
-            else grpc.aio.secure_channel(one, credentials, options=options)
-            for one in targets(target)
-        ]
-        if not self._channels:
+    def __init__(
+        self, target: str, node_id: str, token: str = "", credentials: Any = None, dial: Dial | None = None
+    ) -> None:
+        self._targets = targets(target)
+        if not self._targets:
             raise ValueError("--control-plane names no HOST:PORT")
-        self._stubs = [node_grpc.NodeServiceStub(channel) for channel in self._channels]  # type: ignore[no-untyped-call]
+        self._credentials = credentials
+        self._dial = dial
+        # Each replica's channel, opened at its first call (and again after `redial`).
+        self._channels: list[grpc.aio.Channel | None] = [None] * len(self._targets)
+        self._stubs: list[Any] = [None] * len(self._targets)
         self._current = 0
         self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
         self.node_id = node_id
 
-    @property
-    def _stub(self) -> Any:
-        return self._stubs[self._current]
+    async def _open(self, target: str) -> grpc.aio.Channel:
+        if self._dial is not None:
+            return await self._dial(target)
+        options = [("grpc.max_receive_message_length", 4 * 1024 * 1024), ("grpc.keepalive_time_ms", 10_000)]
+        if self._credentials is None:
+            return grpc.aio.insecure_channel(target, options=options)
+        return grpc.aio.secure_channel(target, self._credentials, options=options)
+
+    async def _stub(self) -> Any:
+        index = self._current
+        if self._stubs[index] is None:
+            try:
+                channel = await self._open(self._targets[index])
+            except grpc.aio.AioRpcError as error:
+                raise self._failed(error) from None
+            self._channels[index] = channel
+            self._stubs[index] = node_grpc.NodeServiceStub(channel)  # type: ignore[no-untyped-call]
+        return self._stubs[index]
+
+    async def channel(self) -> grpc.aio.Channel:
+        """The current replica's channel (the node's certificate renewal goes over it)."""
+        await self._stub()
+        channel = self._channels[self._current]
+        assert channel is not None
+        return channel
+
+    def redial(self) -> list[grpc.aio.Channel]:
+        """Forget the channels (new calls dial again, e.g. with a renewed certificate); the old
+        ones, for the caller to close once their calls are done."""
+        old = [channel for channel in self._channels if channel is not None]
+        self._channels = [None] * len(self._targets)
+        self._stubs = [None] * len(self._targets)
+        return old
 
     def _failed(self, error: grpc.aio.AioRpcError) -> Exception:
         """The error to raise; a call that did not get through moves on to the next replica."""
@@ -98,11 +133,11 @@ class GrpcLink:
         return failure
 
     async def close(self) -> None:
-        for channel in self._channels:
+        for channel in self.redial():
             await channel.close()
 
     async def _call(self, method_name: str, request: Any) -> Any:
-        method = getattr(self._stub, method_name)
+        method = getattr(await self._stub(), method_name)
         try:
             return await method(request, metadata=self._metadata, timeout=CALL_TIMEOUT_S)
         except grpc.aio.AioRpcError as error:
@@ -129,7 +164,7 @@ class GrpcLink:
         request = node_pb2.WatchStepsRequest(node_id=self.node_id)
         if cursor is not None:
             request.resume_after.CopyFrom(node_pb2.Cursor(epoch=cursor.epoch, seq=cursor.seq))
-        call = self._stub.WatchSteps(request, metadata=self._metadata)
+        call = (await self._stub()).WatchSteps(request, metadata=self._metadata)
         try:
             async for response in call:
                 yield _batch(response)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncGenerator, Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -14,18 +15,40 @@ from kibo.node.v1 import node_guest_service_pb2 as guest_pb2
 from kibo.node.v1 import node_guest_service_pb2_grpc as guest_grpc
 
 from ..api.node_api import encode
+from ..engine import pki
 from ..runtime.base import Exit, GuestAccess, GuestRefused, JobStopped, Output
 
 PathRule = Callable[[str, list[str]], object]
 Endpoints = Callable[[str], tuple[str, str] | None]
 
 
-class RemoteGuests:
-    """A remote node's guests: each job is one RunGuestJob call."""
+@dataclass(frozen=True)
+class GuestTls:
+    """The control plane's identity on the guest hop (SECURITY.md: the node link): the cluster
+    CA's certificate and key, which it presents, and the root it checks each node against."""
 
-    def __init__(self, address: str, secret: str, check_path: PathRule) -> None:
+    ca_pem: bytes
+    key_pem: bytes
+
+    def channel(self, address: str, node_id: str) -> grpc.aio.Channel:
+        """A channel to `node_id`'s hop that takes only that node's certificate: the CA must
+        have signed it for the node's name (pki.node_name), so another node's cannot stand in."""
+        credentials = grpc.ssl_channel_credentials(
+            root_certificates=self.ca_pem, private_key=self.key_pem, certificate_chain=self.ca_pem
+        )
+        options = [("grpc.ssl_target_name_override", pki.node_name(node_id))]
+        return grpc.aio.secure_channel(address, credentials, options=options)
+
+
+class RemoteGuests:
+    """A remote node's guests: each job is one RunGuestJob call (over mutual TLS, unless the
+    node link is plaintext: --insecure-node-link)."""
+
+    def __init__(
+        self, address: str, secret: str, check_path: PathRule, tls: GuestTls | None = None, node_id: str = ""
+    ) -> None:
         self.address = address
-        self._channel = grpc.aio.insecure_channel(address)
+        self._channel = grpc.aio.insecure_channel(address) if tls is None else tls.channel(address, node_id)
         self._stub = guest_grpc.NodeGuestServiceStub(self._channel)  # type: ignore[no-untyped-call]
         self._metadata = (("authorization", f"Bearer {secret}"),)
         self._check_path = check_path
@@ -89,7 +112,10 @@ class NodeGuests(Mapping[str, GuestAccess]):
     remote node's hop as it declared at its last join (a node that rejoins with a new secret
     or address gets a new connection)."""
 
-    def __init__(self, local: Mapping[str, GuestAccess], endpoints: Endpoints, check_path: PathRule) -> None:
+    def __init__(
+        self, local: Mapping[str, GuestAccess], endpoints: Endpoints, check_path: PathRule, tls: GuestTls | None = None
+    ) -> None:
+        self._tls = tls
         self._local = dict(local)
         self._endpoints = endpoints
         self._check_path = check_path
@@ -110,7 +136,7 @@ class NodeGuests(Mapping[str, GuestAccess]):
             task = asyncio.get_running_loop().create_task(known[1].close())
             self._closing.add(task)
             task.add_done_callback(self._closing.discard)
-        remote = RemoteGuests(endpoint[0], endpoint[1], self._check_path)
+        remote = RemoteGuests(endpoint[0], endpoint[1], self._check_path, self._tls, node_id)
         self._remote[node_id] = (endpoint, remote)
         return remote
 

@@ -107,13 +107,14 @@ class NodeService(Protocol):
     async def issue_node_certificate(self, request: IssueNodeCertificateRequest, ctx: RequestContext[IssueNodeCertificateRequest, IssueNodeCertificateResponse], /) -> IssueNodeCertificateResponse:
         """
         The node's certificate for the mutual-TLS node link (SECURITY.md: the node link). On the
-        control plane's main port, authenticated by the node's join token: the first answer to a
-        token uses it up (a retry with the same public key gets the same certificate; another key
-        is refused: make a new join token); with csr_pem empty it answers only where this replica
-        serves the node port, and the cluster CA. On the node port (the node's current
-        certificate): a renewal, for the same node. The node checks the CA against the pin in its
-        join token before it trusts the answer. FAILED_PRECONDITION from a control plane that runs
-        with --insecure-node-link.
+        control plane's main port, authenticated by the node's join token (its proof, join_proof,
+        not the token itself): the first answer to a token uses it up (a retry with the same
+        public key gets the same certificate; another key is refused: make a new join token);
+        with csr_pem empty it answers anyone where this replica serves the node port, and the
+        cluster CA (both public). On the node port (the node's current certificate and token): a
+        renewal, for the same node. The node checks the CA against the pin in its join token
+        before it trusts the answer. FAILED_PRECONDITION from a control plane that runs with
+        --insecure-node-link.
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -479,13 +480,14 @@ class NodeServiceClient(ConnectClient):
     ) -> IssueNodeCertificateResponse:
         """
         The node's certificate for the mutual-TLS node link (SECURITY.md: the node link). On the
-        control plane's main port, authenticated by the node's join token: the first answer to a
-        token uses it up (a retry with the same public key gets the same certificate; another key
-        is refused: make a new join token); with csr_pem empty it answers only where this replica
-        serves the node port, and the cluster CA. On the node port (the node's current
-        certificate): a renewal, for the same node. The node checks the CA against the pin in its
-        join token before it trusts the answer. FAILED_PRECONDITION from a control plane that runs
-        with --insecure-node-link.
+        control plane's main port, authenticated by the node's join token (its proof, join_proof,
+        not the token itself): the first answer to a token uses it up (a retry with the same
+        public key gets the same certificate; another key is refused: make a new join token);
+        with csr_pem empty it answers anyone where this replica serves the node port, and the
+        cluster CA (both public). On the node port (the node's current certificate and token): a
+        renewal, for the same node. The node checks the CA against the pin in its join token
+        before it trusts the answer. FAILED_PRECONDITION from a control plane that runs with
+        --insecure-node-link.
         """
         return await self.execute_unary(
             request=request,
@@ -571,13 +573,14 @@ class NodeServiceSync(Protocol):
     def issue_node_certificate(self, request: IssueNodeCertificateRequest, ctx: RequestContext[IssueNodeCertificateRequest, IssueNodeCertificateResponse], /) -> IssueNodeCertificateResponse:
         """
         The node's certificate for the mutual-TLS node link (SECURITY.md: the node link). On the
-        control plane's main port, authenticated by the node's join token: the first answer to a
-        token uses it up (a retry with the same public key gets the same certificate; another key
-        is refused: make a new join token); with csr_pem empty it answers only where this replica
-        serves the node port, and the cluster CA. On the node port (the node's current
-        certificate): a renewal, for the same node. The node checks the CA against the pin in its
-        join token before it trusts the answer. FAILED_PRECONDITION from a control plane that runs
-        with --insecure-node-link.
+        control plane's main port, authenticated by the node's join token (its proof, join_proof,
+        not the token itself): the first answer to a token uses it up (a retry with the same
+        public key gets the same certificate; another key is refused: make a new join token);
+        with csr_pem empty it answers anyone where this replica serves the node port, and the
+        cluster CA (both public). On the node port (the node's current certificate and token): a
+        renewal, for the same node. The node checks the CA against the pin in its join token
+        before it trusts the answer. FAILED_PRECONDITION from a control plane that runs with
+        --insecure-node-link.
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -941,13 +944,14 @@ class NodeServiceClientSync(ConnectClientSync):
     ) -> IssueNodeCertificateResponse:
         """
         The node's certificate for the mutual-TLS node link (SECURITY.md: the node link). On the
-        control plane's main port, authenticated by the node's join token: the first answer to a
-        token uses it up (a retry with the same public key gets the same certificate; another key
-        is refused: make a new join token); with csr_pem empty it answers only where this replica
-        serves the node port, and the cluster CA. On the node port (the node's current
-        certificate): a renewal, for the same node. The node checks the CA against the pin in its
-        join token before it trusts the answer. FAILED_PRECONDITION from a control plane that runs
-        with --insecure-node-link.
+        control plane's main port, authenticated by the node's join token (its proof, join_proof,
+        not the token itself): the first answer to a token uses it up (a retry with the same
+        public key gets the same certificate; another key is refused: make a new join token);
+        with csr_pem empty it answers anyone where this replica serves the node port, and the
+        cluster CA (both public). On the node port (the node's current certificate and token): a
+        renewal, for the same node. The node checks the CA against the pin in its join token
+        before it trusts the answer. FAILED_PRECONDITION from a control plane that runs with
+        --insecure-node-link.
         """
         return self.execute_unary(
             request=request,

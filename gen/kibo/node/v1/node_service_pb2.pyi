@@ -7,12 +7,14 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class IssueNodeCertificateRequest(_message.Message):
-    __slots__ = ("node_id", "csr_pem")
+    __slots__ = ("node_id", "csr_pem", "join_proof")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     CSR_PEM_FIELD_NUMBER: _ClassVar[int]
+    JOIN_PROOF_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     csr_pem: str
-    def __init__(self, node_id: _Optional[str] = ..., csr_pem: _Optional[str] = ...) -> None: ...
+    join_proof: str
+    def __init__(self, node_id: _Optional[str] = ..., csr_pem: _Optional[str] = ..., join_proof: _Optional[str] = ...) -> None: ...
 
 class IssueNodeCertificateResponse(_message.Message):
     __slots__ = ("certificate_pem", "ca_certificate_pem", "node_port")

@@ -43,13 +43,14 @@ type NodeServiceClient interface {
 	// renews again.
 	RenewLease(ctx context.Context, in *RenewLeaseRequest, opts ...grpc.CallOption) (*RenewLeaseResponse, error)
 	// The node's certificate for the mutual-TLS node link (SECURITY.md: the node link). On the
-	// control plane's main port, authenticated by the node's join token: the first answer to a
-	// token uses it up (a retry with the same public key gets the same certificate; another key
-	// is refused: make a new join token); with csr_pem empty it answers only where this replica
-	// serves the node port, and the cluster CA. On the node port (the node's current
-	// certificate): a renewal, for the same node. The node checks the CA against the pin in its
-	// join token before it trusts the answer. FAILED_PRECONDITION from a control plane that runs
-	// with --insecure-node-link.
+	// control plane's main port, authenticated by the node's join token (its proof, join_proof,
+	// not the token itself): the first answer to a token uses it up (a retry with the same
+	// public key gets the same certificate; another key is refused: make a new join token);
+	// with csr_pem empty it answers anyone where this replica serves the node port, and the
+	// cluster CA (both public). On the node port (the node's current certificate and token): a
+	// renewal, for the same node. The node checks the CA against the pin in its join token
+	// before it trusts the answer. FAILED_PRECONDITION from a control plane that runs with
+	// --insecure-node-link.
 	IssueNodeCertificate(ctx context.Context, in *IssueNodeCertificateRequest, opts ...grpc.CallOption) (*IssueNodeCertificateResponse, error)
 }
 
@@ -195,13 +196,14 @@ type NodeServiceServer interface {
 	// renews again.
 	RenewLease(context.Context, *RenewLeaseRequest) (*RenewLeaseResponse, error)
 	// The node's certificate for the mutual-TLS node link (SECURITY.md: the node link). On the
-	// control plane's main port, authenticated by the node's join token: the first answer to a
-	// token uses it up (a retry with the same public key gets the same certificate; another key
-	// is refused: make a new join token); with csr_pem empty it answers only where this replica
-	// serves the node port, and the cluster CA. On the node port (the node's current
-	// certificate): a renewal, for the same node. The node checks the CA against the pin in its
-	// join token before it trusts the answer. FAILED_PRECONDITION from a control plane that runs
-	// with --insecure-node-link.
+	// control plane's main port, authenticated by the node's join token (its proof, join_proof,
+	// not the token itself): the first answer to a token uses it up (a retry with the same
+	// public key gets the same certificate; another key is refused: make a new join token);
+	// with csr_pem empty it answers anyone where this replica serves the node port, and the
+	// cluster CA (both public). On the node port (the node's current certificate and token): a
+	// renewal, for the same node. The node checks the CA against the pin in its join token
+	// before it trusts the answer. FAILED_PRECONDITION from a control plane that runs with
+	// --insecure-node-link.
 	IssueNodeCertificate(context.Context, *IssueNodeCertificateRequest) (*IssueNodeCertificateResponse, error)
 	mustEmbedUnimplementedNodeServiceServer()
 }
