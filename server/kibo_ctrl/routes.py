@@ -70,8 +70,6 @@ def observation_service(api: Api) -> Service:
                 obs.ListWorkspaceInstancesResponse,
                 api.list_workspace_instances,
             ),
-            Unary("ListEvents", obs.ListEventsRequest, obs.ListEventsResponse, api.events.list_events),
-            ServerStream("WatchEvents", obs.WatchEventsRequest, obs.WatchEventsResponse, api.events.watch_events),
         ),
     )
 

@@ -405,7 +405,9 @@ class PostgresStore:
     def __init__(self, dsn: str, loop: asyncio.AbstractEventLoop, clock: Clock = SYSTEM_CLOCK) -> None:
         self.dsn = dsn
         self.where = describe(dsn)
+        # Not the commits' time (the database's clock is, _commit_batch); kept for the Store API.
         self._clock = clock
+        self._last_now = 0.0
         self._loop = loop
         self._listeners: list[Callable[[Changes], None]] = []
         self._commit_observers: list[CommitObserver] = []
@@ -559,12 +561,19 @@ class PostgresStore:
             connection.drop()
 
     def _commit_batch(self, connection: Connection, batch: list[_Job]) -> None:
-        now = self._clock.now()
         started = time.perf_counter()
         took: float | None = None
         try:
             conn = connection.begin("BEGIN ISOLATION LEVEL READ COMMITTED")
-            conn.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_LOCK,))
+            # The commit's time is the database's, read under the write lock: every replica
+            # stamps with one clock (node leases compare across replicas), and commit times
+            # never go back from one batch to the next, whichever replica writes.
+            row = conn.execute(
+                "SELECT pg_advisory_xact_lock(%s)::text, extract(epoch FROM clock_timestamp())::float8", (WRITE_LOCK,)
+            ).fetchone()
+            assert row is not None
+            now = max(float(row[1]), self._last_now)
+            self._last_now = now
             # Under the lock: no other replica can take the lease before this batch commits.
             leader = current(conn) if any(job.fence is not None for job in batch) else None
             outcomes, changes = _run_jobs(conn, batch, now, leader)
