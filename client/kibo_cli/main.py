@@ -9,7 +9,7 @@ import kibotos
 import typer
 from kibotos.token_discovery import discover
 
-from . import exit_codes, nodes, volumes_and_commands, workspace
+from . import events, exit_codes, nodes, volumes_and_commands, workspace
 from .help import command_of
 from .session import Settings, use
 
@@ -32,6 +32,7 @@ app.add_typer(volumes_and_commands.command_app, name="command")
 app.add_typer(volumes_and_commands.volume_app, name="volume")
 app.add_typer(nodes.app, name="node")
 app.command("capabilities")(volumes_and_commands.capabilities)
+app.command("events")(events.events)
 
 
 @app.callback()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from google.protobuf.timestamp_pb2 import Timestamp
 from kibo.ctrl.v1 import volume_service_pb2 as vol_pb2
@@ -36,6 +37,22 @@ def timestamp(value: ExpireTime) -> Timestamp:
     else:
         stamp.FromNanoseconds(int(value * 1_000_000_000))
     return stamp
+
+
+def event_filters(
+    types: Sequence[int],
+    workspace_id: str,
+    node_id: str,
+    start_time: ExpireTime | None,
+    end_time: ExpireTime | None,
+) -> dict[str, Any]:
+    """The filters ListEventsRequest and WatchEventsRequest share, as their keyword arguments."""
+    filters: dict[str, Any] = {"types": list(types), "workspace_id": workspace_id, "node_id": node_id}
+    if start_time is not None:
+        filters["start_time"] = timestamp(start_time)
+    if end_time is not None:
+        filters["end_time"] = timestamp(end_time)
+    return filters
 
 
 def create(

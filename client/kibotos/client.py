@@ -205,6 +205,80 @@ class Client:
             if not token:
                 return
 
+    def list_events(
+        self,
+        *,
+        types: Sequence[int] = (),
+        workspace_id: str = "",
+        node_id: str = "",
+        start_time: build.ExpireTime | None = None,
+        end_time: build.ExpireTime | None = None,
+        page_size: int = 0,
+    ) -> Iterator[obs_pb2.WorkspaceEvent]:
+        """Every matching event of the workspaces this token sees (an operator's: every
+        tenant's), oldest first, page after page. `types`: EventType values (none: all);
+        `start_time` inclusive, `end_time` exclusive."""
+        filters = build.event_filters(types, workspace_id, node_id, start_time, end_time)
+        for page in self._event_pages(filters, page_size):
+            yield from page.events
+
+    def _event_pages(self, filters: dict[str, Any], page_size: int) -> Iterator[obs_pb2.ListEventsResponse]:
+        token = ""
+        while True:
+            request = obs_pb2.ListEventsRequest(page_size=page_size, page_token=token, **filters)
+            response: obs_pb2.ListEventsResponse = self._call(self.observation.ListEvents, request)
+            yield response
+            token = response.next_page_token
+            if not token:
+                return
+
+    def watch_events(
+        self,
+        *,
+        types: Sequence[int] = (),
+        workspace_id: str = "",
+        node_id: str = "",
+        start_time: build.ExpireTime | None = None,
+        end_time: build.ExpireTime | None = None,
+        after_sequence: int = 0,
+        history: bool = False,
+        reconnect: bool = True,
+    ) -> Generator[obs_pb2.WorkspaceEvent, None]:
+        """Matching events as they are stored, never ending by itself: those after
+        `after_sequence` (0: from now on), or with `history` first every stored one (as
+        list_events) and then the new ones. A stream that breaks (UNAVAILABLE: the server
+        restarts or stops, the network) is called again, once the channel is ready, after the
+        last event it sent: none missed, none twice (up to 10 breaks in a row with nothing
+        received; `reconnect=False`: the first one raises)."""
+        filters = build.event_filters(types, workspace_id, node_id, start_time, end_time)
+        resume = after_sequence
+        if history:
+            if after_sequence:
+                raise ValueError("give after_sequence or history, not both")
+            for page in self._event_pages(filters, 1000):
+                yield from page.events
+                resume = page.resume_after_sequence
+        breaks = 0
+        while True:
+            call = self.observation.WatchEvents(
+                obs_pb2.WatchEventsRequest(after_sequence=resume, **filters),
+                metadata=self.connection.metadata(),
+                wait_for_ready=breaks > 0,
+            )
+            try:
+                for response in call:
+                    breaks = 0
+                    resume = max(resume, response.resume_after_sequence)
+                    if response.HasField("event"):
+                        yield response.event
+                return
+            except grpc.RpcError as error:
+                breaks += 1
+                if not reconnect or error.code() != grpc.StatusCode.UNAVAILABLE or breaks > 10:
+                    raise self.connection.explain(from_rpc_error(error)) from None
+            finally:
+                call.cancel()
+
     def list_workspace_instances(self, workspace_id: str) -> list[obs_pb2.Instance]:
         """The workspace's instances (one per execution: the current one and those still held)."""
         response: obs_pb2.ListWorkspaceInstancesResponse = self._call(

@@ -284,7 +284,8 @@ def serve(
         int,
         typer.Option(
             min=0,
-            help="WatchWorkspace streams a tenant may hold open at once; past it RESOURCE_EXHAUSTED. 0: no limit.",
+            help="WatchWorkspace and WatchEvents streams a tenant may hold open at once, together; past it "
+            "RESOURCE_EXHAUSTED. 0: no limit.",
         ),
     ] = WATCHES_PER_TENANT,
     quota_workspaces: Annotated[int, typer.Option(min=0, help="Workspaces per tenant; 0: no limit.")] = 0,

@@ -70,6 +70,8 @@ def observation_service(api: Api) -> Service:
                 obs.ListWorkspaceInstancesResponse,
                 api.list_workspace_instances,
             ),
+            Unary("ListEvents", obs.ListEventsRequest, obs.ListEventsResponse, api.list_events),
+            ServerStream("WatchEvents", obs.WatchEventsRequest, obs.WatchEventsResponse, api.watch_events),
         ),
     )
 

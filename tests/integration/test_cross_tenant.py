@@ -184,6 +184,10 @@ CASES: dict[str, tuple[Case, ...]] = {
     "WorkspaceObservationService/ListWorkspaceEvents": (
         Case("workspace", lambda i, w: obs.ListWorkspaceEventsRequest(workspace_id=i)),
     ),
+    "WorkspaceObservationService/ListEvents": (Case("workspace", lambda i, w: obs.ListEventsRequest(workspace_id=i)),),
+    "WorkspaceObservationService/WatchEvents": (
+        Case("workspace", lambda i, w: obs.WatchEventsRequest(workspace_id=i)),
+    ),
     "WorkspaceObservationService/ListWorkspaceInstances": (
         Case("workspace", lambda i, w: obs.ListWorkspaceInstancesRequest(workspace_id=i)),
     ),

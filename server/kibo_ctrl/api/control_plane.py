@@ -88,8 +88,15 @@ class Api:
         # A page must fit in one message (gRPC refuses larger ones): lists cut pages by size.
         self._page_bytes = max_message_bytes - PAGE_HEADROOM_BYTES
         self._list_slots = TenantSlots(LIST_COST.per_tenant)
-        # Open WatchWorkspace streams per tenant: past the cap RESOURCE_EXHAUSTED (fairness.py).
-        self.watch_streams = TenantStreams(watches_per_tenant, "WatchWorkspace streams", "watch_streams")
+        # Open WatchWorkspace and WatchEvents streams per tenant: past the cap RESOURCE_EXHAUSTED
+        # (fairness.py).
+        self.watch_streams = TenantStreams(
+            watches_per_tenant, "WatchEvents and WatchWorkspace streams", "watch_streams"
+        )
+        # ListEvents and WatchEvents (imported here: api/events.py reads this module's page tokens).
+        from .events import EventsApi
+
+        self.events = EventsApi(store, hub, self.watch_streams)
         # The runtime that can read the cleanup status off this machine (none in the simulator).
         self._observer = observer
         self._hub = hub
@@ -390,6 +397,15 @@ class Api:
         return obs_pb2.ListWorkspaceEventsResponse(
             events=[render.event(e) for e in events[:size]], next_page_token=token
         )
+
+    def list_events(self, request: obs_pb2.ListEventsRequest, caller: Caller) -> Awaitable[obs_pb2.ListEventsResponse]:
+        """Fleet-wide events: api/events.py."""
+        return self.events.list_events(request, caller)
+
+    def watch_events(
+        self, request: obs_pb2.WatchEventsRequest, caller: Caller
+    ) -> AsyncGenerator[obs_pb2.WatchEventsResponse, None]:
+        return self.events.watch_events(request, caller)
 
     async def list_workspace_instances(
         self, request: obs_pb2.ListWorkspaceInstancesRequest, caller: Caller

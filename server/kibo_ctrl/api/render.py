@@ -167,6 +167,8 @@ def event(record: Event) -> obs_pb2.WorkspaceEvent:
         command_id=record.command_id,
         message=record.message,
         execution_generation=record.generation,
+        workspace_id=record.workspace_id,
+        node_id=record.node_id,
     )
 
 

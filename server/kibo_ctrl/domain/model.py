@@ -405,6 +405,11 @@ class Event(msgspec.Struct):
     message: str = ""
     generation: int = 0
     seq: int = 0
+    # Its workspace's tenant (whose events lists and watches show it), and the node it
+    # concerns ("" if none). Events stored before these existed read theirs from the store's
+    # columns (a migration filled the tenant in).
+    tenant: str = ""
+    node_id: str = ""
 
 
 class Node(msgspec.Struct):

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from enum import Enum
 
-from ..domain.model import Command, Workspace
+from ..domain.model import Command, Event, Workspace
 from ..store.base import Changes
 
 WATCH_QUEUE = 1024
@@ -42,6 +42,8 @@ class Hub:
         self._waiters: dict[str, list[asyncio.Future[Finished]]] = defaultdict(list)
         self._listeners: list[Callable[[Changes], None]] = []
         self._finished: OrderedDict[str, Finished] = OrderedDict()
+        # Fleet-wide event watchers (WatchEvents), by tenant (None: every tenant's events).
+        self._event_watchers: dict[str | None, set[asyncio.Queue[list[Event] | Signal]]] = defaultdict(set)
         self._closed = False
 
     def close(self) -> None:
@@ -51,6 +53,10 @@ class Hub:
             for watcher in watchers:
                 _drain(watcher)
                 watcher.put_nowait(Signal.CLOSED)
+        for event_watchers in self._event_watchers.values():
+            for event_watcher in event_watchers:
+                _drain(event_watcher)
+                event_watcher.put_nowait(Signal.CLOSED)
 
     def listen(self, listener: Callable[[Changes], None]) -> None:
         self._listeners.append(listener)
@@ -64,6 +70,8 @@ class Hub:
                     # Too slow a reader: tell it to resynchronise from the store.
                     _drain(watcher)
                     watcher.put_nowait(Signal.RESYNC)
+        if changes.events and self._event_watchers:
+            self._publish_events(changes.events)
         for command in changes.commands.values():
             if command.terminal:
                 finished = Finished(command, changes.workspaces.get(command.workspace_id))
@@ -97,6 +105,40 @@ class Hub:
                 if not watchers:
                     del self._watchers[workspace_id]
 
+    def _publish_events(self, events: list[Event]) -> None:
+        """Each commit's events, in sequence order (the store publishes commits in commit
+        order, which is sequence order), to the watchers of their tenant and of every tenant."""
+        by_tenant: dict[str, list[Event]] = defaultdict(list)
+        for event in events:
+            by_tenant[event.tenant].append(event)
+        for tenant, watchers in self._event_watchers.items():
+            batch = events if tenant is None else by_tenant.get(tenant)
+            if not batch:
+                continue
+            for watcher in watchers:
+                try:
+                    watcher.put_nowait(batch)
+                except asyncio.QueueFull:
+                    # Too slow a reader: it reads on from the store, after what it has sent.
+                    _drain(watcher)
+                    watcher.put_nowait(Signal.RESYNC)
+
+    @contextlib.contextmanager
+    def watch_events(self, tenant: str | None) -> Iterator[asyncio.Queue[list[Event] | Signal]]:
+        """Each commit's events of `tenant` (None: of every tenant), or a Signal."""
+        queue: asyncio.Queue[list[Event] | Signal] = asyncio.Queue(WATCH_QUEUE)
+        if self._closed:
+            queue.put_nowait(Signal.CLOSED)
+        self._event_watchers[tenant].add(queue)
+        try:
+            yield queue
+        finally:
+            watchers = self._event_watchers.get(tenant)
+            if watchers is not None:
+                watchers.discard(queue)
+                if not watchers:
+                    del self._event_watchers[tenant]
+
     @property
     def watcher_count(self) -> int:
         return sum(len(w) for w in self._watchers.values())
@@ -120,7 +162,7 @@ class Hub:
                 del self._waiters[command_key]
 
 
-def _drain(queue: asyncio.Queue[Workspace | Signal]) -> None:
+def _drain(queue: asyncio.Queue[Workspace | Signal] | asyncio.Queue[list[Event] | Signal]) -> None:
     while not queue.empty():
         queue.get_nowait()
 

@@ -66,8 +66,15 @@ def event(tx: Tx, workspace: Workspace, type_: EventType, *, command_id: str = "
             command_id=command_id,
             message=message,
             generation=workspace.generation,
+            tenant=workspace.tenant,
+            node_id=event_node(workspace),
         )
     )
+
+
+def event_node(workspace: Workspace) -> str:
+    """The node an event of the workspace concerns: where it runs, else where its disks are."""
+    return workspace.node_id or workspace.storage_node or ""
 
 
 def save(tx: Tx, workspace: Workspace, instance: Instance | None, *, command_id: str = "", message: str = "") -> None:
@@ -88,6 +95,8 @@ def save(tx: Tx, workspace: Workspace, instance: Instance | None, *, command_id:
                 command_id=command_id or (workspace.active_command or ""),
                 message=message,
                 generation=workspace.generation,
+                tenant=workspace.tenant,
+                node_id=event_node(workspace),
             )
         )
         workspace.state = new

@@ -13,7 +13,7 @@ from typing import Concatenate, ParamSpec, Protocol, TypeVar
 
 from ..domain.access import TokenRecord
 from ..domain.certificates import ClusterCa, NodeIssuance
-from ..domain.model import Command, Event, Instance, Volume, Workspace, WorkspaceState
+from ..domain.model import Command, Event, EventType, Instance, Volume, Workspace, WorkspaceState
 from ..domain.nodes import NodeRecord
 
 T = TypeVar("T")
@@ -58,6 +58,45 @@ class WorkspaceQuery:
     # (state, equal?) and (label key, value, equal?) conditions, all ANDed.
     states: tuple[tuple[WorkspaceState, bool], ...] = ()
     labels: tuple[tuple[str, str, bool], ...] = ()
+
+
+@dataclass(frozen=True)
+class EventQuery:
+    """The events a fleet-wide list or watch wants (api/events.py), after `after_seq`.
+    `tenant` None: every tenant's (an operator's). Every other field narrows ("" and empty:
+    any); times are the events' own, `start_time` inclusive, `end_time` exclusive."""
+
+    tenant: str | None
+    after_seq: int = 0
+    workspace_id: str = ""
+    node_id: str = ""
+    types: frozenset[EventType] = frozenset()
+    start_time: float | None = None
+    end_time: float | None = None
+
+    def matches(self, event: Event) -> bool:
+        """The stores' SQL condition (records.py, event_scan), on an event as published."""
+        return (
+            (self.tenant is None or event.tenant == self.tenant)
+            and (not self.workspace_id or event.workspace_id == self.workspace_id)
+            and (not self.node_id or event.node_id == self.node_id)
+            and (not self.types or event.type in self.types)
+            and (self.start_time is None or event.time >= self.start_time)
+            and (self.end_time is None or event.time < self.end_time)
+        )
+
+
+@dataclass(frozen=True)
+class EventSlice:
+    """What one bounded scan of events found: the matching ones in sequence order, where the
+    scan stopped (`last_seq`: the last row read, matching or not; 0 when it read none),
+    `exhausted` (no row of the query's range lies beyond it), and `newest`: the newest event
+    of any tenant in the same snapshot."""
+
+    events: list[Event]
+    last_seq: int
+    exhausted: bool
+    newest: int
 
 
 class ListedWorkspace:
@@ -114,6 +153,12 @@ class Reader(Protocol):
     def find_token(self, digest: str) -> TokenRecord | None: ...
     def list_tokens(self) -> list[TokenRecord]: ...
     def list_events(self, workspace_id: str, after_seq: int, limit: int) -> list[Event]: ...
+    def scan_events(self, query: EventQuery, max_rows: int, want: int) -> EventSlice:
+        """The next `max_rows` events of the query's range (its workspace's, else its tenant's,
+        else all) after `query.after_seq`, matched against the query, up to `want` matches: a
+        read whose cost is bounded by `max_rows` whatever the filter (as scan_workspaces)."""
+        ...
+
     def list_instances(self, workspace_id: str) -> list[Instance]: ...
     def unscheduled_instances(self) -> list[Instance]: ...
     def unscheduled_besides(self, instance_id: str) -> bool:

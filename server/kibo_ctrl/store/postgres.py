@@ -47,7 +47,17 @@ from ..domain.clock import SYSTEM_CLOCK, Clock
 from ..domain.errors import StoreError
 from ..domain.model import Command, Event, Instance, Volume, Workspace, WorkspaceState
 from ..domain.nodes import NodeRecord
-from .base import Changes, CommitObserver, ListedWorkspace, Reader, Tx, WorkspaceQuery, WorkspaceSlice
+from .base import (
+    Changes,
+    CommitObserver,
+    EventQuery,
+    EventSlice,
+    ListedWorkspace,
+    Reader,
+    Tx,
+    WorkspaceQuery,
+    WorkspaceSlice,
+)
 from .postgres_conn import WRITE_LOCK, Connection, connect, describe, migrate, store_error
 from .postgres_feed import Entry, Feed, newest
 from .postgres_leader import FENCE, current, deposed
@@ -60,6 +70,9 @@ from .records import (
     NODE,
     VOLUME,
     WORKSPACE,
+    event_columns,
+    event_scan,
+    event_slice,
     instance_active,
     instance_unscheduled,
     listed_workspace,
@@ -160,6 +173,12 @@ class PostgresReader:
             event.seq = int(seq)
             events.append(event)
         return events
+
+    def scan_events(self, query: EventQuery, max_rows: int, want: int) -> EventSlice:
+        sql, args = event_scan(query, max_rows, "%s")
+        rows = self._conn.execute(sql, args).fetchall()
+        row = self._conn.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchone()
+        return event_slice(rows, max_rows, want, 0 if row is None else int(row[0]))
 
     def list_instances(self, workspace_id: str) -> list[Instance]:
         rows = self._all("SELECT data FROM instances WHERE workspace_id = %s ORDER BY ord", (workspace_id,))
@@ -333,8 +352,9 @@ class PostgresTx(PostgresReader):
 
     def add_event(self, event: Event) -> None:
         row = self._conn.execute(
-            "INSERT INTO events (workspace_id, data) VALUES (%s, %s) RETURNING seq",
-            (event.workspace_id, ENCODER.encode(event)),
+            "INSERT INTO events (workspace_id, tenant, node_id, event_type, event_time, data) "
+            "VALUES (%s, %s, %s, %s, %s, %s) RETURNING seq",
+            (*event_columns(event), ENCODER.encode(event)),
         ).fetchone()
         assert row is not None
         event.seq = int(row[0])

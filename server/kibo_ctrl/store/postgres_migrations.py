@@ -124,4 +124,18 @@ MIGRATIONS: tuple[str, ...] = (
         issue_time DOUBLE PRECISION NOT NULL
     );
     """,
+    # 5: fleet-wide events (SQLite's migration 6): each event's tenant, node, type and time as
+    # columns, filled in from the records (and the tenant from the workspace), and the index a
+    # tenant's events are listed by.
+    """
+    ALTER TABLE events ADD COLUMN tenant TEXT NOT NULL DEFAULT '';
+    ALTER TABLE events ADD COLUMN node_id TEXT NOT NULL DEFAULT '';
+    ALTER TABLE events ADD COLUMN event_type INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE events ADD COLUMN event_time DOUBLE PRECISION NOT NULL DEFAULT 0;
+    UPDATE events SET
+        tenant = COALESCE((SELECT tenant FROM workspaces WHERE workspaces.id = events.workspace_id), 'default'),
+        event_type = COALESCE((convert_from(data, 'UTF8')::json ->> 'type')::integer, 0),
+        event_time = COALESCE((convert_from(data, 'UTF8')::json ->> 'time')::double precision, 0);
+    CREATE INDEX events_tenant ON events (tenant, seq);
+    """,
 )

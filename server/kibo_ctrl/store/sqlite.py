@@ -32,7 +32,17 @@ from ..domain.clock import SYSTEM_CLOCK, Clock
 from ..domain.errors import StoreError, Unavailable
 from ..domain.model import Command, Event, Instance, Volume, Workspace, WorkspaceState
 from ..domain.nodes import NodeRecord
-from .base import Changes, CommitObserver, ListedWorkspace, Reader, Tx, WorkspaceQuery, WorkspaceSlice
+from .base import (
+    Changes,
+    CommitObserver,
+    EventQuery,
+    EventSlice,
+    ListedWorkspace,
+    Reader,
+    Tx,
+    WorkspaceQuery,
+    WorkspaceSlice,
+)
 from .migrations import MIGRATIONS
 from .records import COMMAND as _COMMAND
 from .records import ENCODER as _ENCODER
@@ -41,7 +51,15 @@ from .records import INSTANCE as _INSTANCE
 from .records import NODE as _NODE
 from .records import VOLUME as _VOLUME
 from .records import WORKSPACE as _WORKSPACE
-from .records import instance_active, instance_unscheduled, listed_workspace, workspace_storage_pending
+from .records import (
+    event_columns,
+    event_scan,
+    event_slice,
+    instance_active,
+    instance_unscheduled,
+    listed_workspace,
+    workspace_storage_pending,
+)
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -156,6 +174,12 @@ class SqliteReader:
             event.seq = int(seq)
             events.append(event)
         return events
+
+    def scan_events(self, query: EventQuery, max_rows: int, want: int) -> EventSlice:
+        sql, args = event_scan(query, max_rows, "?")
+        rows = self._conn.execute(sql, args).fetchall()
+        newest = int(self._conn.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchone()[0])
+        return event_slice(rows, max_rows, want, newest)
 
     def list_instances(self, workspace_id: str) -> list[Instance]:
         rows = self._conn.execute("SELECT data FROM instances WHERE workspace_id = ? ORDER BY rowid", (workspace_id,))
@@ -319,7 +343,9 @@ class SqliteTx(SqliteReader):
 
     def add_event(self, event: Event) -> None:
         cursor = self._conn.execute(
-            "INSERT INTO events (workspace_id, data) VALUES (?, ?)", (event.workspace_id, _ENCODER.encode(event))
+            "INSERT INTO events (workspace_id, tenant, node_id, event_type, event_time, data) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            (*event_columns(event), _ENCODER.encode(event)),
         )
         event.seq = int(cursor.lastrowid or 0)
         self.changes.events.append(event)

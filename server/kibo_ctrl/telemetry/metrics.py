@@ -120,7 +120,9 @@ class Metrics:
             registry=registry,
         )
         self.watch_streams = Gauge(
-            "kibo_watch_streams_open", "WatchWorkspace streams open now (both transports).", registry=registry
+            "kibo_watch_streams_open",
+            "WatchWorkspace and WatchEvents streams open now (both transports).",
+            registry=registry,
         )
         self.runtime_duration = Histogram(
             "kibo_runtime_operation_duration_seconds",
@@ -285,7 +287,12 @@ def outcome_of(command: Command) -> str:
 class RpcMetrics:
     """transport/rpc.py `RpcObserver` for one transport ("grpc" or "connect")."""
 
-    WATCH = ("kibo.ctrl.v1.WorkspaceService", "WatchWorkspace")
+    WATCHES = frozenset(
+        {
+            ("kibo.ctrl.v1.WorkspaceService", "WatchWorkspace"),
+            ("kibo.ctrl.v1.WorkspaceObservationService", "WatchEvents"),
+        }
+    )
 
     def __init__(self, metrics: Metrics, transport: str) -> None:
         self._metrics = metrics
@@ -298,7 +305,7 @@ class RpcMetrics:
     def started(self, service: str, method: str, stream: bool) -> None:
         if stream:
             self._metrics.rpc_streams_open.labels(self._transport, service, method).inc()
-            if (service, method) == self.WATCH:
+            if (service, method) in self.WATCHES:
                 self._metrics.watch_streams.inc()
 
     def finished(self, service: str, method: str, stream: bool, code: str, seconds: float) -> None:
@@ -315,5 +322,5 @@ class RpcMetrics:
         duration.observe(seconds)
         if stream:
             metrics.rpc_streams_open.labels(self._transport, service, method).dec()
-            if (service, method) == self.WATCH:
+            if (service, method) in self.WATCHES:
                 metrics.watch_streams.dec()

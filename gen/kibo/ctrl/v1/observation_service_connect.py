@@ -21,10 +21,10 @@ from connectrpc.protocol import ProtocolType
 from connectrpc.server import ConnectASGIApplication, ConnectWSGIApplication, DEFAULT_READ_MAX_BYTES, Endpoint, EndpointSync
 from pyqwest import Client, SyncClient
 
-from .observation_service_pb2 import GetWorkspaceCleanupRequest, GetWorkspaceCleanupResponse, ListWorkspaceEventsRequest, ListWorkspaceEventsResponse, ListWorkspaceInstancesRequest, ListWorkspaceInstancesResponse
+from .observation_service_pb2 import GetWorkspaceCleanupRequest, GetWorkspaceCleanupResponse, ListEventsRequest, ListEventsResponse, ListWorkspaceEventsRequest, ListWorkspaceEventsResponse, ListWorkspaceInstancesRequest, ListWorkspaceInstancesResponse, WatchEventsRequest, WatchEventsResponse
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncGenerator, Iterable, Mapping
+    from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Iterator, Mapping
 
     from connectrpc.codec import Codec
     from connectrpc.compression import Compression
@@ -50,6 +50,24 @@ class WorkspaceObservationService(Protocol):
     async def list_workspace_instances(self, request: ListWorkspaceInstancesRequest, ctx: RequestContext[ListWorkspaceInstancesRequest, ListWorkspaceInstancesResponse], /) -> ListWorkspaceInstancesResponse:
         """
         Every execution (instance) of a workspace with its internal runtime status.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    async def list_events(self, request: ListEventsRequest, ctx: RequestContext[ListEventsRequest, ListEventsResponse], /) -> ListEventsResponse:
+        """
+        The events of every workspace the caller may see, oldest first (by sequence), filtered:
+        its own tenant's; an operator token's, every tenant's. A workspace_id naming a workspace
+        the caller cannot see is NOT_FOUND (another tenant's as a missing one).
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    def watch_events(self, request: WatchEventsRequest, ctx: RequestContext[WatchEventsRequest, WatchEventsResponse], /) -> AsyncIterator[WatchEventsResponse]:
+        """
+        The same events as they are stored, in sequence order, from any replica: first a message
+        with no event (the stream is open; where it starts), then one message per event. A
+        client that loses the stream calls again with after_sequence = the last message's
+        resume_after_sequence, on any replica, and misses none and sees none twice. Counts
+        against the tenant's open watches (kibo-ctrl serve --max-watches-per-tenant).
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -99,6 +117,28 @@ class WorkspaceObservationServiceASGIApplication(ConnectASGIApplication[Workspac
                         stream_type=StreamType.UNARY,
                     ),
                     function=svc.list_workspace_instances,
+                ),
+                "/kibo.ctrl.v1.WorkspaceObservationService/ListEvents": Endpoint.unary(
+                    method=MethodInfo(
+                        name="ListEvents",
+                        service_name="kibo.ctrl.v1.WorkspaceObservationService",
+                        input=ListEventsRequest,
+                        output=ListEventsResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=svc.list_events,
+                ),
+                "/kibo.ctrl.v1.WorkspaceObservationService/WatchEvents": Endpoint.server_stream(
+                    method=MethodInfo(
+                        name="WatchEvents",
+                        service_name="kibo.ctrl.v1.WorkspaceObservationService",
+                        input=WatchEventsRequest,
+                        output=WatchEventsResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.SERVER_STREAM,
+                    ),
+                    function=svc.watch_events,
                 ),
             },
             interceptors=interceptors,
@@ -204,6 +244,58 @@ class WorkspaceObservationServiceClient(ConnectClient):
             headers=headers,
             timeout_ms=timeout_ms,
         )
+    async def list_events(
+        self,
+        request: ListEventsRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> ListEventsResponse:
+        """
+        The events of every workspace the caller may see, oldest first (by sequence), filtered:
+        its own tenant's; an operator token's, every tenant's. A workspace_id naming a workspace
+        the caller cannot see is NOT_FOUND (another tenant's as a missing one).
+        """
+        return await self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="ListEvents",
+                service_name="kibo.ctrl.v1.WorkspaceObservationService",
+                input=ListEventsRequest,
+                output=ListEventsResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    def watch_events(
+        self,
+        request: WatchEventsRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> AsyncIterator[WatchEventsResponse]:
+        """
+        The same events as they are stored, in sequence order, from any replica: first a message
+        with no event (the stream is open; where it starts), then one message per event. A
+        client that loses the stream calls again with after_sequence = the last message's
+        resume_after_sequence, on any replica, and misses none and sees none twice. Counts
+        against the tenant's open watches (kibo-ctrl serve --max-watches-per-tenant).
+        """
+        return self.execute_server_stream(
+            request=request,
+            method=MethodInfo(
+                name="WatchEvents",
+                service_name="kibo.ctrl.v1.WorkspaceObservationService",
+                input=WatchEventsRequest,
+                output=WatchEventsResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.SERVER_STREAM,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
 
 class WorkspaceObservationServiceSync(Protocol):
     """
@@ -218,6 +310,24 @@ class WorkspaceObservationServiceSync(Protocol):
     def list_workspace_instances(self, request: ListWorkspaceInstancesRequest, ctx: RequestContext[ListWorkspaceInstancesRequest, ListWorkspaceInstancesResponse], /) -> ListWorkspaceInstancesResponse:
         """
         Every execution (instance) of a workspace with its internal runtime status.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    def list_events(self, request: ListEventsRequest, ctx: RequestContext[ListEventsRequest, ListEventsResponse], /) -> ListEventsResponse:
+        """
+        The events of every workspace the caller may see, oldest first (by sequence), filtered:
+        its own tenant's; an operator token's, every tenant's. A workspace_id naming a workspace
+        the caller cannot see is NOT_FOUND (another tenant's as a missing one).
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    def watch_events(self, request: WatchEventsRequest, ctx: RequestContext[WatchEventsRequest, WatchEventsResponse], /) -> Iterator[WatchEventsResponse]:
+        """
+        The same events as they are stored, in sequence order, from any replica: first a message
+        with no event (the stream is open; where it starts), then one message per event. A
+        client that loses the stream calls again with after_sequence = the last message's
+        resume_after_sequence, on any replica, and misses none and sees none twice. Counts
+        against the tenant's open watches (kibo-ctrl serve --max-watches-per-tenant).
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -265,6 +375,28 @@ class WorkspaceObservationServiceWSGIApplication(ConnectWSGIApplication):
                         stream_type=StreamType.UNARY,
                     ),
                     function=service.list_workspace_instances,
+                ),
+                "/kibo.ctrl.v1.WorkspaceObservationService/ListEvents": EndpointSync.unary(
+                    method=MethodInfo(
+                        name="ListEvents",
+                        service_name="kibo.ctrl.v1.WorkspaceObservationService",
+                        input=ListEventsRequest,
+                        output=ListEventsResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=service.list_events,
+                ),
+                "/kibo.ctrl.v1.WorkspaceObservationService/WatchEvents": EndpointSync.server_stream(
+                    method=MethodInfo(
+                        name="WatchEvents",
+                        service_name="kibo.ctrl.v1.WorkspaceObservationService",
+                        input=WatchEventsRequest,
+                        output=WatchEventsResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.SERVER_STREAM,
+                    ),
+                    function=service.watch_events,
                 ),
             },
             interceptors=interceptors,
@@ -366,6 +498,58 @@ class WorkspaceObservationServiceClientSync(ConnectClientSync):
                 output=ListWorkspaceInstancesResponse,
                 idempotency_level=IdempotencyLevel.UNKNOWN,
                 stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    def list_events(
+        self,
+        request: ListEventsRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> ListEventsResponse:
+        """
+        The events of every workspace the caller may see, oldest first (by sequence), filtered:
+        its own tenant's; an operator token's, every tenant's. A workspace_id naming a workspace
+        the caller cannot see is NOT_FOUND (another tenant's as a missing one).
+        """
+        return self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="ListEvents",
+                service_name="kibo.ctrl.v1.WorkspaceObservationService",
+                input=ListEventsRequest,
+                output=ListEventsResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    def watch_events(
+        self,
+        request: WatchEventsRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> Iterator[WatchEventsResponse]:
+        """
+        The same events as they are stored, in sequence order, from any replica: first a message
+        with no event (the stream is open; where it starts), then one message per event. A
+        client that loses the stream calls again with after_sequence = the last message's
+        resume_after_sequence, on any replica, and misses none and sees none twice. Counts
+        against the tenant's open watches (kibo-ctrl serve --max-watches-per-tenant).
+        """
+        return self.execute_server_stream(
+            request=request,
+            method=MethodInfo(
+                name="WatchEvents",
+                service_name="kibo.ctrl.v1.WorkspaceObservationService",
+                input=WatchEventsRequest,
+                output=WatchEventsResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.SERVER_STREAM,
             ),
             headers=headers,
             timeout_ms=timeout_ms,

@@ -187,7 +187,7 @@ class GetWorkspaceCleanupResponse(_message.Message):
     def __init__(self, cleanup: _Optional[_Union[WorkspaceCleanup, _Mapping]] = ...) -> None: ...
 
 class WorkspaceEvent(_message.Message):
-    __slots__ = ("sequence", "event_time", "type", "from_state", "to_state", "command_id", "message", "execution_generation")
+    __slots__ = ("sequence", "event_time", "type", "from_state", "to_state", "command_id", "message", "execution_generation", "workspace_id", "node_id")
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     EVENT_TIME_FIELD_NUMBER: _ClassVar[int]
     TYPE_FIELD_NUMBER: _ClassVar[int]
@@ -196,6 +196,8 @@ class WorkspaceEvent(_message.Message):
     COMMAND_ID_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     EXECUTION_GENERATION_FIELD_NUMBER: _ClassVar[int]
+    WORKSPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
     sequence: int
     event_time: _timestamp_pb2.Timestamp
     type: EventType
@@ -204,7 +206,9 @@ class WorkspaceEvent(_message.Message):
     command_id: str
     message: str
     execution_generation: int
-    def __init__(self, sequence: _Optional[int] = ..., event_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., type: _Optional[_Union[EventType, str]] = ..., from_state: _Optional[_Union[_workspace_pb2.WorkspaceState, str]] = ..., to_state: _Optional[_Union[_workspace_pb2.WorkspaceState, str]] = ..., command_id: _Optional[str] = ..., message: _Optional[str] = ..., execution_generation: _Optional[int] = ...) -> None: ...
+    workspace_id: str
+    node_id: str
+    def __init__(self, sequence: _Optional[int] = ..., event_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., type: _Optional[_Union[EventType, str]] = ..., from_state: _Optional[_Union[_workspace_pb2.WorkspaceState, str]] = ..., to_state: _Optional[_Union[_workspace_pb2.WorkspaceState, str]] = ..., command_id: _Optional[str] = ..., message: _Optional[str] = ..., execution_generation: _Optional[int] = ..., workspace_id: _Optional[str] = ..., node_id: _Optional[str] = ...) -> None: ...
 
 class ListWorkspaceEventsRequest(_message.Message):
     __slots__ = ("workspace_id", "page_size", "page_token")
@@ -223,6 +227,58 @@ class ListWorkspaceEventsResponse(_message.Message):
     events: _containers.RepeatedCompositeFieldContainer[WorkspaceEvent]
     next_page_token: str
     def __init__(self, events: _Optional[_Iterable[_Union[WorkspaceEvent, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class ListEventsRequest(_message.Message):
+    __slots__ = ("types", "workspace_id", "node_id", "start_time", "end_time", "page_size", "page_token")
+    TYPES_FIELD_NUMBER: _ClassVar[int]
+    WORKSPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    START_TIME_FIELD_NUMBER: _ClassVar[int]
+    END_TIME_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    types: _containers.RepeatedScalarFieldContainer[EventType]
+    workspace_id: str
+    node_id: str
+    start_time: _timestamp_pb2.Timestamp
+    end_time: _timestamp_pb2.Timestamp
+    page_size: int
+    page_token: str
+    def __init__(self, types: _Optional[_Iterable[_Union[EventType, str]]] = ..., workspace_id: _Optional[str] = ..., node_id: _Optional[str] = ..., start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class ListEventsResponse(_message.Message):
+    __slots__ = ("events", "next_page_token", "resume_after_sequence")
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    RESUME_AFTER_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    events: _containers.RepeatedCompositeFieldContainer[WorkspaceEvent]
+    next_page_token: str
+    resume_after_sequence: int
+    def __init__(self, events: _Optional[_Iterable[_Union[WorkspaceEvent, _Mapping]]] = ..., next_page_token: _Optional[str] = ..., resume_after_sequence: _Optional[int] = ...) -> None: ...
+
+class WatchEventsRequest(_message.Message):
+    __slots__ = ("types", "workspace_id", "node_id", "start_time", "end_time", "after_sequence")
+    TYPES_FIELD_NUMBER: _ClassVar[int]
+    WORKSPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    START_TIME_FIELD_NUMBER: _ClassVar[int]
+    END_TIME_FIELD_NUMBER: _ClassVar[int]
+    AFTER_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    types: _containers.RepeatedScalarFieldContainer[EventType]
+    workspace_id: str
+    node_id: str
+    start_time: _timestamp_pb2.Timestamp
+    end_time: _timestamp_pb2.Timestamp
+    after_sequence: int
+    def __init__(self, types: _Optional[_Iterable[_Union[EventType, str]]] = ..., workspace_id: _Optional[str] = ..., node_id: _Optional[str] = ..., start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., after_sequence: _Optional[int] = ...) -> None: ...
+
+class WatchEventsResponse(_message.Message):
+    __slots__ = ("event", "resume_after_sequence")
+    EVENT_FIELD_NUMBER: _ClassVar[int]
+    RESUME_AFTER_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    event: WorkspaceEvent
+    resume_after_sequence: int
+    def __init__(self, event: _Optional[_Union[WorkspaceEvent, _Mapping]] = ..., resume_after_sequence: _Optional[int] = ...) -> None: ...
 
 class Instance(_message.Message):
     __slots__ = ("instance_id", "execution_generation", "node_id", "phase", "reason", "restart_count", "holds_execution", "observe_time", "create_time")

@@ -50,6 +50,16 @@ class WorkspaceObservationServiceStub:
                 request_serializer=kibo_dot_ctrl_dot_v1_dot_observation__service__pb2.ListWorkspaceInstancesRequest.SerializeToString,
                 response_deserializer=kibo_dot_ctrl_dot_v1_dot_observation__service__pb2.ListWorkspaceInstancesResponse.FromString,
                 _registered_method=True)
+        self.ListEvents = channel.unary_unary(
+                '/kibo.ctrl.v1.WorkspaceObservationService/ListEvents',
+                request_serializer=kibo_dot_ctrl_dot_v1_dot_observation__service__pb2.ListEventsRequest.SerializeToString,
+                response_deserializer=kibo_dot_ctrl_dot_v1_dot_observation__service__pb2.ListEventsResponse.FromString,
+                _registered_method=True)
+        self.WatchEvents = channel.unary_stream(
+                '/kibo.ctrl.v1.WorkspaceObservationService/WatchEvents',
+                request_serializer=kibo_dot_ctrl_dot_v1_dot_observation__service__pb2.WatchEventsRequest.SerializeToString,
+                response_deserializer=kibo_dot_ctrl_dot_v1_dot_observation__service__pb2.WatchEventsResponse.FromString,
+                _registered_method=True)
 
 
 class WorkspaceObservationServiceServicer:
@@ -75,6 +85,26 @@ class WorkspaceObservationServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListEvents(self, request, context):
+        """The events of every workspace the caller may see, oldest first (by sequence), filtered:
+        its own tenant's; an operator token's, every tenant's. A workspace_id naming a workspace
+        the caller cannot see is NOT_FOUND (another tenant's as a missing one).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WatchEvents(self, request, context):
+        """The same events as they are stored, in sequence order, from any replica: first a message
+        with no event (the stream is open; where it starts), then one message per event. A
+        client that loses the stream calls again with after_sequence = the last message's
+        resume_after_sequence, on any replica, and misses none and sees none twice. Counts
+        against the tenant's open watches (kibo-ctrl serve --max-watches-per-tenant).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkspaceObservationServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -92,6 +122,16 @@ def add_WorkspaceObservationServiceServicer_to_server(servicer, server):
                     servicer.ListWorkspaceInstances,
                     request_deserializer=kibo_dot_ctrl_dot_v1_dot_observation__service__pb2.ListWorkspaceInstancesRequest.FromString,
                     response_serializer=kibo_dot_ctrl_dot_v1_dot_observation__service__pb2.ListWorkspaceInstancesResponse.SerializeToString,
+            ),
+            'ListEvents': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListEvents,
+                    request_deserializer=kibo_dot_ctrl_dot_v1_dot_observation__service__pb2.ListEventsRequest.FromString,
+                    response_serializer=kibo_dot_ctrl_dot_v1_dot_observation__service__pb2.ListEventsResponse.SerializeToString,
+            ),
+            'WatchEvents': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchEvents,
+                    request_deserializer=kibo_dot_ctrl_dot_v1_dot_observation__service__pb2.WatchEventsRequest.FromString,
+                    response_serializer=kibo_dot_ctrl_dot_v1_dot_observation__service__pb2.WatchEventsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -176,6 +216,60 @@ class WorkspaceObservationService:
             '/kibo.ctrl.v1.WorkspaceObservationService/ListWorkspaceInstances',
             kibo_dot_ctrl_dot_v1_dot_observation__service__pb2.ListWorkspaceInstancesRequest.SerializeToString,
             kibo_dot_ctrl_dot_v1_dot_observation__service__pb2.ListWorkspaceInstancesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListEvents(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kibo.ctrl.v1.WorkspaceObservationService/ListEvents',
+            kibo_dot_ctrl_dot_v1_dot_observation__service__pb2.ListEventsRequest.SerializeToString,
+            kibo_dot_ctrl_dot_v1_dot_observation__service__pb2.ListEventsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchEvents(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/kibo.ctrl.v1.WorkspaceObservationService/WatchEvents',
+            kibo_dot_ctrl_dot_v1_dot_observation__service__pb2.WatchEventsRequest.SerializeToString,
+            kibo_dot_ctrl_dot_v1_dot_observation__service__pb2.WatchEventsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -21,6 +21,16 @@ type WorkspaceObservationServiceClient interface {
 	ListWorkspaceEvents(ctx context.Context, in *ListWorkspaceEventsRequest, opts ...grpc.CallOption) (*ListWorkspaceEventsResponse, error)
 	// Every execution (instance) of a workspace with its internal runtime status.
 	ListWorkspaceInstances(ctx context.Context, in *ListWorkspaceInstancesRequest, opts ...grpc.CallOption) (*ListWorkspaceInstancesResponse, error)
+	// The events of every workspace the caller may see, oldest first (by sequence), filtered:
+	// its own tenant's; an operator token's, every tenant's. A workspace_id naming a workspace
+	// the caller cannot see is NOT_FOUND (another tenant's as a missing one).
+	ListEvents(ctx context.Context, in *ListEventsRequest, opts ...grpc.CallOption) (*ListEventsResponse, error)
+	// The same events as they are stored, in sequence order, from any replica: first a message
+	// with no event (the stream is open; where it starts), then one message per event. A
+	// client that loses the stream calls again with after_sequence = the last message's
+	// resume_after_sequence, on any replica, and misses none and sees none twice. Counts
+	// against the tenant's open watches (kibo-ctrl serve --max-watches-per-tenant).
+	WatchEvents(ctx context.Context, in *WatchEventsRequest, opts ...grpc.CallOption) (WorkspaceObservationService_WatchEventsClient, error)
 }
 
 type workspaceObservationServiceClient struct {
@@ -58,6 +68,47 @@ func (c *workspaceObservationServiceClient) ListWorkspaceInstances(ctx context.C
 	return out, nil
 }
 
+func (c *workspaceObservationServiceClient) ListEvents(ctx context.Context, in *ListEventsRequest, opts ...grpc.CallOption) (*ListEventsResponse, error) {
+	out := new(ListEventsResponse)
+	err := c.cc.Invoke(ctx, "/kibo.ctrl.v1.WorkspaceObservationService/ListEvents", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *workspaceObservationServiceClient) WatchEvents(ctx context.Context, in *WatchEventsRequest, opts ...grpc.CallOption) (WorkspaceObservationService_WatchEventsClient, error) {
+	stream, err := c.cc.NewStream(ctx, &_WorkspaceObservationService_serviceDesc.Streams[0], "/kibo.ctrl.v1.WorkspaceObservationService/WatchEvents", opts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &workspaceObservationServiceWatchEventsClient{stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+type WorkspaceObservationService_WatchEventsClient interface {
+	Recv() (*WatchEventsResponse, error)
+	grpc.ClientStream
+}
+
+type workspaceObservationServiceWatchEventsClient struct {
+	grpc.ClientStream
+}
+
+func (x *workspaceObservationServiceWatchEventsClient) Recv() (*WatchEventsResponse, error) {
+	m := new(WatchEventsResponse)
+	if err := x.ClientStream.RecvMsg(m); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
 // WorkspaceObservationServiceServer is the server API for WorkspaceObservationService service.
 // All implementations must embed UnimplementedWorkspaceObservationServiceServer
 // for forward compatibility
@@ -66,6 +117,16 @@ type WorkspaceObservationServiceServer interface {
 	ListWorkspaceEvents(context.Context, *ListWorkspaceEventsRequest) (*ListWorkspaceEventsResponse, error)
 	// Every execution (instance) of a workspace with its internal runtime status.
 	ListWorkspaceInstances(context.Context, *ListWorkspaceInstancesRequest) (*ListWorkspaceInstancesResponse, error)
+	// The events of every workspace the caller may see, oldest first (by sequence), filtered:
+	// its own tenant's; an operator token's, every tenant's. A workspace_id naming a workspace
+	// the caller cannot see is NOT_FOUND (another tenant's as a missing one).
+	ListEvents(context.Context, *ListEventsRequest) (*ListEventsResponse, error)
+	// The same events as they are stored, in sequence order, from any replica: first a message
+	// with no event (the stream is open; where it starts), then one message per event. A
+	// client that loses the stream calls again with after_sequence = the last message's
+	// resume_after_sequence, on any replica, and misses none and sees none twice. Counts
+	// against the tenant's open watches (kibo-ctrl serve --max-watches-per-tenant).
+	WatchEvents(*WatchEventsRequest, WorkspaceObservationService_WatchEventsServer) error
 	mustEmbedUnimplementedWorkspaceObservationServiceServer()
 }
 
@@ -81,6 +142,12 @@ func (UnimplementedWorkspaceObservationServiceServer) ListWorkspaceEvents(contex
 }
 func (UnimplementedWorkspaceObservationServiceServer) ListWorkspaceInstances(context.Context, *ListWorkspaceInstancesRequest) (*ListWorkspaceInstancesResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method ListWorkspaceInstances not implemented")
+}
+func (UnimplementedWorkspaceObservationServiceServer) ListEvents(context.Context, *ListEventsRequest) (*ListEventsResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ListEvents not implemented")
+}
+func (UnimplementedWorkspaceObservationServiceServer) WatchEvents(*WatchEventsRequest, WorkspaceObservationService_WatchEventsServer) error {
+	return status.Errorf(codes.Unimplemented, "method WatchEvents not implemented")
 }
 func (UnimplementedWorkspaceObservationServiceServer) mustEmbedUnimplementedWorkspaceObservationServiceServer() {
 }
@@ -150,6 +217,45 @@ func _WorkspaceObservationService_ListWorkspaceInstances_Handler(srv interface{}
 	return interceptor(ctx, in, info, handler)
 }
 
+func _WorkspaceObservationService_ListEvents_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListEventsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(WorkspaceObservationServiceServer).ListEvents(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/kibo.ctrl.v1.WorkspaceObservationService/ListEvents",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(WorkspaceObservationServiceServer).ListEvents(ctx, req.(*ListEventsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _WorkspaceObservationService_WatchEvents_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(WatchEventsRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(WorkspaceObservationServiceServer).WatchEvents(m, &workspaceObservationServiceWatchEventsServer{stream})
+}
+
+type WorkspaceObservationService_WatchEventsServer interface {
+	Send(*WatchEventsResponse) error
+	grpc.ServerStream
+}
+
+type workspaceObservationServiceWatchEventsServer struct {
+	grpc.ServerStream
+}
+
+func (x *workspaceObservationServiceWatchEventsServer) Send(m *WatchEventsResponse) error {
+	return x.ServerStream.SendMsg(m)
+}
+
 var _WorkspaceObservationService_serviceDesc = grpc.ServiceDesc{
 	ServiceName: "kibo.ctrl.v1.WorkspaceObservationService",
 	HandlerType: (*WorkspaceObservationServiceServer)(nil),
@@ -166,7 +272,17 @@ var _WorkspaceObservationService_serviceDesc = grpc.ServiceDesc{
 			MethodName: "ListWorkspaceInstances",
 			Handler:    _WorkspaceObservationService_ListWorkspaceInstances_Handler,
 		},
+		{
+			MethodName: "ListEvents",
+			Handler:    _WorkspaceObservationService_ListEvents_Handler,
+		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "WatchEvents",
+			Handler:       _WorkspaceObservationService_WatchEvents_Handler,
+			ServerStreams: true,
+		},
+	},
 	Metadata: "kibo/ctrl/v1/observation_service.proto",
 }
