@@ -108,6 +108,12 @@ class NodeIdentity:
         while True:
             for target in targets:
                 try:
+                    # The CA first (public, no proof sent): a control plane of another cluster is
+                    # named as such, whatever it would have said to the proof.
+                    first = await self._main_port_call(
+                        target, node_pb2.IssueNodeCertificateRequest(node_id=self.node_id)
+                    )
+                    self._check_ca(first.ca_certificate_pem, target)
                     response = await self._main_port_call(target, request)
                 except grpc.aio.AioRpcError as error:
                     if error.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
