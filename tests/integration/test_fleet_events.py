@@ -265,7 +265,7 @@ async def test_bad_filters_are_invalid_argument_naming_the_field(tenants: tuple[
             watching = await rejected(a.obs.WatchEvents(obs.WatchEventsRequest(**filters)).read())
             for error in (listing, watching):
                 assert (error.code, error.detail.field) == (INVALID, field), (field, error)
-        for size in (-1, 1001, 1 << 30):
+        for size in (1001, 1 << 30, -1):
             error = await rejected(a.obs.ListEvents(obs.ListEventsRequest(page_size=size)))
             assert (error.code, error.detail.field) == (INVALID, "page_size")
         error = await rejected(a.obs.WatchEvents(obs.WatchEventsRequest(after_sequence=-5)).read())

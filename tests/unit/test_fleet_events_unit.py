@@ -18,7 +18,7 @@ from kibo_ctrl.api import events as events_api
 from kibo_ctrl.api.events import EventsApi
 from kibo_ctrl.api.fairness import TenantStreams
 from kibo_ctrl.domain.access import Caller, Role
-from kibo_ctrl.domain.errors import NotFound
+from kibo_ctrl.domain.errors import NotFound, Unavailable
 from kibo_ctrl.domain.model import Event, EventType
 from kibo_ctrl.engine import hub as hub_module
 from kibo_ctrl.engine.hub import Hub
@@ -157,3 +157,15 @@ async def test_a_watch_that_falls_behind_the_feed_reads_on_from_the_store(
     await watch.aclose()
     # A's events are every other one after the first (B's between them).
     assert sequences == [start + 1, *range(start + 2, start + 21, 2)], sequences
+
+
+async def test_a_watch_open_at_the_shutdown_or_started_after_it_ends_at_once(world: World) -> None:
+    """UNAVAILABLE (watch again), so a watch never holds the server's stop."""
+    open_one = world.api.watch_events(obs.WatchEventsRequest(), A)
+    await next_of(open_one)
+    world.hub.close()
+    late = world.api.watch_events(obs.WatchEventsRequest(), B)
+    await next_of(late)  # its first message: where it starts
+    for watch in (open_one, late):
+        with pytest.raises(Unavailable):
+            await next_of(watch)

@@ -127,7 +127,7 @@ class Hub:
     def watch_events(self, tenant: str | None) -> Iterator[asyncio.Queue[list[Event] | Signal]]:
         """Each commit's events of `tenant` (None: of every tenant), or a Signal."""
         queue: asyncio.Queue[list[Event] | Signal] = asyncio.Queue(WATCH_QUEUE)
-        if self._closed:
+        if self._closed:  # started during the shutdown: ends at once, as in watch()
             queue.put_nowait(Signal.CLOSED)
         self._event_watchers[tenant].add(queue)
         try:
