@@ -638,6 +638,54 @@ def resize(
 
 @app.command()
 @handle
+def move(
+    workspace_id: WorkspaceId,
+    to: Annotated[str, typer.Option("--to", help="The node to hold the workspace's disks from now on.")],
+    no_wait: Annotated[bool, typer.Option("--no-wait", help="Answer once the move is accepted.")] = False,
+    command_id: CommandIdOpt = None,
+    fmt: OutputOpt = Format.text,
+) -> None:
+    """Move a STOPPED workspace's disks (writable layer and volumes) to another node (an
+    operator's command). Waits with progress until the target holds a checked copy; the
+    source keeps its copy until then. Resumable: after a crash of a node or of the server the
+    move goes on by itself; `kibo command get ID` follows it. A start waits until it ends."""
+    command_id = command_id_or_new(command_id)
+    with connect() as client:
+        response = client.move_workspace(workspace_id, to, command_id=command_id)
+        command = response.command
+        if not no_wait:
+            with Progress(f"moving {workspace_id} to {to}") as progress:
+                while not kibotos.is_terminal(command):
+                    done, total = command.progress.done_bytes, command.progress.total_bytes
+                    share = f"{done >> 20}/{total >> 20} MiB" if total else "listing its files"
+                    progress.show(f"{share}, {command.progress.detail}")
+                    time.sleep(0.5)
+                    command = client.get_command(command.command_id)
+    if fmt is Format.json:
+        output.emit_json(
+            {
+                "command_id": command.command_id,
+                "state": kibotos.command_state_name(command.state),
+                "done_bytes": command.progress.done_bytes,
+                "total_bytes": command.progress.total_bytes,
+                "detail": command.progress.detail,
+                "error": command.error.message,
+            }
+        )
+    elif command.state == command_pb2.COMMAND_STATE_FAILED:
+        output.stdout().print(f"{workspace_id}: move failed: {command.error.message}", markup=False)
+    else:
+        output.stdout().print(
+            f"{workspace_id}: {kibotos.command_state_name(command.state)}, {command.progress.detail} "
+            f"({command.progress.done_bytes >> 20} MiB of data)",
+            markup=False,
+        )
+    if command.state == command_pb2.COMMAND_STATE_FAILED:
+        raise typer.Exit(int(ExitCode.COMMAND_FAILED))
+
+
+@app.command()
+@handle
 def expire(
     workspace_id: WorkspaceId,
     in_: Annotated[str | None, typer.Option("--in", help="Expire after this long, e.g. 8h.")] = None,

@@ -392,6 +392,15 @@ class AsyncClient:
             self.workspaces.ResizeWorkspace, request, ws_pb2.ResizeWorkspaceResponse, settle, None
         )
 
+    async def move_workspace(
+        self, workspace_id: str, target_node_id: str, *, command_id: str | None = None
+    ) -> ws_pb2.MoveWorkspaceResponse:
+        """An operator's: move a STOPPED workspace's disks (layer and volumes) to another node.
+        Answered at once with the RUNNING command; follow it with get_command (its `progress`)
+        until SUCCEEDED (the workspace starts only there from now) or FAILED (it stays where it was)."""
+        request = build.move(workspace_id, target_node_id, command_id)
+        return await self._command(self.workspaces.MoveWorkspace, request, ws_pb2.MoveWorkspaceResponse, False, None)
+
     async def set_workspace_expiration(
         self,
         workspace_id: str,

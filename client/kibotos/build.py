@@ -107,6 +107,12 @@ def resize(
     )
 
 
+def move(workspace_id: str, target_node_id: str, command_id: str | None) -> ws_pb2.MoveWorkspaceRequest:
+    return ws_pb2.MoveWorkspaceRequest(
+        metadata=metadata(command_id), workspace_id=workspace_id, target_node_id=target_node_id
+    )
+
+
 def set_expiration(
     workspace_id: str, expire_time: ExpireTime, action: int, revision: int, command_id: str | None
 ) -> ws_pb2.SetWorkspaceExpirationRequest:

@@ -34,6 +34,7 @@ from .engine import cluster_ca, controller
 from .engine.expiry import ExpiryLoop
 from .engine.hub import Hub
 from .engine.local_link import LocalLink
+from .engine.moves import Mover
 from .engine.node_agent import NodeAgent
 from .engine.node_registry import NodePolicy, NodeRegistry
 from .engine.scheduler import Scheduler
@@ -60,6 +61,7 @@ from .transport.grpc import EXCLUSIVE_PORT, STREAMS_PER_CONNECTION, bind, servic
 from .transport.http import SERVERS, HttpLimits, HttpServer, open_file_limit
 from .transport.http_guard import BodyLimits, guard
 from .transport.node_guest_client import GuestTls, NodeGuests
+from .transport.node_storage_client import NodeStorageLinks
 from .transport.rpc import NO_OBSERVER, RpcObserver
 from .transport.tls import Tls
 
@@ -264,13 +266,17 @@ class App:
         # The data plane reaches the embedded node's guests in process, a remote node's through
         # the hop it declared at its join (kibo.node.v1.NodeGuestService on that node).
         self.guests = NodeGuests(guests, self.registry.data_plane_of, safepath.guest_file_path, self._guest_tls())
+        # Disk moves between nodes (MoveWorkspace): run by the leader, over the same hops.
+        self.storage_links = NodeStorageLinks(self.registry.data_plane_of, self._guest_tls())
+        mover = Mover(self.store, self.storage_links)
+        self.hub.listen(mover.on_changes)
         self.data_plane = data_plane.DataPlane(self.store, self.guests, config.data_dir)
         # Revoke, stop and delete end the data-plane calls running under the old credential.
         self.hub.listen(self.data_plane.on_changes)
         self.metrics.data_plane_sessions.set_function(lambda: self.data_plane.sessions.count)
 
         def loops() -> list[Coroutine[Any, Any, None]]:
-            runs = (scheduler.run(), expiry.run(), self.registry.run(), *(a.run() for a in self._agents))
+            runs = (scheduler.run(), expiry.run(), self.registry.run(), mover.run(), *(a.run() for a in self._agents))
             return [self._supervise(run) for run in runs]
 
         if isinstance(self.store, PostgresStore):
@@ -554,6 +560,7 @@ class App:
         for closable in self._closables:
             await closable.close()
         await self.guests.close()
+        await self.storage_links.close()
         await self.store.close()
         if self.tracing is not None:
             self.tracing.shutdown()  # flushes the spans still batched

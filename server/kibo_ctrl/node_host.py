@@ -19,6 +19,7 @@ import grpc
 from . import routes
 from .api.node_certs import control_plane_peer
 from .api.node_guest_api import NodeGuestApi, guest_authenticator
+from .api.node_storage_api import NodeStorageApi
 from .domain.errors import KiboError
 from .domain.model import Backend, Node
 from .domain.nodes import AllocationRatios, DiskStatus, capacity
@@ -26,6 +27,7 @@ from .engine.node_agent import NodeAgent
 from .engine.node_link import LinkDown
 from .engine.pki import split_join_token
 from .runtime.base import Closable, GuestAccess, Runtime
+from .runtime.process.image_transfer import NodeDisks
 from .runtime.process.options import host_capacity, options_from
 from .runtime.process.runtime import ProcessRuntime
 from .runtime.sim.simulator import SimBoard, SimNode
@@ -206,7 +208,10 @@ class NodeHost:
         self._server = grpc.aio.server(options=options)
         service = routes.node_guest_service(NodeGuestApi(guests))
         peer = None if self.identity is None else control_plane_peer
-        self._server.add_generic_rpc_handlers([service_handler(service, guest_authenticator(secret, peer))])
+        gate = guest_authenticator(secret, peer)
+        # The disks of its stopped workspaces, for moves (the same port, the same credentials).
+        disks = routes.node_storage_service(NodeStorageApi(NodeDisks(self.config.data_dir.resolve())))
+        self._server.add_generic_rpc_handlers([service_handler(service, gate), service_handler(disks, gate)])
         listen = self.config.data_plane_listen or _join(_route_host(self.config), DATA_PLANE_PORT)
         credentials = None if self.identity is None else self.identity.server_credentials()
         try:

@@ -16,6 +16,7 @@ from kibo.ctrl.v1 import workspace_service_pb2 as ws
 from kibo.node.v1 import node_admin_service_pb2 as nadm
 from kibo.node.v1 import node_guest_service_pb2 as ngu
 from kibo.node.v1 import node_service_pb2 as nd
+from kibo.node.v1 import node_storage_service_pb2 as nst
 from kibo.sim.v1 import simulator_pb2 as sim
 
 from .api.commands import VOLUME_COMMANDS, WORKSPACE_COMMANDS
@@ -24,6 +25,7 @@ from .api.data_plane import DataPlane
 from .api.node_api import NodeAdminApi, NodeApi
 from .api.node_certs import NodeCertificates, node_port_only, node_port_only_stream
 from .api.node_guest_api import NodeGuestApi
+from .api.node_storage_api import NodeStorageApi
 from .runtime.sim.api import SimulatorApi
 from .transport.rpc import Rpc, ServerStream, Service, Unary
 
@@ -190,6 +192,26 @@ def node_admin_service(admin: NodeAdminApi) -> Service:
             Unary("CordonNode", nadm.CordonNodeRequest, nadm.CordonNodeResponse, admin.cordon_node),
             Unary("UncordonNode", nadm.UncordonNodeRequest, nadm.UncordonNodeResponse, admin.uncordon_node),
             Unary("DrainNode", nadm.DrainNodeRequest, nadm.DrainNodeResponse, admin.drain_node),
+        ),
+    )
+
+
+def node_storage_service(storage: NodeStorageApi) -> Service:
+    # Served with NodeGuestService (node_host.py): a node's side of moving disks.
+    return Service(
+        nst.DESCRIPTOR.services_by_name["NodeStorageService"],
+        (
+            Unary("ListStorage", nst.ListStorageRequest, nst.ListStorageResponse, storage.list_storage),
+            ServerStream("ReadStorage", nst.ReadStorageRequest, nst.ReadStorageResponse, storage.read_storage),
+            Unary(
+                "GetStorageReceived",
+                nst.GetStorageReceivedRequest,
+                nst.GetStorageReceivedResponse,
+                storage.get_storage_received,
+            ),
+            Unary("WriteStorage", nst.WriteStorageRequest, nst.WriteStorageResponse, storage.write_storage),
+            Unary("FinishStorage", nst.FinishStorageRequest, nst.FinishStorageResponse, storage.finish_storage),
+            Unary("DropStorage", nst.DropStorageRequest, nst.DropStorageResponse, storage.drop_storage),
         ),
     )
 

@@ -39,6 +39,8 @@ OPERATIONS: tuple[Op, ...] = (
     Op.BIND_VOLUME,
     Op.UNBIND_VOLUME,
     Op.REVOKE_DATA_PLANE_ACCESS,
+    # Beyond the spec's table: an operator's move of a STOPPED workspace's disks (issue 26).
+    Op.MOVE,
 )
 STATES: tuple[S, ...] = tuple(s for s in S if s is not S.UNSPECIFIED)
 LIFECYCLE: tuple[Op, ...] = (Op.CREATE, Op.START, Op.STOP, Op.FORCE_STOP, Op.DELETE)
@@ -116,7 +118,15 @@ SITUATIONS: tuple[Situation, ...] = (
             Op.UNBIND_VOLUME,
             Op.SET_NETWORK_POLICY,
             Op.CLEAR_EXPIRATION,
+            Op.MOVE,
         ),
+    ),
+    # STOPPED while an operator's move copies its disks (beyond the spec's table): no start,
+    # no rebinding, no second move until it ends; a delete cancels it.
+    Situation(
+        "STOPPED_moving",
+        Facts(S.STOPPED, active=Op.MOVE),
+        allow(Op.DELETE, Op.RESIZE, Op.SET_NETWORK_POLICY, Op.CLEAR_EXPIRATION),
     ),
     # STARTING: delete.
     Situation("STARTING", Facts(S.STARTING, active=Op.START), allow(Op.DELETE)),
@@ -201,7 +211,14 @@ def reachable_facts() -> Iterator[Facts]:
     phases: tuple[Phase | None, ...] = (None, Phase.RUNNING, Phase.STOPPED)
     causes: tuple[StopCause | None, ...] = (None, StopCause.REQUESTED, StopCause.GUEST_SHUTDOWN)
     for deleted, active, cause, silent, failed, phase, holds, begun in itertools.product(
-        (False, True), (None, *LIFECYCLE), causes, (False, True), (False, True), phases, (False, True), (False, True)
+        (False, True),
+        (None, *LIFECYCLE, Op.MOVE),
+        causes,
+        (False, True),
+        (False, True),
+        phases,
+        (False, True),
+        (False, True),
     ):
         if cause is not None and active not in (Op.STOP, Op.FORCE_STOP):
             continue
@@ -253,6 +270,9 @@ def spec_allows(op: Op, facts: Facts) -> bool:
     if op is Op.STOP:
         # AVAILABLE only; not while the server's own stop of it is in progress.
         return state is S.AVAILABLE and facts.active is None
+    if op in (Op.MOVE, Op.BIND_VOLUME, Op.UNBIND_VOLUME) and facts.active is not None:
+        # A move copies the disks of the volumes bound at its start: nothing rebinds meanwhile.
+        return False
     if op is Op.START:
         # Two lifecycle commands never run at once: a start waits for the one in progress.
         startable = state is S.STOPPED or (state is S.FAILED and not facts.holds_execution)
@@ -265,6 +285,7 @@ def spec_allows(op: Op, facts: Facts) -> bool:
         Op.RESIZE: frozenset({S.STOPPED}),
         Op.BIND_VOLUME: frozenset({S.STOPPED}),
         Op.UNBIND_VOLUME: frozenset({S.STOPPED}),
+        Op.MOVE: frozenset({S.STOPPED}),
     }
     return state in where[op]
 

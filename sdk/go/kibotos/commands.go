@@ -81,6 +81,15 @@ func (c *Client) ResizeWorkspace(ctx context.Context, request *ctrlv1.ResizeWork
 	return settled(ctx, c, request, c.workspaces.ResizeWorkspace)
 }
 
+// MoveWorkspace moves a STOPPED workspace's disks (layer and volumes) to another node: an
+// operator's command. It answers at once with the RUNNING command; GetWorkspaceCommand
+// follows it (its Progress) until SUCCEEDED (the workspace starts only there from now) or
+// FAILED (it stays where it was).
+func (c *Client) MoveWorkspace(ctx context.Context, request *ctrlv1.MoveWorkspaceRequest) (*ctrlv1.MoveWorkspaceResponse, error) {
+	request.Metadata = withCommandID(request.Metadata)
+	return c.workspaces.MoveWorkspace(ctx, request)
+}
+
 // SetWorkspaceNetworkPolicy replaces the egress policy, settled (on a STOPPED workspace it
 // takes effect at the next start).
 func (c *Client) SetWorkspaceNetworkPolicy(ctx context.Context, request *ctrlv1.SetWorkspaceNetworkPolicyRequest) (*ctrlv1.SetWorkspaceNetworkPolicyResponse, error) {

@@ -45,6 +45,11 @@ class WorkspaceCommand(Generic[Req, Resp]):
     handle: WorkspaceCommandHandler
     # The kinds its requests parse to (one, but for StopWorkspace's two modes).
     kinds: tuple[CommandKind, ...]
+    # Needs an operator token (it reaches the nodes: MoveWorkspace), not only an admin one.
+    operator: bool = False
+    # Answered after the settle wait (the command is terminal, or --settle-ms passed); a
+    # long copy (MoveWorkspace) is answered at once, RUNNING, with its progress.
+    settles: bool = True
 
 
 @dataclass(frozen=True)
@@ -115,6 +120,16 @@ WORKSPACE_COMMANDS: tuple[WorkspaceCommand[Any, Any], ...] = (
         parse.set_labels,
         Service.set_workspace_labels,
         (CommandKind.SET_LABELS,),
+    ),
+    WorkspaceCommand(
+        "MoveWorkspace",
+        ws.MoveWorkspaceRequest,
+        ws.MoveWorkspaceResponse,
+        parse.move,
+        Service.move_workspace,
+        (CommandKind.MOVE,),
+        operator=True,
+        settles=False,
     ),
     WorkspaceCommand(
         "ResizeWorkspace",

@@ -180,6 +180,8 @@ class Api:
     ) -> CommandRequest:
         # Permission before anything else (AIP-193), then every field, then reserved prefixes.
         caller.require_admin(entry.rpc)
+        if isinstance(entry, WorkspaceCommand) and entry.operator:
+            caller.require_operator(entry.rpc)
         request = replace(entry.parse(message), tenant=caller.tenant)
         assert request.kind in entry.kinds, (entry.rpc, request.kind)  # a parser that drifted from its entry
         validation.command_id(request.command_id)
@@ -190,7 +192,7 @@ class Api:
     ) -> tuple[Workspace, Command]:
         request = self._parse(caller, entry, message)
         workspace, command = await self._store.transact(self._service.execute, entry.handle, request)
-        if command.terminal or self._settle <= 0:
+        if command.terminal or self._settle <= 0 or not entry.settles:
             return workspace, command
         done = self._hub.command_done(command.key)
         try:

@@ -153,6 +153,18 @@ def delete(request: ws_pb2.DeleteWorkspaceRequest) -> CommandRequest:
     return _lifecycle(CommandKind.DELETE, "DeleteWorkspace", request)
 
 
+def move(request: ws_pb2.MoveWorkspaceRequest) -> CommandRequest:
+    if not request.target_node_id:
+        raise InvalidArgument("target_node_id: the node to move the workspace's disks to", field="target_node_id")
+    return _base(
+        CommandKind.MOVE,
+        "MoveWorkspace",
+        request,
+        workspace_id=workspace_id(request.workspace_id),
+        target_node=nodes.node_id(request.target_node_id, "target_node_id"),
+    )
+
+
 def set_expiration(request: ws_pb2.SetWorkspaceExpirationRequest) -> CommandRequest:
     when, action = _expiration(request, "expire_time", "action", required=True)
     command = _base(

@@ -11,7 +11,7 @@ from kibo.ctrl.v1 import command_pb2, volume_service_pb2, workspace_pb2, workspa
 from kibo.ctrl.v1 import observation_service_pb2 as obs_pb2
 
 from ..domain.cleanup import Cleanup
-from ..domain.model import Command, Event, Instance, Volume, Workspace
+from ..domain.model import Command, CommandKind, Event, Instance, Volume, Workspace
 from ..domain.nodes import NodeRecord
 
 M = TypeVar("M", bound=Message)
@@ -154,6 +154,12 @@ def command(record: Command) -> command_pb2.WorkspaceCommand:
     )
     if record.error is not None:
         message.error.CopyFrom(status_pb2.Status(code=int(record.error.code), message=record.error.message))
+    if record.kind is CommandKind.MOVE:
+        message.progress.CopyFrom(
+            command_pb2.CommandProgress(
+                done_bytes=record.done_bytes, total_bytes=record.total_bytes, detail=record.detail
+            )
+        )
     return message
 
 

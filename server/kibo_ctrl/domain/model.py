@@ -49,6 +49,8 @@ class CommandKind(IntEnum):
     REVOKE_DATA_PLANE_ACCESS = 13
     CREATE_VOLUME = 14
     DELETE_VOLUME = 15
+    # An operator's: the workspace's disks to another node (engine/moves.py).
+    MOVE = 16
 
 
 class ExpirationAction(IntEnum):
@@ -189,6 +191,8 @@ class Backend(StrEnum):
 # gRPC status codes a command can end with (google.rpc.Code numbers).
 class ErrorCode(IntEnum):
     CANCELLED = 1
+    # A step refused for a reason waiting will not fix (a move the target has no room for).
+    FAILED_PRECONDITION = 9
     ABORTED = 10
     UNAVAILABLE = 14
 
@@ -323,6 +327,11 @@ class Command(msgspec.Struct):
     tenant: str = "default"
     # The W3C traceparent of the call that made it ("" untraced): the loops continue its trace.
     trace_parent: str = ""
+    # A move (MOVE): where to, and how far (data bytes copied, in all; what it does now).
+    target_node: str = ""
+    done_bytes: int = 0
+    total_bytes: int = 0
+    detail: str = ""
 
     @property
     def key(self) -> str:

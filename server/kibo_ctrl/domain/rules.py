@@ -65,11 +65,13 @@ OPERATIONS: Mapping[S, Mapping[Op, Guard]] = {
         Op.START: Guard.IDLE,
         Op.DELETE: Guard.ALWAYS,
         Op.RESIZE: Guard.ALWAYS,
-        Op.BIND_VOLUME: Guard.ALWAYS,
-        Op.UNBIND_VOLUME: Guard.ALWAYS,
+        # IDLE: not while a MOVE copies the disks (the volumes it moves are fixed at its start).
+        Op.BIND_VOLUME: Guard.IDLE,
+        Op.UNBIND_VOLUME: Guard.IDLE,
         Op.SET_NETWORK_POLICY: Guard.ALWAYS,
         Op.CLEAR_EXPIRATION: Guard.ALWAYS,
         Op.SET_LABELS: Guard.ALWAYS,
+        Op.MOVE: Guard.IDLE,
     },
     S.STARTING: {Op.DELETE: Guard.ALWAYS, Op.SET_LABELS: Guard.ALWAYS},
     S.FAILED: {

@@ -44,7 +44,7 @@ from ..domain.model import (
 )
 from ..domain.nodes import too_big
 from ..store.base import Tx
-from . import steps
+from . import moves, steps
 from .placement import place_if_first
 from .steps import event, save
 
@@ -82,6 +82,8 @@ class CommandRequest:
     capacity_gib: int = 0
     # Whose command this is: command IDs and workspaces are scoped per tenant.
     tenant: str = "default"
+    # MoveWorkspace: the node to hold the disks.
+    target_node: str = ""
 
 
 @dataclass(frozen=True)
@@ -224,6 +226,13 @@ class Service:
         command = steps.new_command(tx, workspace, request.command_id, CommandKind.START, request.fingerprint)
         self._next_generation(tx, workspace, command)
         return command
+
+    @on_workspace
+    def move_workspace(self, tx: Tx, workspace: Workspace, request: CommandRequest) -> Command:
+        """An operator's move of a STOPPED workspace's disks (engine/moves.py copies them and
+        ends the command). Nothing made yet, or there already: it takes effect at once."""
+        rules.check(CommandKind.MOVE, steps.rule_facts(workspace))
+        return moves.begin(tx, workspace, request.command_id, request.fingerprint, request.target_node)
 
     def _next_generation(self, tx: Tx, workspace: Workspace, command: Command) -> None:
         """A create's or start's new instance, saved with its command, and placed at once

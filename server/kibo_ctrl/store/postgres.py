@@ -220,6 +220,12 @@ class PostgresReader:
         rows = self._all("SELECT data FROM workspaces WHERE storage_pending ORDER BY seq")
         return [WORKSPACE.decode(data) for data in rows]
 
+    def stopped_workspaces(self) -> list[Workspace]:
+        rows = self._all(
+            "SELECT data FROM workspaces WHERE NOT deleted AND state = %s ORDER BY seq", (int(WorkspaceState.STOPPED),)
+        )
+        return [WORKSPACE.decode(data) for data in rows]
+
     def integrity_check(self) -> str:
         """'ok' when the schema is the one this kibo builds (PostgreSQL checks its own pages)."""
         row = self._conn.execute("SELECT version FROM kibo_schema_version").fetchone()

@@ -220,6 +220,12 @@ class SqliteReader:
         rows = self._conn.execute("SELECT data FROM workspaces WHERE storage_pending = 1 ORDER BY seq")
         return [_WORKSPACE.decode(bytes(row[0])) for row in rows]
 
+    def stopped_workspaces(self) -> list[Workspace]:
+        rows = self._conn.execute(
+            "SELECT data FROM workspaces WHERE deleted = 0 AND state = ? ORDER BY seq", (int(WorkspaceState.STOPPED),)
+        )
+        return [_WORKSPACE.decode(bytes(row[0])) for row in rows]
+
     def integrity_check(self) -> str:
         return str(self._conn.execute("PRAGMA integrity_check").fetchone()[0])
 
@@ -372,8 +378,7 @@ class SqliteTx(SqliteReader):
 
     def add_node_issuance(self, issuance: NodeIssuance) -> None:
         self._conn.execute(
-            "INSERT INTO node_issuances (token_id, node_id, key_sha256, cert_pem, issue_time) "
-            "VALUES (?, ?, ?, ?, ?)",
+            "INSERT INTO node_issuances (token_id, node_id, key_sha256, cert_pem, issue_time) VALUES (?, ?, ?, ?, ?)",
             (issuance.token_id, issuance.node_id, issuance.key_sha256, issuance.cert_pem, issuance.issue_time),
         )
 

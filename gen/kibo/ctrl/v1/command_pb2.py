@@ -27,7 +27,7 @@ from google.rpc import status_pb2 as google_dot_rpc_dot_status__pb2
 from kibo.ctrl.v1 import workspace_pb2 as kibo_dot_ctrl_dot_v1_dot_workspace__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1akibo/ctrl/v1/command.proto\x12\x0ckibo.ctrl.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17google/rpc/status.proto\x1a\x1ckibo/ctrl/v1/workspace.proto\"A\n\rCommandResult\x12\x30\n\ndurability\x18\x01 \x01(\x0e\x32\x1c.kibo.ctrl.v1.StopDurability\"\x82\x03\n\x10WorkspaceCommand\x12\x12\n\ncommand_id\x18\x01 \x01(\t\x12\x14\n\x0cworkspace_id\x18\x02 \x01(\t\x12)\n\x05state\x18\x03 \x01(\x0e\x32\x1a.kibo.ctrl.v1.CommandState\x12+\n\x06result\x18\x04 \x01(\x0b\x32\x1b.kibo.ctrl.v1.CommandResult\x12!\n\x05\x65rror\x18\x05 \x01(\x0b\x32\x12.google.rpc.Status\x12\'\n\x04kind\x18\x06 \x01(\x0e\x32\x19.kibo.ctrl.v1.CommandKind\x12/\n\x0b\x63reate_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bupdate_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12+\n\nstop_cause\x18\t \x01(\x0e\x32\x17.kibo.ctrl.v1.StopCause\x12\x11\n\tvolume_id\x18\n \x01(\t*\x9a\x01\n\x0c\x43ommandState\x12\x1d\n\x19\x43OMMAND_STATE_UNSPECIFIED\x10\x00\x12\x19\n\x15\x43OMMAND_STATE_PENDING\x10\x01\x12\x19\n\x15\x43OMMAND_STATE_RUNNING\x10\x02\x12\x1b\n\x17\x43OMMAND_STATE_SUCCEEDED\x10\x03\x12\x18\n\x14\x43OMMAND_STATE_FAILED\x10\x04*\xf1\x03\n\x0b\x43ommandKind\x12\x1c\n\x18\x43OMMAND_KIND_UNSPECIFIED\x10\x00\x12\x17\n\x13\x43OMMAND_KIND_CREATE\x10\x01\x12\x15\n\x11\x43OMMAND_KIND_STOP\x10\x02\x12\x1b\n\x17\x43OMMAND_KIND_FORCE_STOP\x10\x03\x12\x16\n\x12\x43OMMAND_KIND_START\x10\x04\x12\x17\n\x13\x43OMMAND_KIND_DELETE\x10\x05\x12\x1f\n\x1b\x43OMMAND_KIND_SET_EXPIRATION\x10\x06\x12!\n\x1d\x43OMMAND_KIND_CLEAR_EXPIRATION\x10\x07\x12\x1b\n\x17\x43OMMAND_KIND_SET_LABELS\x10\x08\x12\x17\n\x13\x43OMMAND_KIND_RESIZE\x10\t\x12#\n\x1f\x43OMMAND_KIND_SET_NETWORK_POLICY\x10\n\x12\x1c\n\x18\x43OMMAND_KIND_BIND_VOLUME\x10\x0b\x12\x1e\n\x1a\x43OMMAND_KIND_UNBIND_VOLUME\x10\x0c\x12)\n%COMMAND_KIND_REVOKE_DATA_PLANE_ACCESS\x10\r\x12\x1e\n\x1a\x43OMMAND_KIND_CREATE_VOLUME\x10\x0e\x12\x1e\n\x1a\x43OMMAND_KIND_DELETE_VOLUME\x10\x0f\x42\x35Z3github.com/kibo-dev/kibo/gen/go/kibo/ctrl/v1;ctrlv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1akibo/ctrl/v1/command.proto\x12\x0ckibo.ctrl.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17google/rpc/status.proto\x1a\x1ckibo/ctrl/v1/workspace.proto\"A\n\rCommandResult\x12\x30\n\ndurability\x18\x01 \x01(\x0e\x32\x1c.kibo.ctrl.v1.StopDurability\"\xb3\x03\n\x10WorkspaceCommand\x12\x12\n\ncommand_id\x18\x01 \x01(\t\x12\x14\n\x0cworkspace_id\x18\x02 \x01(\t\x12)\n\x05state\x18\x03 \x01(\x0e\x32\x1a.kibo.ctrl.v1.CommandState\x12+\n\x06result\x18\x04 \x01(\x0b\x32\x1b.kibo.ctrl.v1.CommandResult\x12!\n\x05\x65rror\x18\x05 \x01(\x0b\x32\x12.google.rpc.Status\x12\'\n\x04kind\x18\x06 \x01(\x0e\x32\x19.kibo.ctrl.v1.CommandKind\x12/\n\x0b\x63reate_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bupdate_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12+\n\nstop_cause\x18\t \x01(\x0e\x32\x17.kibo.ctrl.v1.StopCause\x12\x11\n\tvolume_id\x18\n \x01(\t\x12/\n\x08progress\x18\x0b \x01(\x0b\x32\x1d.kibo.ctrl.v1.CommandProgress\"J\n\x0f\x43ommandProgress\x12\x12\n\ndone_bytes\x18\x01 \x01(\x03\x12\x13\n\x0btotal_bytes\x18\x02 \x01(\x03\x12\x0e\n\x06\x64\x65tail\x18\x03 \x01(\t*\x9a\x01\n\x0c\x43ommandState\x12\x1d\n\x19\x43OMMAND_STATE_UNSPECIFIED\x10\x00\x12\x19\n\x15\x43OMMAND_STATE_PENDING\x10\x01\x12\x19\n\x15\x43OMMAND_STATE_RUNNING\x10\x02\x12\x1b\n\x17\x43OMMAND_STATE_SUCCEEDED\x10\x03\x12\x18\n\x14\x43OMMAND_STATE_FAILED\x10\x04*\x88\x04\n\x0b\x43ommandKind\x12\x1c\n\x18\x43OMMAND_KIND_UNSPECIFIED\x10\x00\x12\x17\n\x13\x43OMMAND_KIND_CREATE\x10\x01\x12\x15\n\x11\x43OMMAND_KIND_STOP\x10\x02\x12\x1b\n\x17\x43OMMAND_KIND_FORCE_STOP\x10\x03\x12\x16\n\x12\x43OMMAND_KIND_START\x10\x04\x12\x17\n\x13\x43OMMAND_KIND_DELETE\x10\x05\x12\x1f\n\x1b\x43OMMAND_KIND_SET_EXPIRATION\x10\x06\x12!\n\x1d\x43OMMAND_KIND_CLEAR_EXPIRATION\x10\x07\x12\x1b\n\x17\x43OMMAND_KIND_SET_LABELS\x10\x08\x12\x17\n\x13\x43OMMAND_KIND_RESIZE\x10\t\x12#\n\x1f\x43OMMAND_KIND_SET_NETWORK_POLICY\x10\n\x12\x1c\n\x18\x43OMMAND_KIND_BIND_VOLUME\x10\x0b\x12\x1e\n\x1a\x43OMMAND_KIND_UNBIND_VOLUME\x10\x0c\x12)\n%COMMAND_KIND_REVOKE_DATA_PLANE_ACCESS\x10\r\x12\x1e\n\x1a\x43OMMAND_KIND_CREATE_VOLUME\x10\x0e\x12\x1e\n\x1a\x43OMMAND_KIND_DELETE_VOLUME\x10\x0f\x12\x15\n\x11\x43OMMAND_KIND_MOVE\x10\x10\x42\x35Z3github.com/kibo-dev/kibo/gen/go/kibo/ctrl/v1;ctrlv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,12 +35,14 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'kibo.ctrl.v1.command_pb2', 
 if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'Z3github.com/kibo-dev/kibo/gen/go/kibo/ctrl/v1;ctrlv1'
-  _globals['_COMMANDSTATE']._serialized_start=589
-  _globals['_COMMANDSTATE']._serialized_end=743
-  _globals['_COMMANDKIND']._serialized_start=746
-  _globals['_COMMANDKIND']._serialized_end=1243
+  _globals['_COMMANDSTATE']._serialized_start=714
+  _globals['_COMMANDSTATE']._serialized_end=868
+  _globals['_COMMANDKIND']._serialized_start=871
+  _globals['_COMMANDKIND']._serialized_end=1391
   _globals['_COMMANDRESULT']._serialized_start=132
   _globals['_COMMANDRESULT']._serialized_end=197
   _globals['_WORKSPACECOMMAND']._serialized_start=200
-  _globals['_WORKSPACECOMMAND']._serialized_end=586
+  _globals['_WORKSPACECOMMAND']._serialized_end=635
+  _globals['_COMMANDPROGRESS']._serialized_start=637
+  _globals['_COMMANDPROGRESS']._serialized_end=711
 # @@protoc_insertion_point(module_scope)

@@ -37,6 +37,7 @@ class CommandKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     COMMAND_KIND_REVOKE_DATA_PLANE_ACCESS: _ClassVar[CommandKind]
     COMMAND_KIND_CREATE_VOLUME: _ClassVar[CommandKind]
     COMMAND_KIND_DELETE_VOLUME: _ClassVar[CommandKind]
+    COMMAND_KIND_MOVE: _ClassVar[CommandKind]
 COMMAND_STATE_UNSPECIFIED: CommandState
 COMMAND_STATE_PENDING: CommandState
 COMMAND_STATE_RUNNING: CommandState
@@ -58,6 +59,7 @@ COMMAND_KIND_UNBIND_VOLUME: CommandKind
 COMMAND_KIND_REVOKE_DATA_PLANE_ACCESS: CommandKind
 COMMAND_KIND_CREATE_VOLUME: CommandKind
 COMMAND_KIND_DELETE_VOLUME: CommandKind
+COMMAND_KIND_MOVE: CommandKind
 
 class CommandResult(_message.Message):
     __slots__ = ("durability",)
@@ -66,7 +68,7 @@ class CommandResult(_message.Message):
     def __init__(self, durability: _Optional[_Union[_workspace_pb2.StopDurability, str]] = ...) -> None: ...
 
 class WorkspaceCommand(_message.Message):
-    __slots__ = ("command_id", "workspace_id", "state", "result", "error", "kind", "create_time", "update_time", "stop_cause", "volume_id")
+    __slots__ = ("command_id", "workspace_id", "state", "result", "error", "kind", "create_time", "update_time", "stop_cause", "volume_id", "progress")
     COMMAND_ID_FIELD_NUMBER: _ClassVar[int]
     WORKSPACE_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -77,6 +79,7 @@ class WorkspaceCommand(_message.Message):
     UPDATE_TIME_FIELD_NUMBER: _ClassVar[int]
     STOP_CAUSE_FIELD_NUMBER: _ClassVar[int]
     VOLUME_ID_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
     command_id: str
     workspace_id: str
     state: CommandState
@@ -87,4 +90,15 @@ class WorkspaceCommand(_message.Message):
     update_time: _timestamp_pb2.Timestamp
     stop_cause: _workspace_pb2.StopCause
     volume_id: str
-    def __init__(self, command_id: _Optional[str] = ..., workspace_id: _Optional[str] = ..., state: _Optional[_Union[CommandState, str]] = ..., result: _Optional[_Union[CommandResult, _Mapping]] = ..., error: _Optional[_Union[_status_pb2.Status, _Mapping]] = ..., kind: _Optional[_Union[CommandKind, str]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., stop_cause: _Optional[_Union[_workspace_pb2.StopCause, str]] = ..., volume_id: _Optional[str] = ...) -> None: ...
+    progress: CommandProgress
+    def __init__(self, command_id: _Optional[str] = ..., workspace_id: _Optional[str] = ..., state: _Optional[_Union[CommandState, str]] = ..., result: _Optional[_Union[CommandResult, _Mapping]] = ..., error: _Optional[_Union[_status_pb2.Status, _Mapping]] = ..., kind: _Optional[_Union[CommandKind, str]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., stop_cause: _Optional[_Union[_workspace_pb2.StopCause, str]] = ..., volume_id: _Optional[str] = ..., progress: _Optional[_Union[CommandProgress, _Mapping]] = ...) -> None: ...
+
+class CommandProgress(_message.Message):
+    __slots__ = ("done_bytes", "total_bytes", "detail")
+    DONE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    done_bytes: int
+    total_bytes: int
+    detail: str
+    def __init__(self, done_bytes: _Optional[int] = ..., total_bytes: _Optional[int] = ..., detail: _Optional[str] = ...) -> None: ...

@@ -21,7 +21,7 @@ from connectrpc.protocol import ProtocolType
 from connectrpc.server import ConnectASGIApplication, ConnectWSGIApplication, DEFAULT_READ_MAX_BYTES, Endpoint, EndpointSync
 from pyqwest import Client, SyncClient
 
-from .workspace_service_pb2 import BindWorkspaceVolumeRequest, BindWorkspaceVolumeResponse, ClearWorkspaceExpirationRequest, ClearWorkspaceExpirationResponse, CreateWorkspaceRequest, CreateWorkspaceResponse, DeleteWorkspaceRequest, DeleteWorkspaceResponse, GetCapabilitiesRequest, GetCapabilitiesResponse, GetWorkspaceCommandRequest, GetWorkspaceCommandResponse, GetWorkspaceRequest, GetWorkspaceResponse, ListWorkspacesRequest, ListWorkspacesResponse, ResizeWorkspaceRequest, ResizeWorkspaceResponse, RevokeWorkspaceDataPlaneAccessRequest, RevokeWorkspaceDataPlaneAccessResponse, SetWorkspaceExpirationRequest, SetWorkspaceExpirationResponse, SetWorkspaceLabelsRequest, SetWorkspaceLabelsResponse, SetWorkspaceNetworkPolicyRequest, SetWorkspaceNetworkPolicyResponse, StartWorkspaceRequest, StartWorkspaceResponse, StopWorkspaceRequest, StopWorkspaceResponse, UnbindWorkspaceVolumeRequest, UnbindWorkspaceVolumeResponse, WatchWorkspaceRequest, WatchWorkspaceResponse
+from .workspace_service_pb2 import BindWorkspaceVolumeRequest, BindWorkspaceVolumeResponse, ClearWorkspaceExpirationRequest, ClearWorkspaceExpirationResponse, CreateWorkspaceRequest, CreateWorkspaceResponse, DeleteWorkspaceRequest, DeleteWorkspaceResponse, GetCapabilitiesRequest, GetCapabilitiesResponse, GetWorkspaceCommandRequest, GetWorkspaceCommandResponse, GetWorkspaceRequest, GetWorkspaceResponse, ListWorkspacesRequest, ListWorkspacesResponse, MoveWorkspaceRequest, MoveWorkspaceResponse, ResizeWorkspaceRequest, ResizeWorkspaceResponse, RevokeWorkspaceDataPlaneAccessRequest, RevokeWorkspaceDataPlaneAccessResponse, SetWorkspaceExpirationRequest, SetWorkspaceExpirationResponse, SetWorkspaceLabelsRequest, SetWorkspaceLabelsResponse, SetWorkspaceNetworkPolicyRequest, SetWorkspaceNetworkPolicyResponse, StartWorkspaceRequest, StartWorkspaceResponse, StopWorkspaceRequest, StopWorkspaceResponse, UnbindWorkspaceVolumeRequest, UnbindWorkspaceVolumeResponse, WatchWorkspaceRequest, WatchWorkspaceResponse
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Iterator, Mapping
@@ -109,6 +109,17 @@ class WorkspaceService(Protocol):
     async def revoke_workspace_data_plane_access(self, request: RevokeWorkspaceDataPlaneAccessRequest, ctx: RequestContext[RevokeWorkspaceDataPlaneAccessRequest, RevokeWorkspaceDataPlaneAccessResponse], /) -> RevokeWorkspaceDataPlaneAccessResponse:
         """
         Invalidates every data-plane credential and revokes every Exposure. Requires AVAILABLE.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    async def move_workspace(self, request: MoveWorkspaceRequest, ctx: RequestContext[MoveWorkspaceRequest, MoveWorkspaceResponse], /) -> MoveWorkspaceResponse:
+        """
+        Moves a STOPPED workspace's disks (its writable layer and the volumes bound to it) to
+        another node: an operator's command. The images stream from node to node over the node
+        link; the command runs (WorkspaceCommand.progress) until the target holds a verified
+        copy, then the workspace starts only there and the source's copy is deleted. Resumable
+        after a crash of either node or of the control plane; a delete cancels it. A start waits
+        until it ends (CONFLICT while it runs).
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -312,6 +323,17 @@ class WorkspaceServiceASGIApplication(ConnectASGIApplication[WorkspaceService]):
                         stream_type=StreamType.UNARY,
                     ),
                     function=svc.revoke_workspace_data_plane_access,
+                ),
+                "/kibo.ctrl.v1.WorkspaceService/MoveWorkspace": Endpoint.unary(
+                    method=MethodInfo(
+                        name="MoveWorkspace",
+                        service_name="kibo.ctrl.v1.WorkspaceService",
+                        input=MoveWorkspaceRequest,
+                        output=MoveWorkspaceResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=svc.move_workspace,
                 ),
             },
             interceptors=interceptors,
@@ -714,6 +736,34 @@ class WorkspaceServiceClient(ConnectClient):
             headers=headers,
             timeout_ms=timeout_ms,
         )
+    async def move_workspace(
+        self,
+        request: MoveWorkspaceRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> MoveWorkspaceResponse:
+        """
+        Moves a STOPPED workspace's disks (its writable layer and the volumes bound to it) to
+        another node: an operator's command. The images stream from node to node over the node
+        link; the command runs (WorkspaceCommand.progress) until the target holds a verified
+        copy, then the workspace starts only there and the source's copy is deleted. Resumable
+        after a crash of either node or of the control plane; a delete cancels it. A start waits
+        until it ends (CONFLICT while it runs).
+        """
+        return await self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="MoveWorkspace",
+                service_name="kibo.ctrl.v1.WorkspaceService",
+                input=MoveWorkspaceRequest,
+                output=MoveWorkspaceResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
 
 class WorkspaceServiceSync(Protocol):
     """
@@ -787,6 +837,17 @@ class WorkspaceServiceSync(Protocol):
     def revoke_workspace_data_plane_access(self, request: RevokeWorkspaceDataPlaneAccessRequest, ctx: RequestContext[RevokeWorkspaceDataPlaneAccessRequest, RevokeWorkspaceDataPlaneAccessResponse], /) -> RevokeWorkspaceDataPlaneAccessResponse:
         """
         Invalidates every data-plane credential and revokes every Exposure. Requires AVAILABLE.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    def move_workspace(self, request: MoveWorkspaceRequest, ctx: RequestContext[MoveWorkspaceRequest, MoveWorkspaceResponse], /) -> MoveWorkspaceResponse:
+        """
+        Moves a STOPPED workspace's disks (its writable layer and the volumes bound to it) to
+        another node: an operator's command. The images stream from node to node over the node
+        link; the command runs (WorkspaceCommand.progress) until the target holds a verified
+        copy, then the workspace starts only there and the source's copy is deleted. Resumable
+        after a crash of either node or of the control plane; a delete cancels it. A start waits
+        until it ends (CONFLICT while it runs).
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -988,6 +1049,17 @@ class WorkspaceServiceWSGIApplication(ConnectWSGIApplication):
                         stream_type=StreamType.UNARY,
                     ),
                     function=service.revoke_workspace_data_plane_access,
+                ),
+                "/kibo.ctrl.v1.WorkspaceService/MoveWorkspace": EndpointSync.unary(
+                    method=MethodInfo(
+                        name="MoveWorkspace",
+                        service_name="kibo.ctrl.v1.WorkspaceService",
+                        input=MoveWorkspaceRequest,
+                        output=MoveWorkspaceResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=service.move_workspace,
                 ),
             },
             interceptors=interceptors,
@@ -1384,6 +1456,34 @@ class WorkspaceServiceClientSync(ConnectClientSync):
                 service_name="kibo.ctrl.v1.WorkspaceService",
                 input=RevokeWorkspaceDataPlaneAccessRequest,
                 output=RevokeWorkspaceDataPlaneAccessResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    def move_workspace(
+        self,
+        request: MoveWorkspaceRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> MoveWorkspaceResponse:
+        """
+        Moves a STOPPED workspace's disks (its writable layer and the volumes bound to it) to
+        another node: an operator's command. The images stream from node to node over the node
+        link; the command runs (WorkspaceCommand.progress) until the target holds a verified
+        copy, then the workspace starts only there and the source's copy is deleted. Resumable
+        after a crash of either node or of the control plane; a delete cancels it. A start waits
+        until it ends (CONFLICT while it runs).
+        """
+        return self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="MoveWorkspace",
+                service_name="kibo.ctrl.v1.WorkspaceService",
+                input=MoveWorkspaceRequest,
+                output=MoveWorkspaceResponse,
                 idempotency_level=IdempotencyLevel.UNKNOWN,
                 stream_type=StreamType.UNARY,
             ),

@@ -267,6 +267,24 @@ class ResizeWorkspaceResponse(_message.Message):
     command: _command_pb2.WorkspaceCommand
     def __init__(self, workspace: _Optional[_Union[_workspace_pb2.Workspace, _Mapping]] = ..., command: _Optional[_Union[_command_pb2.WorkspaceCommand, _Mapping]] = ...) -> None: ...
 
+class MoveWorkspaceRequest(_message.Message):
+    __slots__ = ("metadata", "workspace_id", "target_node_id")
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    WORKSPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    TARGET_NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    metadata: _workspace_pb2.CommandMetadata
+    workspace_id: str
+    target_node_id: str
+    def __init__(self, metadata: _Optional[_Union[_workspace_pb2.CommandMetadata, _Mapping]] = ..., workspace_id: _Optional[str] = ..., target_node_id: _Optional[str] = ...) -> None: ...
+
+class MoveWorkspaceResponse(_message.Message):
+    __slots__ = ("workspace", "command")
+    WORKSPACE_FIELD_NUMBER: _ClassVar[int]
+    COMMAND_FIELD_NUMBER: _ClassVar[int]
+    workspace: _workspace_pb2.Workspace
+    command: _command_pb2.WorkspaceCommand
+    def __init__(self, workspace: _Optional[_Union[_workspace_pb2.Workspace, _Mapping]] = ..., command: _Optional[_Union[_command_pb2.WorkspaceCommand, _Mapping]] = ...) -> None: ...
+
 class SetWorkspaceNetworkPolicyRequest(_message.Message):
     __slots__ = ("metadata", "workspace_id", "network_policy")
     METADATA_FIELD_NUMBER: _ClassVar[int]

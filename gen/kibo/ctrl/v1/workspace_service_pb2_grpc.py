@@ -122,6 +122,11 @@ class WorkspaceServiceStub:
                 request_serializer=kibo_dot_ctrl_dot_v1_dot_workspace__service__pb2.RevokeWorkspaceDataPlaneAccessRequest.SerializeToString,
                 response_deserializer=kibo_dot_ctrl_dot_v1_dot_workspace__service__pb2.RevokeWorkspaceDataPlaneAccessResponse.FromString,
                 _registered_method=True)
+        self.MoveWorkspace = channel.unary_unary(
+                '/kibo.ctrl.v1.WorkspaceService/MoveWorkspace',
+                request_serializer=kibo_dot_ctrl_dot_v1_dot_workspace__service__pb2.MoveWorkspaceRequest.SerializeToString,
+                response_deserializer=kibo_dot_ctrl_dot_v1_dot_workspace__service__pb2.MoveWorkspaceResponse.FromString,
+                _registered_method=True)
 
 
 class WorkspaceServiceServicer:
@@ -238,6 +243,18 @@ class WorkspaceServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def MoveWorkspace(self, request, context):
+        """Moves a STOPPED workspace's disks (its writable layer and the volumes bound to it) to
+        another node: an operator's command. The images stream from node to node over the node
+        link; the command runs (WorkspaceCommand.progress) until the target holds a verified
+        copy, then the workspace starts only there and the source's copy is deleted. Resumable
+        after a crash of either node or of the control plane; a delete cancels it. A start waits
+        until it ends (CONFLICT while it runs).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkspaceServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -325,6 +342,11 @@ def add_WorkspaceServiceServicer_to_server(servicer, server):
                     servicer.RevokeWorkspaceDataPlaneAccess,
                     request_deserializer=kibo_dot_ctrl_dot_v1_dot_workspace__service__pb2.RevokeWorkspaceDataPlaneAccessRequest.FromString,
                     response_serializer=kibo_dot_ctrl_dot_v1_dot_workspace__service__pb2.RevokeWorkspaceDataPlaneAccessResponse.SerializeToString,
+            ),
+            'MoveWorkspace': grpc.unary_unary_rpc_method_handler(
+                    servicer.MoveWorkspace,
+                    request_deserializer=kibo_dot_ctrl_dot_v1_dot_workspace__service__pb2.MoveWorkspaceRequest.FromString,
+                    response_serializer=kibo_dot_ctrl_dot_v1_dot_workspace__service__pb2.MoveWorkspaceResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -789,6 +811,33 @@ class WorkspaceService:
             '/kibo.ctrl.v1.WorkspaceService/RevokeWorkspaceDataPlaneAccess',
             kibo_dot_ctrl_dot_v1_dot_workspace__service__pb2.RevokeWorkspaceDataPlaneAccessRequest.SerializeToString,
             kibo_dot_ctrl_dot_v1_dot_workspace__service__pb2.RevokeWorkspaceDataPlaneAccessResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MoveWorkspace(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kibo.ctrl.v1.WorkspaceService/MoveWorkspace',
+            kibo_dot_ctrl_dot_v1_dot_workspace__service__pb2.MoveWorkspaceRequest.SerializeToString,
+            kibo_dot_ctrl_dot_v1_dot_workspace__service__pb2.MoveWorkspaceResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -40,6 +40,13 @@ type WorkspaceServiceClient interface {
 	UnbindWorkspaceVolume(ctx context.Context, in *UnbindWorkspaceVolumeRequest, opts ...grpc.CallOption) (*UnbindWorkspaceVolumeResponse, error)
 	// Invalidates every data-plane credential and revokes every Exposure. Requires AVAILABLE.
 	RevokeWorkspaceDataPlaneAccess(ctx context.Context, in *RevokeWorkspaceDataPlaneAccessRequest, opts ...grpc.CallOption) (*RevokeWorkspaceDataPlaneAccessResponse, error)
+	// Moves a STOPPED workspace's disks (its writable layer and the volumes bound to it) to
+	// another node: an operator's command. The images stream from node to node over the node
+	// link; the command runs (WorkspaceCommand.progress) until the target holds a verified
+	// copy, then the workspace starts only there and the source's copy is deleted. Resumable
+	// after a crash of either node or of the control plane; a delete cancels it. A start waits
+	// until it ends (CONFLICT while it runs).
+	MoveWorkspace(ctx context.Context, in *MoveWorkspaceRequest, opts ...grpc.CallOption) (*MoveWorkspaceResponse, error)
 }
 
 type workspaceServiceClient struct {
@@ -226,6 +233,15 @@ func (c *workspaceServiceClient) RevokeWorkspaceDataPlaneAccess(ctx context.Cont
 	return out, nil
 }
 
+func (c *workspaceServiceClient) MoveWorkspace(ctx context.Context, in *MoveWorkspaceRequest, opts ...grpc.CallOption) (*MoveWorkspaceResponse, error) {
+	out := new(MoveWorkspaceResponse)
+	err := c.cc.Invoke(ctx, "/kibo.ctrl.v1.WorkspaceService/MoveWorkspace", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // WorkspaceServiceServer is the server API for WorkspaceService service.
 // All implementations must embed UnimplementedWorkspaceServiceServer
 // for forward compatibility
@@ -253,6 +269,13 @@ type WorkspaceServiceServer interface {
 	UnbindWorkspaceVolume(context.Context, *UnbindWorkspaceVolumeRequest) (*UnbindWorkspaceVolumeResponse, error)
 	// Invalidates every data-plane credential and revokes every Exposure. Requires AVAILABLE.
 	RevokeWorkspaceDataPlaneAccess(context.Context, *RevokeWorkspaceDataPlaneAccessRequest) (*RevokeWorkspaceDataPlaneAccessResponse, error)
+	// Moves a STOPPED workspace's disks (its writable layer and the volumes bound to it) to
+	// another node: an operator's command. The images stream from node to node over the node
+	// link; the command runs (WorkspaceCommand.progress) until the target holds a verified
+	// copy, then the workspace starts only there and the source's copy is deleted. Resumable
+	// after a crash of either node or of the control plane; a delete cancels it. A start waits
+	// until it ends (CONFLICT while it runs).
+	MoveWorkspace(context.Context, *MoveWorkspaceRequest) (*MoveWorkspaceResponse, error)
 	mustEmbedUnimplementedWorkspaceServiceServer()
 }
 
@@ -310,6 +333,9 @@ func (UnimplementedWorkspaceServiceServer) UnbindWorkspaceVolume(context.Context
 }
 func (UnimplementedWorkspaceServiceServer) RevokeWorkspaceDataPlaneAccess(context.Context, *RevokeWorkspaceDataPlaneAccessRequest) (*RevokeWorkspaceDataPlaneAccessResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method RevokeWorkspaceDataPlaneAccess not implemented")
+}
+func (UnimplementedWorkspaceServiceServer) MoveWorkspace(context.Context, *MoveWorkspaceRequest) (*MoveWorkspaceResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method MoveWorkspace not implemented")
 }
 func (UnimplementedWorkspaceServiceServer) mustEmbedUnimplementedWorkspaceServiceServer() {}
 
@@ -633,6 +659,24 @@ func _WorkspaceService_RevokeWorkspaceDataPlaneAccess_Handler(srv interface{}, c
 	return interceptor(ctx, in, info, handler)
 }
 
+func _WorkspaceService_MoveWorkspace_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(MoveWorkspaceRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(WorkspaceServiceServer).MoveWorkspace(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/kibo.ctrl.v1.WorkspaceService/MoveWorkspace",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(WorkspaceServiceServer).MoveWorkspace(ctx, req.(*MoveWorkspaceRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 var _WorkspaceService_serviceDesc = grpc.ServiceDesc{
 	ServiceName: "kibo.ctrl.v1.WorkspaceService",
 	HandlerType: (*WorkspaceServiceServer)(nil),
@@ -700,6 +744,10 @@ var _WorkspaceService_serviceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "RevokeWorkspaceDataPlaneAccess",
 			Handler:    _WorkspaceService_RevokeWorkspaceDataPlaneAccess_Handler,
+		},
+		{
+			MethodName: "MoveWorkspace",
+			Handler:    _WorkspaceService_MoveWorkspace_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -1,0 +1,297 @@
+"""Moving a STOPPED workspace's disks to another node (kibo.ctrl.v1.WorkspaceService
+MoveWorkspace, an operator's command; `kibo node drain --move-stopped` starts one per
+workspace).
+
+State in the store, work on the leader. `begin` records the MOVE command as the
+workspace's active one (RUNNING: no start, no rebinding meanwhile; a delete cancels it).
+The leader's `Mover` copies each file of it (the layer, then the volumes) from the source
+node to the target over the node link, block by block without holes, resuming a file
+where the target's synced copy ends; the target checks each file against the source's
+digest and puts it in place; then one transaction switches the workspace and its volumes
+to the target and ends the command, and only then is the source's copy deleted. A crash of
+either node or of the control plane at any point resumes from what the target has synced;
+the source keeps its copy until the switch is committed."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Protocol
+
+from ..domain.errors import Conflict, NotFound
+from ..domain.model import Command, CommandError, CommandKind, CommandState, ErrorCode, Volume, Workspace
+from ..domain.moves import MoveRefused, NodeUnreachable, StoredFile
+from ..store.base import Changes, Reader, Store, Tx
+from . import steps
+from .hub import Wakeup
+from .steps import save
+
+log = logging.getLogger("kibo.moves")
+
+# Blocks per WriteStorage call (the node takes messages of up to 4 MiB).
+BLOCKS_PER_WRITE = 3
+# How often a running move's progress is written to its command.
+PROGRESS_EVERY_S = 1.0
+# After a failed attempt (a node unreachable), the next one is this much later, doubling.
+RETRY_S = (1.0, 30.0)
+# A move whose copies come out different this many times in a row fails.
+MAX_MISMATCHES = 3
+
+
+class StorageLink(Protocol):
+    """One node's disks, as the mover asks them (transport/node_storage_client.py)."""
+
+    async def list_files(self, workspace_id: str, volume_ids: Sequence[str]) -> list[StoredFile]: ...
+    def read(self, workspace_id: str, name: str, offset: int) -> AsyncIterator[tuple[int, bytes]]: ...
+    async def received(self, workspace_id: str, file: StoredFile) -> int: ...
+    async def write(self, workspace_id: str, file: StoredFile, blocks: Sequence[tuple[int, bytes]]) -> int: ...
+    async def finish(self, workspace_id: str, files: Sequence[StoredFile]) -> None: ...
+    async def drop(self, workspace_id: str, volume_ids: Sequence[str], received_only: bool) -> None: ...
+
+
+Links = Callable[[str], StorageLink | None]
+
+
+def _volumes(tx: Reader, workspace: Workspace) -> list[Volume]:
+    found = (tx.get_volume(b.volume_id) for b in workspace.bindings)
+    return [v for v in found if v is not None]
+
+
+def begin(tx: Tx, workspace: Workspace, command_id: str, fingerprint: str, target: str) -> Command:
+    """Record the move (the rules were checked). A workspace with nothing on a disk yet, or
+    already there, is pinned to the target at once."""
+    node = tx.get_node(target)
+    if node is None:
+        raise NotFound(f"no node {target}", field="target_node_id")
+    source = workspace.storage_node
+    volumes = _volumes(tx, workspace)
+    if source is None or source == target:
+        workspace.storage_node = target
+        for volume in volumes:
+            if volume.storage_node in (None, source):
+                volume.storage_node = target
+                tx.put_volume(volume)
+        message = f"its disks are on node {target} already" if source else f"its disks will be made on node {target}"
+        command = steps.immediate_command(tx, workspace, command_id, CommandKind.MOVE, fingerprint, message)
+        command.target_node = target
+        tx.put_command(command)
+        save(tx, workspace, None)
+        return command
+    if node.silent or node.cordoned:
+        why = "silent (its lease ran out)" if node.silent else "cordoned"
+        raise Conflict(f"node {target} is {why}: it takes no disks", field="target_node_id")
+    for where in (source, target):
+        record = tx.get_node(where)
+        if record is None or not record.data_plane_address:
+            raise Conflict(
+                f"node {where} has no data plane to move disks over (a simulated or in-process node)",
+                field="target_node_id",
+            )
+    for volume in volumes:
+        if volume.storage_node not in (None, source):
+            raise Conflict(f"volume {volume.id} is on node {volume.storage_node}, not with the workspace on {source}")
+    command = steps.new_command(tx, workspace, command_id, CommandKind.MOVE, fingerprint)
+    command.state = CommandState.RUNNING
+    command.target_node = target
+    command.detail = f"to copy from node {source}"
+    tx.put_command(command)
+    save(tx, workspace, None, command_id=command_id)
+    return command
+
+
+class Mover:
+    """The leader's loop: one task per workspace whose MOVE command runs."""
+
+    def __init__(self, store: Store, links: Links) -> None:
+        self._store = store
+        self._links = links
+        self._wakeup = Wakeup()
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+
+    def on_changes(self, changes: Changes) -> None:
+        moving = frozenset(w.id for w in changes.workspaces.values() if w.active_kind is CommandKind.MOVE)
+        if moving:
+            self._wakeup.set(moving)
+
+    async def run(self) -> None:
+        try:
+            # A new leader: the moves that were running (maybe half copied) go on.
+            stopped = await self._store.read(lambda r: r.stopped_workspaces())
+            ids = frozenset(w.id for w in stopped if w.active_kind is CommandKind.MOVE)
+            while True:
+                for workspace_id in ids:
+                    task = self._tasks.get(workspace_id)
+                    if task is None or task.done():
+                        self._tasks[workspace_id] = asyncio.create_task(
+                            self._move(workspace_id), name=f"move {workspace_id}"
+                        )
+                ids = await self._wakeup.wait()
+        finally:
+            for task in self._tasks.values():
+                task.cancel()
+            for task in self._tasks.values():
+                with contextlib.suppress(BaseException):
+                    await task
+
+    async def _state(self, workspace_id: str) -> tuple[Workspace, Command, list[str]] | None:
+        def read(reader: Reader) -> tuple[Workspace, Command, list[str]] | None:
+            workspace = reader.get_workspace(workspace_id)
+            if workspace is None or workspace.active_kind is not CommandKind.MOVE or workspace.active_command is None:
+                return None
+            command = reader.get_command(workspace.tenant, workspace.active_command)
+            if command is None or command.terminal:
+                return None
+            return workspace, command, [b.volume_id for b in workspace.bindings]
+
+        return await self._store.read(read)
+
+    async def _move(self, workspace_id: str) -> None:
+        delay, mismatches = RETRY_S[0], 0
+        while True:
+            state = await self._state(workspace_id)
+            if state is None:
+                return
+            workspace, command, volume_ids = state
+            try:
+                await self._attempt(workspace, command, volume_ids)
+                return
+            except NodeUnreachable as waiting:
+                await self._progress(workspace_id, command.id, None, None, f"waiting: {waiting}")
+            except MoveRefused as refused:
+                if "arrived different" in str(refused) and mismatches + 1 < MAX_MISMATCHES:
+                    mismatches += 1
+                    continue
+                await self._store.transact(self._fail, workspace_id, command.id, str(refused))
+                log.warning("moving %s failed: %s", workspace_id, refused)
+                return
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, RETRY_S[1])
+
+    async def _attempt(self, workspace: Workspace, command: Command, volume_ids: list[str]) -> None:
+        source_id, target_id = workspace.storage_node or "", command.target_node
+        source, target = self._links(source_id), self._links(target_id)
+        for node, link in ((source_id, source), (target_id, target)):
+            if link is None:
+                raise NodeUnreachable(f"node {node} has not declared its data plane (not joined now?)")
+        assert source is not None and target is not None
+        files = await source.list_files(workspace.id, volume_ids)
+        total = sum(f.data_bytes for f in files)
+        done = 0
+        for file in files:
+            copied = await self._copy(source, target, workspace, command.id, file, done, total)
+            done += copied
+        await self._progress(workspace.id, command.id, total, total, f"checking the copy on node {target_id}")
+        await target.finish(workspace.id, files)
+        switched = await self._store.transact(self._switch, workspace.id, command.id, source_id, target_id)
+        if not switched:
+            # Cancelled meanwhile (a delete): what the target received goes.
+            with contextlib.suppress(MoveRefused, NodeUnreachable):
+                await target.drop(workspace.id, volume_ids, received_only=False)
+            return
+        log.info("moved %s to node %s (%d MiB of data)", workspace.id, target_id, total >> 20)
+        for attempt in range(5):
+            try:
+                await source.drop(workspace.id, volume_ids, received_only=False)
+                return
+            except (MoveRefused, NodeUnreachable) as error:
+                log.warning("deleting the moved copy of %s on node %s: %s (retrying)", workspace.id, source_id, error)
+                await asyncio.sleep(RETRY_S[0] * 2**attempt)
+        log.error("the old copy of %s stays on node %s: delete its layer and volumes there", workspace.id, source_id)
+
+    async def _copy(
+        self,
+        source: StorageLink,
+        target: StorageLink,
+        workspace: Workspace,
+        command_id: str,
+        file: StoredFile,
+        before: int,
+        total: int,
+    ) -> int:
+        """One file, from where the target's synced copy ends; the data bytes it counts."""
+        start = await target.received(workspace.id, file)
+        if start >= file.size:
+            return file.data_bytes
+        detail = f"copying {file.name} to node {getattr(target, 'node_id', '')}"
+        sent = min(start, file.data_bytes)  # an estimate for a resumed file
+        last = time.monotonic()
+        batch: list[tuple[int, bytes]] = []
+        pending: asyncio.Task[int] | None = None
+        await self._progress(workspace.id, command_id, before + sent, total, detail)
+        blocks = source.read(workspace.id, file.name, start)
+        try:
+            async for offset, data in blocks:
+                batch.append((offset, data))
+                sent += len(data)
+                if len(batch) >= BLOCKS_PER_WRITE:
+                    # One write in flight while the next blocks are read.
+                    if pending is not None:
+                        await pending
+                    pending = asyncio.create_task(target.write(workspace.id, file, batch))
+                    batch = []
+                if time.monotonic() - last >= PROGRESS_EVERY_S:
+                    last = time.monotonic()
+                    await self._progress(workspace.id, command_id, before + sent, total, detail)
+            if pending is not None:
+                await pending
+                pending = None
+            batch.append((file.size, b""))
+            await target.write(workspace.id, file, batch)
+        finally:
+            if pending is not None:
+                pending.cancel()
+                with contextlib.suppress(BaseException):
+                    await pending
+        return file.data_bytes
+
+    async def _progress(
+        self, workspace_id: str, command_id: str, done: int | None, total: int | None, detail: str
+    ) -> None:
+        def write(tx: Tx) -> None:
+            workspace = tx.get_workspace(workspace_id)
+            if workspace is None:
+                return
+            command = tx.get_command(workspace.tenant, command_id)
+            if command is None or command.terminal:
+                return
+            if done is not None:
+                command.done_bytes = done
+            if total is not None:
+                command.total_bytes = total
+            command.detail = detail[:300]
+            command.update_time = tx.now
+            tx.put_command(command)
+
+        with contextlib.suppress(Exception):
+            await self._store.transact(write)
+
+    @staticmethod
+    def _switch(tx: Tx, workspace_id: str, command_id: str, source: str, target: str) -> bool:
+        """The target holds a checked copy: the workspace and its volumes are on it from now."""
+        workspace = tx.get_workspace(workspace_id)
+        if workspace is None or workspace.active_command != command_id or workspace.deleted:
+            return False
+        workspace.storage_node = target
+        for volume in _volumes(tx, workspace):
+            if volume.storage_node in (None, source):
+                volume.storage_node = target
+                tx.put_volume(volume)
+        command = tx.get_command(workspace.tenant, command_id)
+        if command is not None:
+            command.done_bytes = command.total_bytes
+            command.detail = f"on node {target}"
+            tx.put_command(command)
+        steps.finish_command(tx, workspace)
+        save(tx, workspace, None, command_id=command_id)
+        return True
+
+    @staticmethod
+    def _fail(tx: Tx, workspace_id: str, command_id: str, message: str) -> None:
+        workspace = tx.get_workspace(workspace_id)
+        if workspace is None or workspace.active_command != command_id:
+            return
+        steps.finish_command(tx, workspace, error=CommandError(ErrorCode.FAILED_PRECONDITION, message[:500]))
+        save(tx, workspace, None, command_id=command_id)

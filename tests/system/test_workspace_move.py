@@ -1,0 +1,119 @@
+"""Moving a STOPPED workspace's disks between two process-runtime nodes (issue 26): its data
+in /data (a volume) and in its writable layer go with it, the move survives a kill -9 of the
+target in the middle, a start waits for it (CONFLICT), and the source keeps nothing after."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import grpc
+import pytest
+from kibo.ctrl.v1 import command_pb2
+from kibo.ctrl.v1 import workspace_service_pb2 as ws
+
+from tests.client import Client, S, meta
+from tests.nodes import NodeProcess, admin
+from tests.server import ServerProcess, free_port
+from tests.system.test_durability import eventually
+from tests.system.test_process_runtime import SMALL, DataPlane, _require_sandbox
+
+NODE_FLAGS = ("--sandbox", "bwrap", "--stop-grace-ms", "2000")
+BIG_MIB = 400
+
+
+def _node(server: ServerProcess, tmp_path: Path, name: str) -> NodeProcess:
+    flags = (*NODE_FLAGS, "--data-plane-listen", f"127.0.0.1:{free_port()}")
+    return NodeProcess(server.address, tmp_path / name, name, flags, runtime="process")
+
+
+async def _exec(client: Client, workspace_id: str, script: str) -> bytes:
+    plane = DataPlane(client)
+    credential = await plane.credential(workspace_id)
+    code, out, err = await plane.exec(credential, "sh", "-c", script)
+    assert code == 0, (script, out, err)
+    return out
+
+
+@pytest.mark.timeout(300)
+async def test_a_stopped_workspace_moves_its_disks_to_another_node_through_a_kill9_of_the_target(
+    server_factory: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
+    _require_sandbox()
+    server = server_factory("--no-local-node", "--node-timeout-ms", "3000", "--settle-ms", "3000")
+    nodes = {name: _node(server, tmp_path, name).start() for name in ("node-a", "node-b")}
+    try:
+        async with Client.connect(server.address) as client:
+            # Placed on node-a (node-b cordoned until then).
+            await eventually(lambda: _joined(server, nodes), within=30, what="both nodes joined")
+            await admin(server.address, "CordonNode", "node-b")
+            created = await client.create(resources=SMALL)
+            workspace_id = created.workspace_id
+            placed = await client.wait_for(workspace_id, S.WORKSPACE_STATE_AVAILABLE, within=60)
+            assert placed.node_id == "node-a"
+            await admin(server.address, "UncordonNode", "node-b")
+            digest = await _exec(
+                client,
+                workspace_id,
+                f"echo layer > /root/keep.txt && echo volume > /data/keep.txt && "
+                f"head -c {BIG_MIB}M /dev/urandom > /data/big && sync && sha256sum /data/big",
+            )
+            await client.stop(workspace_id)
+            await client.wait_for(workspace_id, S.WORKSPACE_STATE_STOPPED, within=60)
+
+            request = ws.MoveWorkspaceRequest(metadata=meta(), workspace_id=workspace_id, target_node_id="node-b")
+            answer = await client.ws.MoveWorkspace(request)
+            command_id = answer.command.command_id
+            assert answer.command.state == command_pb2.COMMAND_STATE_RUNNING
+            assert answer.workspace.state == S.WORKSPACE_STATE_STOPPED
+
+            # A start waits for the move: CONFLICT, naming it.
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await client.ws.StartWorkspace(ws.StartWorkspaceRequest(metadata=meta(), workspace_id=workspace_id))
+            assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            assert "MOVE" in (refused.value.details() or "")
+
+            # kill -9 of the target once some data has arrived; started again, the move goes on.
+            async def copying() -> command_pb2.WorkspaceCommand | None:
+                command = await client.command(command_id)
+                return command if command.progress.done_bytes > 0 or command.state != 2 else None
+
+            midway = await eventually(copying, within=60, what="the move copying data")
+            killed_midway = midway.state == command_pb2.COMMAND_STATE_RUNNING
+            nodes["node-b"].kill()
+            await asyncio.sleep(1.0)
+            nodes["node-b"] = _node(server, tmp_path, "node-b")
+            nodes["node-b"].data_dir = tmp_path / "node-b"
+            nodes["node-b"].start()
+
+            async def moved() -> command_pb2.WorkspaceCommand | None:
+                command = await client.command(command_id)
+                return command if command.state in (3, 4) else None
+
+            started = time.monotonic()
+            done = await eventually(moved, within=180, what="the move finished")
+            assert done.state == command_pb2.COMMAND_STATE_SUCCEEDED, done.error.message
+            assert done.progress.done_bytes == done.progress.total_bytes >= BIG_MIB << 20
+            print(f"move finished {time.monotonic() - started:.1f} s after the restart; killed midway: {killed_midway}")
+
+            # It starts on node-b, with its data; node-a holds nothing of it any more.
+            await client.start(workspace_id)
+            running = await client.wait_for(workspace_id, S.WORKSPACE_STATE_AVAILABLE, within=60)
+            assert running.node_id == "node-b"
+            out = await _exec(client, workspace_id, "cat /root/keep.txt /data/keep.txt && sha256sum /data/big")
+            assert out.startswith(b"layer\nvolume\n") and digest in out
+            assert not list((tmp_path / "node-a" / "layers").glob(f"{workspace_id}*"))
+            await client.delete(workspace_id)
+            await client.wait_for(workspace_id, S.WORKSPACE_STATE_DELETED, within=60)
+    finally:
+        for node in nodes.values():
+            node.stop()
+
+
+async def _joined(server: ServerProcess, nodes: dict[str, NodeProcess]) -> bool | None:
+    from tests.nodes import list_nodes
+
+    known = await list_nodes(server.address)
+    return True if all(name in known for name in nodes) else None
