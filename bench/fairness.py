@@ -167,6 +167,8 @@ def run(args: argparse.Namespace) -> None:
         env["PYTHONPATH"] = args.server_path + os.pathsep + env.get("PYTHONPATH", "")
     address = f"127.0.0.1:{free_port()}"
     command = [sys.executable, "-m", "kibo_ctrl", "serve", "--listen", address, "--http-listen", ""]
+    # A port of its own for the node link (the default 50053 would clash with another server's).
+    command += ["--node-listen", "127.0.0.1:0"]
     command += ["--data-dir", str(data_dir), "--runtime", "sim", "--sim-step-ms", "0", "--settle-ms", "0"]
     command += ["--log-level", "warning", "--node-vcpus", "100000000", "--node-memory-mib", "100000000000"]
     process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

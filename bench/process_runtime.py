@@ -92,7 +92,7 @@ class Server:
 
     def start(self) -> Server:
         log = open(self.data_dir.parent / "server.log", "ab")  # noqa: SIM115 - handed to the child
-        command = [self.python, "-m", "kibo_ctrl", "serve", "--listen", self.address]
+        command = [self.python, "-m", "kibo_ctrl", "serve", "--listen", self.address, "--node-listen", "127.0.0.1:0"]
         command += ["--data-dir", str(self.data_dir), *self.flags]
         # Its own session: a Ctrl-C at the terminal reaches the bench, which then cleans up.
         env = {**os.environ, "KIBO_PROCESS_TIMINGS": "1" if self.timings else "0", **self.env}

@@ -110,6 +110,9 @@ class Server:
             "serve",
             "--listen",
             self.address,
+            # A port of its own for the node link (the default 50053 would clash with another's).
+            "--node-listen",
+            "127.0.0.1:0",
             "--http-listen",
             self.http_address,
             "--data-dir",

@@ -14,6 +14,9 @@
 #   KIBO_REPLICA_ADDRESSES   the replicas' gRPC addresses, comma-separated
 #                            (default 127.0.0.1:50051,127.0.0.1:50061,127.0.0.1:50071)
 #   KIBO_HTTP_ADDRESSES      their Connect/HTTP addresses, comma-separated (default: none, gRPC only)
+#   KIBO_NODE_LISTEN         where each serves the nodes (mutual TLS), comma-separated (default:
+#                            each replica's gRPC port + 2: 50053, 50063, 50073); unused with
+#                            --insecure-no-auth or --insecure-node-link
 #   KIBO_NODES               how many node agents `up` starts (default 3)
 #   KIBO_RUNTIME             the nodes' runtime: process (sandboxes) or sim (default process)
 #   KIBO_CLUSTER_DIR         where replicas and nodes keep their data dirs (default /var/lib/kibo)
@@ -25,6 +28,7 @@ set -eu
 
 REPLICAS=${KIBO_REPLICA_ADDRESSES:-127.0.0.1:50051,127.0.0.1:50061,127.0.0.1:50071}
 HTTP=${KIBO_HTTP_ADDRESSES:-}
+NODE_LISTEN=${KIBO_NODE_LISTEN:-}
 DIR=${KIBO_CLUSTER_DIR:-/var/lib/kibo}
 CTRL=${KIBO_CTRL:-kibo-ctrl}
 RUNTIME=${KIBO_RUNTIME:-process}
@@ -43,10 +47,13 @@ rotated() {
 replica() {
     listen=$(nth "$REPLICAS" "$1")
     [ -n "$listen" ] || { echo "cluster.sh: no replica $1 in KIBO_REPLICA_ADDRESSES" >&2; exit 2; }
+    # Several replicas on one host need a node port each.
+    nodes=$(nth "$NODE_LISTEN" "$1")
+    [ -n "$nodes" ] || nodes="${listen%:*}:$(( ${listen##*:} + 2 ))"
     # shellcheck disable=SC2086  # KIBO_CTRL and the flag lists are word lists
     exec $CTRL serve --store "${KIBO_STORE:?set KIBO_STORE=postgresql://USER@HOST:PORT/DB}" \
         --no-local-node --listen "$listen" --http-listen "$(nth "$HTTP" "$1")" \
-        --data-dir "$DIR/replica-$1" ${KIBO_SERVE_FLAGS:-}
+        --node-listen "$nodes" --data-dir "$DIR/replica-$1" ${KIBO_SERVE_FLAGS:-}
 }
 
 node() {
