@@ -91,8 +91,37 @@ def node_uncordon(node_id: NodeId, fmt: OutputOpt = Format.text) -> None:
 
 @app.command("drain")
 @handle
-def node_drain(node_id: NodeId, fmt: OutputOpt = Format.text) -> None:
+def node_drain(
+    node_id: NodeId,
+    move_stopped: Annotated[
+        bool,
+        typer.Option(
+            "--move-stopped",
+            help="Also move the disks of its STOPPED workspaces to other nodes (a move each; "
+            "follow one with kibo command get ID).",
+        ),
+    ] = False,
+    fmt: OutputOpt = Format.text,
+) -> None:
     """Cordon the node; it is DRAINING until its last instance is gone (its workspaces leave
-    as they are stopped or deleted, and start again on another node), then DRAINED."""
+    as they are stopped or deleted, and start again on another node), then DRAINED. A stopped
+    workspace's disks stay on the node unless --move-stopped moves them."""
     with connect() as client:
-        _show(client.drain_node(node_id), fmt)
+        if not move_stopped:
+            _show(client.drain_node(node_id), fmt)
+            return
+        response = client.drain_node_moving_stopped(node_id)
+    if fmt is Format.json:
+        output.emit_json(
+            {
+                "node": output.to_dict(response.node),
+                "moves": [{"workspace_id": m.workspace_id, "command_id": m.command_id} for m in response.moves],
+                "unmoved": list(response.unmoved),
+            }
+        )
+        return
+    _show(response.node, fmt)
+    for move in response.moves:
+        output.stdout().print(f"moving {move.workspace_id}: command {move.command_id}", markup=False)
+    for unmoved in response.unmoved:
+        output.stdout().print(f"not moved: {unmoved}", markup=False)

@@ -534,6 +534,15 @@ class AsyncClient:
         )
         return response.node
 
+    async def drain_node_moving_stopped(self, node_id: str) -> nodes_pb2.DrainNodeResponse:
+        """Drain the node, and move the disks of its STOPPED workspaces to other nodes (a
+        MoveWorkspace command each: `moves`, to follow with get_command; `unmoved`: those it
+        could not move, and why)."""
+        response: nodes_pb2.DrainNodeResponse = await self._call(
+            self.nodes.DrainNode, nodes_pb2.DrainNodeRequest(node_id=node_id, move_stopped=True)
+        )
+        return response
+
     # -- data plane (see kibotos.data_plane) ------------------------------------------------
 
     async def issue_data_plane_credential(

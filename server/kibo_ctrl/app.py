@@ -444,7 +444,7 @@ class App:
         # (UNIMPLEMENTED on both listeners, absent from reflection and health).
         if self.sim_api is not None:
             services.append(routes.simulator_service(self.sim_api))
-        services.append(routes.node_admin_service(NodeAdminApi(self.registry)))
+        services.append(routes.node_admin_service(NodeAdminApi(self.registry, self.store)))
         grpc_observer = self._rpc_observer("grpc")
         # Node agents (kibo-ctrl node) on gRPC only, with the authenticator that takes node
         # tokens (every other service refuses them): over mutual TLS on the node port, and on

@@ -5,6 +5,9 @@ target in the middle, a start waits for it (CONFLICT), and the source keeps noth
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -105,6 +108,29 @@ async def test_a_stopped_workspace_moves_its_disks_to_another_node_through_a_kil
             out = await _exec(client, workspace_id, "cat /root/keep.txt /data/keep.txt && sha256sum /data/big")
             assert out.startswith(b"layer\nvolume\n") and digest in out
             assert not list((tmp_path / "node-a" / "layers").glob(f"{workspace_id}*"))
+
+            # Stopped again, its node drained with --move-stopped (the CLI): its disks go back
+            # to node-a, the one ready node left, and it starts there with its data.
+            await client.stop(workspace_id)
+            await client.wait_for(workspace_id, S.WORKSPACE_STATE_STOPPED, within=60)
+            kibo = str(Path(sys.executable).parent / "kibo")
+            drain = [kibo, "--server", server.address, "node", "drain", "node-b", "--move-stopped", "-o", "json"]
+            drained = await asyncio.to_thread(subprocess.run, drain, capture_output=True, text=True, timeout=60)
+            assert drained.returncode == 0, drained.stderr
+            answer_json = json.loads(drained.stdout)
+            assert [m["workspace_id"] for m in answer_json["moves"]] == [workspace_id], answer_json
+            back = answer_json["moves"][0]["command_id"]
+
+            async def moved_back() -> command_pb2.WorkspaceCommand | None:
+                command = await client.command(back)
+                return command if command.state in (3, 4) else None
+
+            assert (await eventually(moved_back, within=120, what="the drain's move")).state == 3
+            await client.start(workspace_id)
+            running = await client.wait_for(workspace_id, S.WORKSPACE_STATE_AVAILABLE, within=60)
+            assert running.node_id == "node-a"
+            out = await _exec(client, workspace_id, "cat /root/keep.txt /data/keep.txt && sha256sum /data/big")
+            assert out.startswith(b"layer\nvolume\n") and digest in out
             await client.delete(workspace_id)
             await client.wait_for(workspace_id, S.WORKSPACE_STATE_DELETED, within=60)
     finally:

@@ -32,3 +32,10 @@ func (c *Client) DrainNode(ctx context.Context, nodeID string) (*nodev1.Node, er
 	reply, err := c.nodes.DrainNode(ctx, &nodev1.DrainNodeRequest{NodeId: nodeID})
 	return reply.GetNode(), err
 }
+
+// DrainNodeMovingStopped drains the node and moves the disks of its STOPPED workspaces to
+// other nodes: a MoveWorkspace command each (Moves, to follow with GetWorkspaceCommand);
+// Unmoved names those it could not move, and why.
+func (c *Client) DrainNodeMovingStopped(ctx context.Context, nodeID string) (*nodev1.DrainNodeResponse, error) {
+	return c.nodes.DrainNode(ctx, &nodev1.DrainNodeRequest{NodeId: nodeID, MoveStopped: true})
+}

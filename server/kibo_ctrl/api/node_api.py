@@ -18,12 +18,15 @@ from kibo.node.v1 import node_admin_service_pb2 as admin_pb2
 from kibo.node.v1 import node_service_pb2 as node_pb2
 
 from ..domain.access import LOCAL_OPERATOR, Caller, Role
-from ..domain.errors import InvalidArgument, PermissionDenied
+from ..domain.errors import InvalidArgument, PermissionDenied, Unimplemented
 from ..domain.model import Node
 from ..domain.nodes import DiskStatus, NodeRecord, NodeResources, node_id
 from ..domain.reports import Report, StorageReleased
+from ..engine import moves
 from ..engine.node_link import REPORT_KINDS, Batch, Cursor, Declaration, InstanceWork, StorageWork, Work
 from ..engine.node_registry import NodeRegistry
+from ..store.base import Store
+from . import render
 
 T = TypeVar("T")
 
@@ -280,8 +283,9 @@ class NodeApi:
 class NodeAdminApi:
     """kibo.node.v1.NodeAdminService: operators list, cordon and drain nodes."""
 
-    def __init__(self, registry: NodeRegistry) -> None:
+    def __init__(self, registry: NodeRegistry, store: Store | None = None) -> None:
         self._registry = registry
+        self._store = store
 
     async def list_nodes(self, request: admin_pb2.ListNodesRequest, caller: Caller) -> admin_pb2.ListNodesResponse:
         caller.require_operator("managing the nodes")
@@ -300,7 +304,14 @@ class NodeAdminApi:
 
     async def drain_node(self, request: admin_pb2.DrainNodeRequest, caller: Caller) -> admin_pb2.DrainNodeResponse:
         caller.require_operator("managing the nodes")
-        return admin_pb2.DrainNodeResponse(node=await self._changed(request.node_id, cordoned=True, drain=True))
+        node = await self._changed(request.node_id, cordoned=True, drain=True)
+        if not request.move_stopped:
+            return admin_pb2.DrainNodeResponse(node=node)
+        if self._store is None:
+            raise Unimplemented("this server cannot move disks")
+        fingerprint = f"drain {request.node_id} move-stopped"
+        moving, unmoved = await self._store.transact(moves.drain, request.node_id, fingerprint)
+        return admin_pb2.DrainNodeResponse(node=node, moves=[render.command(c) for c in moving], unmoved=unmoved)
 
     async def _changed(self, node: str, cordoned: bool, drain: bool = False) -> admin_pb2.Node:
         await self._registry.cordon(node_id(node), cordoned, drain)

@@ -21,7 +21,9 @@ SERVER_STOP_PREFIXES: dict[StopCause, str] = {
     StopCause.GUEST_SHUTDOWN: "guest-shutdown/",
     StopCause.HOST_MEMORY_EXHAUSTED: "host-memory/",
 }
-RESERVED_PREFIXES: tuple[str, ...] = tuple(SERVER_STOP_PREFIXES.values())
+# The moves an operator's drain starts (kibo node drain --move-stopped).
+DRAIN_MOVE_PREFIX = "move/"
+RESERVED_PREFIXES: tuple[str, ...] = (*SERVER_STOP_PREFIXES.values(), DRAIN_MOVE_PREFIX)
 
 
 @dataclass(frozen=True)

@@ -18,12 +18,15 @@ import asyncio
 import contextlib
 import logging
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Protocol
 
+from ..domain import rules
 from ..domain.errors import Conflict, NotFound
 from ..domain.model import Command, CommandError, CommandKind, CommandState, ErrorCode, Volume, Workspace
 from ..domain.moves import MoveRefused, NodeUnreachable, StoredFile
+from ..domain.rules import DRAIN_MOVE_PREFIX
 from ..store.base import Changes, Reader, Store, Tx
 from . import steps
 from .hub import Wakeup
@@ -295,3 +298,34 @@ class Mover:
             return
         steps.finish_command(tx, workspace, error=CommandError(ErrorCode.FAILED_PRECONDITION, message[:500]))
         save(tx, workspace, None, command_id=command_id)
+
+
+def drain(tx: Tx, node_id: str, fingerprint: str) -> tuple[list[Command], list[str]]:
+    """An operator's drain that moves: a MOVE for each STOPPED workspace whose disks are on
+    the node (and no command runs), each to the ready node with a data plane and the most
+    free disk; and the ones that could not start, with why. (A scan of the STOPPED rows.)"""
+    targets = sorted(
+        (n for n in tx.list_nodes() if n.id != node_id and n.ready and n.data_plane_address and not n.disk.pressure),
+        key=lambda n: n.disk.free_bytes - n.disk.reserve_bytes,
+        reverse=True,
+    )
+    moving: list[Command] = []
+    unmoved: list[str] = []
+    for workspace in tx.stopped_workspaces():
+        if workspace.storage_node != node_id or workspace.deleted:
+            continue
+        if workspace.active_command is not None:
+            unmoved.append(
+                f"{workspace.id}: a {workspace.active_kind.name if workspace.active_kind else ''} command runs"
+            )
+            continue
+        if not targets:
+            unmoved.append(f"{workspace.id}: no ready node with a data plane and disk room to move it to")
+            continue
+        command_id = f"{DRAIN_MOVE_PREFIX}{node_id}/{uuid.uuid4().hex[:12]}"
+        try:
+            rules.check(CommandKind.MOVE, steps.rule_facts(workspace))
+            moving.append(begin(tx, workspace, command_id, fingerprint, targets[0].id))
+        except (Conflict, NotFound) as refused:
+            unmoved.append(f"{workspace.id}: {refused.message}")
+    return moving, unmoved

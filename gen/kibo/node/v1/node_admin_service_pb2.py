@@ -22,9 +22,10 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from kibo.ctrl.v1 import command_pb2 as kibo_dot_ctrl_dot_v1_dot_command__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%kibo/node/v1/node_admin_service.proto\x12\x0ckibo.node.v1\"\x98\x05\n\x04Node\x12\n\n\x02id\x18\x01 \x01(\t\x12&\n\x05state\x18\x02 \x01(\x0e\x32\x17.kibo.node.v1.NodeState\x12\r\n\x05vcpus\x18\x03 \x01(\x05\x12\x12\n\nmemory_mib\x18\x04 \x01(\x03\x12\x14\n\x0cstorage_pool\x18\x05 \x01(\t\x12.\n\x06labels\x18\x06 \x03(\x0b\x32\x1e.kibo.node.v1.Node.LabelsEntry\x12\x14\n\x0c\x63\x61pabilities\x18\x07 \x03(\t\x12\x12\n\nused_vcpus\x18\x08 \x01(\x05\x12\x17\n\x0fused_memory_mib\x18\t \x01(\x03\x12\x11\n\tinstances\x18\n \x01(\x05\x12\x10\n\x08\x63ordoned\x18\x0b \x01(\x08\x12\x0e\n\x06silent\x18\x0c \x01(\x08\x12\x19\n\x11lease_expire_time\x18\r \x01(\x01\x12\x11\n\tjoin_time\x18\x0e \x01(\x01\x12\x12\n\nhost_vcpus\x18\x0f \x01(\x05\x12\x17\n\x0fhost_memory_mib\x18\x10 \x01(\x03\x12\x1c\n\x14\x63pu_allocation_ratio\x18\x11 \x01(\x01\x12\x1f\n\x17memory_allocation_ratio\x18\x12 \x01(\x01\x12\x15\n\rhost_disk_gib\x18\x13 \x01(\x03\x12\x1d\n\x15\x64isk_allocation_ratio\x18\x14 \x01(\x01\x12\x13\n\x0bstorage_gib\x18\x15 \x01(\x03\x12\x1e\n\x16storage_promised_bytes\x18\x16 \x01(\x03\x12\x17\n\x0f\x64isk_free_bytes\x18\x17 \x01(\x03\x12\x1a\n\x12\x64isk_reserve_bytes\x18\x18 \x01(\x03\x12\x12\n\nconditions\x18\x19 \x03(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x12\n\x10ListNodesRequest\"6\n\x11ListNodesResponse\x12!\n\x05nodes\x18\x01 \x03(\x0b\x32\x12.kibo.node.v1.Node\"$\n\x11\x43ordonNodeRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\"6\n\x12\x43ordonNodeResponse\x12 \n\x04node\x18\x01 \x01(\x0b\x32\x12.kibo.node.v1.Node\"&\n\x13UncordonNodeRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\"8\n\x14UncordonNodeResponse\x12 \n\x04node\x18\x01 \x01(\x0b\x32\x12.kibo.node.v1.Node\"#\n\x10\x44rainNodeRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\"5\n\x11\x44rainNodeResponse\x12 \n\x04node\x18\x01 \x01(\x0b\x32\x12.kibo.node.v1.Node*\x9e\x01\n\tNodeState\x12\x1a\n\x16NODE_STATE_UNSPECIFIED\x10\x00\x12\x14\n\x10NODE_STATE_READY\x10\x01\x12\x15\n\x11NODE_STATE_SILENT\x10\x02\x12\x17\n\x13NODE_STATE_CORDONED\x10\x03\x12\x17\n\x13NODE_STATE_DRAINING\x10\x04\x12\x16\n\x12NODE_STATE_DRAINED\x10\x05\x32\xd6\x02\n\x10NodeAdminService\x12L\n\tListNodes\x12\x1e.kibo.node.v1.ListNodesRequest\x1a\x1f.kibo.node.v1.ListNodesResponse\x12O\n\nCordonNode\x12\x1f.kibo.node.v1.CordonNodeRequest\x1a .kibo.node.v1.CordonNodeResponse\x12U\n\x0cUncordonNode\x12!.kibo.node.v1.UncordonNodeRequest\x1a\".kibo.node.v1.UncordonNodeResponse\x12L\n\tDrainNode\x12\x1e.kibo.node.v1.DrainNodeRequest\x1a\x1f.kibo.node.v1.DrainNodeResponseB5Z3github.com/kibo-dev/kibo/gen/go/kibo/node/v1;nodev1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%kibo/node/v1/node_admin_service.proto\x12\x0ckibo.node.v1\x1a\x1akibo/ctrl/v1/command.proto\"\x98\x05\n\x04Node\x12\n\n\x02id\x18\x01 \x01(\t\x12&\n\x05state\x18\x02 \x01(\x0e\x32\x17.kibo.node.v1.NodeState\x12\r\n\x05vcpus\x18\x03 \x01(\x05\x12\x12\n\nmemory_mib\x18\x04 \x01(\x03\x12\x14\n\x0cstorage_pool\x18\x05 \x01(\t\x12.\n\x06labels\x18\x06 \x03(\x0b\x32\x1e.kibo.node.v1.Node.LabelsEntry\x12\x14\n\x0c\x63\x61pabilities\x18\x07 \x03(\t\x12\x12\n\nused_vcpus\x18\x08 \x01(\x05\x12\x17\n\x0fused_memory_mib\x18\t \x01(\x03\x12\x11\n\tinstances\x18\n \x01(\x05\x12\x10\n\x08\x63ordoned\x18\x0b \x01(\x08\x12\x0e\n\x06silent\x18\x0c \x01(\x08\x12\x19\n\x11lease_expire_time\x18\r \x01(\x01\x12\x11\n\tjoin_time\x18\x0e \x01(\x01\x12\x12\n\nhost_vcpus\x18\x0f \x01(\x05\x12\x17\n\x0fhost_memory_mib\x18\x10 \x01(\x03\x12\x1c\n\x14\x63pu_allocation_ratio\x18\x11 \x01(\x01\x12\x1f\n\x17memory_allocation_ratio\x18\x12 \x01(\x01\x12\x15\n\rhost_disk_gib\x18\x13 \x01(\x03\x12\x1d\n\x15\x64isk_allocation_ratio\x18\x14 \x01(\x01\x12\x13\n\x0bstorage_gib\x18\x15 \x01(\x03\x12\x1e\n\x16storage_promised_bytes\x18\x16 \x01(\x03\x12\x17\n\x0f\x64isk_free_bytes\x18\x17 \x01(\x03\x12\x1a\n\x12\x64isk_reserve_bytes\x18\x18 \x01(\x03\x12\x12\n\nconditions\x18\x19 \x03(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x12\n\x10ListNodesRequest\"6\n\x11ListNodesResponse\x12!\n\x05nodes\x18\x01 \x03(\x0b\x32\x12.kibo.node.v1.Node\"$\n\x11\x43ordonNodeRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\"6\n\x12\x43ordonNodeResponse\x12 \n\x04node\x18\x01 \x01(\x0b\x32\x12.kibo.node.v1.Node\"&\n\x13UncordonNodeRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\"8\n\x14UncordonNodeResponse\x12 \n\x04node\x18\x01 \x01(\x0b\x32\x12.kibo.node.v1.Node\"9\n\x10\x44rainNodeRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x14\n\x0cmove_stopped\x18\x02 \x01(\x08\"u\n\x11\x44rainNodeResponse\x12 \n\x04node\x18\x01 \x01(\x0b\x32\x12.kibo.node.v1.Node\x12-\n\x05moves\x18\x02 \x03(\x0b\x32\x1e.kibo.ctrl.v1.WorkspaceCommand\x12\x0f\n\x07unmoved\x18\x03 \x03(\t*\x9e\x01\n\tNodeState\x12\x1a\n\x16NODE_STATE_UNSPECIFIED\x10\x00\x12\x14\n\x10NODE_STATE_READY\x10\x01\x12\x15\n\x11NODE_STATE_SILENT\x10\x02\x12\x17\n\x13NODE_STATE_CORDONED\x10\x03\x12\x17\n\x13NODE_STATE_DRAINING\x10\x04\x12\x16\n\x12NODE_STATE_DRAINED\x10\x05\x32\xd6\x02\n\x10NodeAdminService\x12L\n\tListNodes\x12\x1e.kibo.node.v1.ListNodesRequest\x1a\x1f.kibo.node.v1.ListNodesResponse\x12O\n\nCordonNode\x12\x1f.kibo.node.v1.CordonNodeRequest\x1a .kibo.node.v1.CordonNodeResponse\x12U\n\x0cUncordonNode\x12!.kibo.node.v1.UncordonNodeRequest\x1a\".kibo.node.v1.UncordonNodeResponse\x12L\n\tDrainNode\x12\x1e.kibo.node.v1.DrainNodeRequest\x1a\x1f.kibo.node.v1.DrainNodeResponseB5Z3github.com/kibo-dev/kibo/gen/go/kibo/node/v1;nodev1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,28 +35,28 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._serialized_options = b'Z3github.com/kibo-dev/kibo/gen/go/kibo/node/v1;nodev1'
   _globals['_NODE_LABELSENTRY']._loaded_options = None
   _globals['_NODE_LABELSENTRY']._serialized_options = b'8\001'
-  _globals['_NODESTATE']._serialized_start=1083
-  _globals['_NODESTATE']._serialized_end=1241
-  _globals['_NODE']._serialized_start=56
-  _globals['_NODE']._serialized_end=720
-  _globals['_NODE_LABELSENTRY']._serialized_start=675
-  _globals['_NODE_LABELSENTRY']._serialized_end=720
-  _globals['_LISTNODESREQUEST']._serialized_start=722
-  _globals['_LISTNODESREQUEST']._serialized_end=740
-  _globals['_LISTNODESRESPONSE']._serialized_start=742
-  _globals['_LISTNODESRESPONSE']._serialized_end=796
-  _globals['_CORDONNODEREQUEST']._serialized_start=798
-  _globals['_CORDONNODEREQUEST']._serialized_end=834
-  _globals['_CORDONNODERESPONSE']._serialized_start=836
-  _globals['_CORDONNODERESPONSE']._serialized_end=890
-  _globals['_UNCORDONNODEREQUEST']._serialized_start=892
-  _globals['_UNCORDONNODEREQUEST']._serialized_end=930
-  _globals['_UNCORDONNODERESPONSE']._serialized_start=932
-  _globals['_UNCORDONNODERESPONSE']._serialized_end=988
-  _globals['_DRAINNODEREQUEST']._serialized_start=990
-  _globals['_DRAINNODEREQUEST']._serialized_end=1025
-  _globals['_DRAINNODERESPONSE']._serialized_start=1027
-  _globals['_DRAINNODERESPONSE']._serialized_end=1080
-  _globals['_NODEADMINSERVICE']._serialized_start=1244
-  _globals['_NODEADMINSERVICE']._serialized_end=1586
+  _globals['_NODESTATE']._serialized_start=1197
+  _globals['_NODESTATE']._serialized_end=1355
+  _globals['_NODE']._serialized_start=84
+  _globals['_NODE']._serialized_end=748
+  _globals['_NODE_LABELSENTRY']._serialized_start=703
+  _globals['_NODE_LABELSENTRY']._serialized_end=748
+  _globals['_LISTNODESREQUEST']._serialized_start=750
+  _globals['_LISTNODESREQUEST']._serialized_end=768
+  _globals['_LISTNODESRESPONSE']._serialized_start=770
+  _globals['_LISTNODESRESPONSE']._serialized_end=824
+  _globals['_CORDONNODEREQUEST']._serialized_start=826
+  _globals['_CORDONNODEREQUEST']._serialized_end=862
+  _globals['_CORDONNODERESPONSE']._serialized_start=864
+  _globals['_CORDONNODERESPONSE']._serialized_end=918
+  _globals['_UNCORDONNODEREQUEST']._serialized_start=920
+  _globals['_UNCORDONNODEREQUEST']._serialized_end=958
+  _globals['_UNCORDONNODERESPONSE']._serialized_start=960
+  _globals['_UNCORDONNODERESPONSE']._serialized_end=1016
+  _globals['_DRAINNODEREQUEST']._serialized_start=1018
+  _globals['_DRAINNODEREQUEST']._serialized_end=1075
+  _globals['_DRAINNODERESPONSE']._serialized_start=1077
+  _globals['_DRAINNODERESPONSE']._serialized_end=1194
+  _globals['_NODEADMINSERVICE']._serialized_start=1358
+  _globals['_NODEADMINSERVICE']._serialized_end=1700
 # @@protoc_insertion_point(module_scope)

@@ -1,3 +1,4 @@
+from kibo.ctrl.v1 import command_pb2 as _command_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -118,13 +119,19 @@ class UncordonNodeResponse(_message.Message):
     def __init__(self, node: _Optional[_Union[Node, _Mapping]] = ...) -> None: ...
 
 class DrainNodeRequest(_message.Message):
-    __slots__ = ("node_id",)
+    __slots__ = ("node_id", "move_stopped")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    MOVE_STOPPED_FIELD_NUMBER: _ClassVar[int]
     node_id: str
-    def __init__(self, node_id: _Optional[str] = ...) -> None: ...
+    move_stopped: bool
+    def __init__(self, node_id: _Optional[str] = ..., move_stopped: _Optional[bool] = ...) -> None: ...
 
 class DrainNodeResponse(_message.Message):
-    __slots__ = ("node",)
+    __slots__ = ("node", "moves", "unmoved")
     NODE_FIELD_NUMBER: _ClassVar[int]
+    MOVES_FIELD_NUMBER: _ClassVar[int]
+    UNMOVED_FIELD_NUMBER: _ClassVar[int]
     node: Node
-    def __init__(self, node: _Optional[_Union[Node, _Mapping]] = ...) -> None: ...
+    moves: _containers.RepeatedCompositeFieldContainer[_command_pb2.WorkspaceCommand]
+    unmoved: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, node: _Optional[_Union[Node, _Mapping]] = ..., moves: _Optional[_Iterable[_Union[_command_pb2.WorkspaceCommand, _Mapping]]] = ..., unmoved: _Optional[_Iterable[str]] = ...) -> None: ...
