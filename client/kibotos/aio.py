@@ -48,6 +48,8 @@ from .wait import WaitOptions, WaitResult, wait_async
 __all__ = ["AsyncClient", "SettleArg"]
 
 R = TypeVar("R", bound=CommandResponse)
+# How a stream ends when its server goes away (a stop cancels the calls it still serves).
+_BROKEN = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
 
 
 class AsyncClient:
@@ -76,6 +78,7 @@ class AsyncClient:
             timeout=timeout,
         )
         self.settle_options = settle_options or SettleOptions()
+        self._closed = False
         self.channel = self.connection.open_async_channel()
         self.workspaces = self.connection.stub(ws_grpc.WorkspaceServiceStub(self.channel))  # type: ignore[no-untyped-call]
         self.observation = self.connection.stub(obs_grpc.WorkspaceObservationServiceStub(self.channel))  # type: ignore[no-untyped-call]
@@ -89,6 +92,7 @@ class AsyncClient:
         return self.connection.address
 
     async def close(self) -> None:
+        self._closed = True  # a watch whose stream this cancels ends, not reconnects
         await self.channel.close()
 
     async def __aenter__(self) -> AsyncClient:
@@ -252,10 +256,10 @@ class AsyncClient:
     ) -> AsyncGenerator[obs_pb2.WorkspaceEvent, None]:
         """Matching events as they are stored, never ending by itself: those after
         `after_sequence` (0: from now on), or with `history` first every stored one (as
-        list_events) and then the new ones. A stream that breaks (UNAVAILABLE: the server
-        restarts or stops, the network) is called again, once the channel is ready, after the
-        last event it sent: none missed, none twice (up to 10 breaks in a row with nothing
-        received; `reconnect=False`: the first one raises)."""
+        list_events) and then the new ones. A stream that breaks (UNAVAILABLE, or CANCELLED by
+        the server: it restarts or stops, the network) is called again, once the channel is
+        ready, after the last event it sent: none missed, none twice (up to 10 breaks in a row
+        with nothing received; `reconnect=False`: the first one raises)."""
         filters = build.event_filters(types, workspace_id, node_id, start_time, end_time)
         resume = after_sequence
         if history:
@@ -281,7 +285,7 @@ class AsyncClient:
                 return
             except grpc.RpcError as error:
                 breaks += 1
-                if not reconnect or error.code() != grpc.StatusCode.UNAVAILABLE or breaks > 10:
+                if not reconnect or self._closed or error.code() not in _BROKEN or breaks > 10:
                     raise self.connection.explain(from_rpc_error(error)) from None
             finally:
                 call.cancel()

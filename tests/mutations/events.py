@@ -87,4 +87,12 @@ MUTATIONS = [
         replace="        if False:\n",
         tests=(f"{_UNIT}::test_a_watch_open_at_the_shutdown_or_started_after_it_ends_at_once",),
     ),
+    Mutation(
+        claim="The SDK's watch_events goes on after its stream breaks (a server restart), after the last event "
+        "it gave: none missed, none twice",
+        code="client/kibotos/client.py",
+        find="if not reconnect or self._closed or error.code() not in _BROKEN or breaks > 10:",
+        replace="if True:",
+        tests=("tests/system/test_cli_events.py::test_the_sdks_watch_goes_on_across_a_restart_of_its_server",),
+    ),
 ]

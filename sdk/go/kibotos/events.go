@@ -62,8 +62,9 @@ const watchBreaks = 10
 
 // WatchEvents calls fn with each matching event stored after afterSequence (0: from now on),
 // in sequence order, until fn returns false (nil), ctx ends, or an error. A stream that
-// breaks with UNAVAILABLE (the server restarts or stops, the network) is called again, once
-// the connection is ready, after the last event it sent: none missed, none twice.
+// breaks (UNAVAILABLE, or CANCELLED by the server: it restarts or stops, the network) is
+// called again, once the connection is ready, after the last event it sent: none missed,
+// none twice (up to 10 breaks in a row with nothing received).
 func (c *Client) WatchEvents(ctx context.Context, filter EventFilter, afterSequence int64, fn func(*ctrlv1.WorkspaceEvent) bool) error {
 	start, end := filter.stamps()
 	resume, breaks := afterSequence, 0
@@ -83,7 +84,9 @@ func (c *Client) WatchEvents(ctx context.Context, filter EventFilter, afterSeque
 			return err
 		}
 		breaks++
-		if status.Code(err) != codes.Unavailable || breaks > watchBreaks || ctx.Err() != nil {
+		// UNAVAILABLE, or CANCELLED by the server (a stop cancels the calls it still serves).
+		code := status.Code(err)
+		if (code != codes.Unavailable && code != codes.Canceled) || breaks > watchBreaks || ctx.Err() != nil {
 			return err
 		}
 	}
