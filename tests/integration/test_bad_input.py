@@ -385,6 +385,7 @@ WELL_FORMED: dict[str, Callable[[wp.CommandMetadata], Message]] = {
     "SetWorkspaceNetworkPolicy": lambda m: ws.SetWorkspaceNetworkPolicyRequest(
         metadata=m, workspace_id=UNKNOWN_WS, network_policy=wp.NetworkPolicy(egress=wp.NETWORK_EGRESS_DENY_ALL)
     ),
+    "MoveWorkspace": lambda m: ws.MoveWorkspaceRequest(metadata=m, workspace_id=UNKNOWN_WS, target_node_id="node-1"),
     "BindWorkspaceVolume": lambda m: ws.BindWorkspaceVolumeRequest(
         metadata=m, workspace_id=UNKNOWN_WS, binding=wp.VolumeBinding(volume_id=UNKNOWN_VOL, mount_path="/mnt/v")
     ),

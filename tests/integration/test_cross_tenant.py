@@ -142,6 +142,14 @@ CASES: dict[str, tuple[Case, ...]] = {
             lambda i, w: ws.ResizeWorkspaceRequest(metadata=meta(), workspace_id=i, resources=wp.Resources(vcpus=2)),
         ),
     ),
+    # An operator's command: B's admin token is refused before any lookup, alike for A's and none.
+    "WorkspaceService/MoveWorkspace": (
+        Case(
+            "workspace",
+            lambda i, w: ws.MoveWorkspaceRequest(metadata=meta(), workspace_id=i, target_node_id="node-1"),
+            grpc.StatusCode.PERMISSION_DENIED,
+        ),
+    ),
     "WorkspaceService/SetWorkspaceNetworkPolicy": (
         Case(
             "workspace",

@@ -16,6 +16,8 @@ import grpc
 import pytest
 from kibo.ctrl.v1 import command_pb2
 from kibo.ctrl.v1 import workspace_service_pb2 as ws
+from kibo.node.v1 import node_storage_service_pb2 as storage_pb2
+from kibo.node.v1 import node_storage_service_pb2_grpc as storage_grpc
 
 from tests.client import Client, S, meta
 from tests.nodes import NodeProcess, admin
@@ -30,6 +32,19 @@ BIG_MIB = 400
 def _node(server: ServerProcess, tmp_path: Path, name: str) -> NodeProcess:
     flags = (*NODE_FLAGS, "--data-plane-listen", f"127.0.0.1:{free_port()}")
     return NodeProcess(server.address, tmp_path / name, name, flags, runtime="process")
+
+
+async def _storage_refuses(node: NodeProcess, token: str) -> grpc.StatusCode:
+    """A call straight to a node's NodeStorageService, as an intruder on the network would."""
+    address = node.flags[node.flags.index("--data-plane-listen") + 1]
+    metadata = (("authorization", f"Bearer {token}"),) if token else ()
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = storage_grpc.NodeStorageServiceStub(channel)  # type: ignore[no-untyped-call]
+        try:
+            await stub.ListStorage(storage_pb2.ListStorageRequest(workspace_id="ws-x"), metadata=metadata)
+        except grpc.aio.AioRpcError as error:
+            return error.code()
+    raise AssertionError("a node listed its disks for a caller without its secret")
 
 
 async def _exec(client: Client, workspace_id: str, script: str) -> bytes:
@@ -51,6 +66,9 @@ async def test_a_stopped_workspace_moves_its_disks_to_another_node_through_a_kil
         async with Client.connect(server.address) as client:
             # Placed on node-a (node-b cordoned until then).
             await eventually(lambda: _joined(server, nodes), within=30, what="both nodes joined")
+            # Its disks answer only the control plane (the secret of its join).
+            for token in ("", "not-the-secret"):
+                assert await _storage_refuses(nodes["node-a"], token) == grpc.StatusCode.UNAUTHENTICATED
             await admin(server.address, "CordonNode", "node-b")
             created = await client.create(resources=SMALL)
             workspace_id = created.workspace_id
