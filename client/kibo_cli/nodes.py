@@ -89,6 +89,36 @@ def node_uncordon(node_id: NodeId, fmt: OutputOpt = Format.text) -> None:
         _show(client.uncordon_node(node_id), fmt)
 
 
+@app.command("forget")
+@handle
+def node_forget(
+    node_id: NodeId,
+    abandon_disks: Annotated[
+        bool,
+        typer.Option(
+            "--abandon-disks",
+            help="Let the workspaces and volumes whose disks are on the node start elsewhere with empty "
+            "disks (their data there is lost). Without it, a node that holds disks is not forgotten.",
+        ),
+    ] = False,
+    fmt: OutputOpt = Format.text,
+) -> None:
+    """Declare a SILENT node lost for good (its host is gone): what ran there is released
+    (its workspaces leave UNKNOWN, FAILED: start them again elsewhere) and it may never join
+    again under its ID. Only an operator does this; kibo never does it on its own."""
+    with connect() as client:
+        response = client.forget_node(node_id, abandon_disks=abandon_disks)
+    if fmt is Format.json:
+        output.emit_json(response)
+        return
+    _show(response.node, fmt)
+    if response.released_workspace_ids:
+        output.stdout().print(f"released: {', '.join(response.released_workspace_ids)}", markup=False)
+    abandoned = [*response.abandoned_workspace_ids, *response.abandoned_volume_ids]
+    if abandoned:
+        output.stdout().print(f"disks abandoned (start with empty ones): {', '.join(abandoned)}", markup=False)
+
+
 @app.command("drain")
 @handle
 def node_drain(

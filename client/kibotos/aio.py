@@ -538,6 +538,15 @@ class AsyncClient:
         )
         return response.node
 
+    async def forget_node(self, node_id: str, *, abandon_disks: bool = False) -> nodes_pb2.ForgetNodeResponse:
+        """Declare a SILENT node lost for good: what ran there is released (its workspaces
+        FAILED, to start elsewhere), and it may never join again under its ID. Refused while
+        workspaces keep disks there, unless `abandon_disks` (they start elsewhere with empty ones)."""
+        response: nodes_pb2.ForgetNodeResponse = await self._call(
+            self.nodes.ForgetNode, nodes_pb2.ForgetNodeRequest(node_id=node_id, abandon_disks=abandon_disks)
+        )
+        return response
+
     async def drain_node_moving_stopped(self, node_id: str) -> nodes_pb2.DrainNodeResponse:
         """Drain the node, and move the disks of its STOPPED workspaces to other nodes (a
         MoveWorkspace command each: `moves`, to follow with get_command; `unmoved`: those it

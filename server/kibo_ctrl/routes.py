@@ -192,6 +192,7 @@ def node_admin_service(admin: NodeAdminApi) -> Service:
             Unary("CordonNode", nadm.CordonNodeRequest, nadm.CordonNodeResponse, admin.cordon_node),
             Unary("UncordonNode", nadm.UncordonNodeRequest, nadm.UncordonNodeResponse, admin.uncordon_node),
             Unary("DrainNode", nadm.DrainNodeRequest, nadm.DrainNodeResponse, admin.drain_node),
+            Unary("ForgetNode", nadm.ForgetNodeRequest, nadm.ForgetNodeResponse, admin.forget_node),
         ),
     )
 

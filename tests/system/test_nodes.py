@@ -242,3 +242,62 @@ async def test_a_node_joins_with_its_token_and_an_operator_manages_it_with_kibo_
         assert '"nodeId": "node-s"' in created.stdout and '"zone": "a"' in created.stdout
     finally:
         node.kill()
+
+
+async def test_a_silent_node_is_forgotten_only_when_asked_and_its_disks_only_with_abandon_disks(
+    cluster: tuple[ServerProcess, dict[str, NodeProcess]],
+) -> None:
+    """kibo node forget (issue 26): node-a dies for good. Its workspaces are UNKNOWN and their
+    disks are on it: a forget is refused without --abandon-disks (nothing changes), and on a
+    live node; with it, the running one is released (FAILED, start directly) and both start
+    on node-b with empty disks. node-a, started again, may not join under its ID."""
+    server, nodes = cluster
+    await eventually(lambda: both_joined(server), within=60, what="both nodes joined")
+    async with Client.connect(server.address) as client:
+        await admin(server.address, "CordonNode", "node-b")
+        running = await client.create()
+        stopped = await client.create()
+        assert running.node_id == stopped.node_id == "node-a"
+        await client.stop(stopped.workspace_id)
+        await client.wait_for(stopped.workspace_id, S.WORKSPACE_STATE_STOPPED)
+        await admin(server.address, "UncordonNode", "node-b")
+        nodes["node-a"].kill()
+        await eventually(lambda: _state_is(client, running.workspace_id, S.WORKSPACE_STATE_UNKNOWN), 30, "UNKNOWN")
+
+        kibo = [str(Path(sys.executable).parent / "kibo"), "--server", server.address, "node", "forget"]
+        alive = await _run([*kibo, "node-b"])
+        assert alive.returncode != 0 and "alive" in alive.stderr, alive
+        refused = await _run([*kibo, "node-a"])
+        assert refused.returncode != 0 and "2 workspaces and" in refused.stderr, refused
+        assert "--abandon-disks" in refused.stderr
+        assert (await client.get(running.workspace_id)).state == S.WORKSPACE_STATE_UNKNOWN
+        assert (await list_nodes(server.address))["node-a"].state == adm.NODE_STATE_SILENT
+
+        forgot = await _run([*kibo, "node-a", "--abandon-disks", "-o", "json"])
+        assert forgot.returncode == 0, forgot.stderr
+        answer = json.loads(forgot.stdout)
+        assert answer["releasedWorkspaceIds"] == [running.workspace_id], answer
+        assert sorted(answer["abandonedWorkspaceIds"]) == sorted([running.workspace_id, stopped.workspace_id])
+        assert (await list_nodes(server.address))["node-a"].state == adm.NODE_STATE_FORGOTTEN
+        released = await client.get(running.workspace_id)
+        assert released.state == S.WORKSPACE_STATE_FAILED, released
+        for workspace in (running, stopped):
+            await client.start(workspace.workspace_id)
+            placed = await client.wait_for(workspace.workspace_id, S.WORKSPACE_STATE_AVAILABLE, within=30)
+            assert placed.node_id == "node-b"
+
+        # node-a comes back with its old data dir: refused, and it says why.
+        nodes["node-a"].start()
+        async def told() -> bool:
+            return "forgotten" in nodes["node-a"].log()
+
+        await eventually(told, 30, "node-a told it was forgotten")
+        assert (await list_nodes(server.address))["node-a"].state == adm.NODE_STATE_FORGOTTEN
+
+
+async def _state_is(client: Client, workspace_id: str, state: int) -> bool:
+    return (await client.get(workspace_id)).state == state
+
+
+async def _run(command: list[str]) -> subprocess.CompletedProcess[str]:
+    return await asyncio.to_thread(subprocess.run, command, capture_output=True, text=True, timeout=60)

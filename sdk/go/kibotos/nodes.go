@@ -33,6 +33,13 @@ func (c *Client) DrainNode(ctx context.Context, nodeID string) (*nodev1.Node, er
 	return reply.GetNode(), err
 }
 
+// ForgetNode declares a SILENT node lost for good: what ran there is released (its
+// workspaces FAILED, to start elsewhere) and it may never join again under its ID. Refused
+// while workspaces keep disks there, unless abandonDisks (they start elsewhere, empty).
+func (c *Client) ForgetNode(ctx context.Context, nodeID string, abandonDisks bool) (*nodev1.ForgetNodeResponse, error) {
+	return c.nodes.ForgetNode(ctx, &nodev1.ForgetNodeRequest{NodeId: nodeID, AbandonDisks: abandonDisks})
+}
+
 // DrainNodeMovingStopped drains the node and moves the disks of its STOPPED workspaces to
 // other nodes: a MoveWorkspace command each (Moves, to follow with GetWorkspaceCommand);
 // Unmoved names those it could not move, and why.

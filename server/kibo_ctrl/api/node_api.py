@@ -22,7 +22,7 @@ from ..domain.errors import InvalidArgument, PermissionDenied, Unimplemented
 from ..domain.model import Node
 from ..domain.nodes import DiskStatus, NodeRecord, NodeResources, node_id
 from ..domain.reports import Report, StorageReleased
-from ..engine import moves
+from ..engine import lost_nodes, moves
 from ..engine.node_link import REPORT_KINDS, Batch, Cursor, Declaration, InstanceWork, StorageWork, Work
 from ..engine.node_registry import NodeRegistry
 from ..store.base import Store
@@ -168,7 +168,9 @@ def conditions(record: NodeRecord) -> list[str]:
 
 
 def render_node(record: NodeRecord, instances: int, used: tuple[int, int]) -> admin_pb2.Node:
-    if record.silent:
+    if record.forgotten:
+        state = admin_pb2.NODE_STATE_FORGOTTEN
+    elif record.silent:
         state = admin_pb2.NODE_STATE_SILENT
     elif record.draining:
         state = admin_pb2.NODE_STATE_DRAINING if instances else admin_pb2.NODE_STATE_DRAINED
@@ -312,6 +314,18 @@ class NodeAdminApi:
         fingerprint = f"drain {request.node_id} move-stopped"
         moving, unmoved = await self._store.transact(moves.drain, request.node_id, fingerprint)
         return admin_pb2.DrainNodeResponse(node=node, moves=[render.command(c) for c in moving], unmoved=unmoved)
+
+    async def forget_node(self, request: admin_pb2.ForgetNodeRequest, caller: Caller) -> admin_pb2.ForgetNodeResponse:
+        caller.require_operator("managing the nodes")
+        if self._store is None:
+            raise Unimplemented("this server cannot forget nodes")
+        done = await self._store.transact(lost_nodes.forget, node_id(request.node_id), request.abandon_disks)
+        return admin_pb2.ForgetNodeResponse(
+            node=render_node(done.node, 0, (0, 0)),
+            released_workspace_ids=done.released,
+            abandoned_workspace_ids=done.abandoned_workspaces,
+            abandoned_volume_ids=done.abandoned_volumes,
+        )
 
     async def _changed(self, node: str, cordoned: bool, drain: bool = False) -> admin_pb2.Node:
         await self._registry.cordon(node_id(node), cordoned, drain)

@@ -134,6 +134,9 @@ class NodeRecord(msgspec.Struct):
     # No new placements (an operator's kibo node cordon); draining implies cordoned.
     cordoned: bool = False
     draining: bool = False
+    # Declared lost by an operator (kibo node forget): silent and cordoned for good; its ID
+    # may not join again (its data dir holds what the cluster gave up).
+    forgotten: bool = False
     # Where the node serves its guests' data plane (NodeGuestService), and the secret it
     # takes there (made by the node for its last join); empty: no data plane (the simulator).
     data_plane_address: str = ""

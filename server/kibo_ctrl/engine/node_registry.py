@@ -45,7 +45,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ..domain.clock import SYSTEM_CLOCK, Clock
-from ..domain.errors import Conflict, InvalidArgument, NotFound, StoreError
+from ..domain.errors import Conflict, InvalidArgument, NotFound, PermissionDenied, StoreError
 from ..domain.model import Instance, Node, Workspace
 from ..domain.nodes import DiskStatus, NodeRecord, labels, node_id
 from ..domain.reports import Report, StorageReleased
@@ -260,6 +260,7 @@ class NodeRegistry:
 
     def _join(self, tx: Tx, declaration: Declaration, now: float) -> bool:
         node = declaration.node
+        _not_forgotten(tx.get_node(node.id))
         self._check_pool(tx, node)
         record = tx.get_node(node.id) or NodeRecord(node.id, node.vcpus, node.memory_mib, node.storage_pool)
         record.vcpus, record.memory_mib, record.storage_pool = node.vcpus, node.memory_mib, node.storage_pool
@@ -362,6 +363,7 @@ class NodeRegistry:
         record = tx.get_node(node)
         if record is None:
             raise Conflict(f"node {node} has not joined: call Join first", field="node_id")
+        _not_forgotten(record)
         if disk is not None:
             if disk.pressure != record.disk.pressure:
                 state = "under its disk reserve: no new storage there" if disk.pressure else "above its reserve again"
@@ -664,3 +666,12 @@ def _apply_report(tx: Tx, node: str, report: Report) -> None:
             f"step {report.step} of {report.instance_id} was never asked (its step is {instance.step})", field="step"
         )
     controller.apply(tx, report)
+
+
+def _not_forgotten(record: NodeRecord | None) -> None:
+    """A node an operator declared lost (engine/lost_nodes.py) never comes back under its ID."""
+    if record is not None and record.forgotten:
+        raise PermissionDenied(
+            f"node {record.id} was forgotten by an operator (declared lost): it may not join again",
+            hint="wipe its data dir (what it holds was given up) and join it as a new node, with a new node ID",
+        )

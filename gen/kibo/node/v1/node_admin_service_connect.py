@@ -21,7 +21,7 @@ from connectrpc.protocol import ProtocolType
 from connectrpc.server import ConnectASGIApplication, ConnectWSGIApplication, DEFAULT_READ_MAX_BYTES, Endpoint, EndpointSync
 from pyqwest import Client, SyncClient
 
-from .node_admin_service_pb2 import CordonNodeRequest, CordonNodeResponse, DrainNodeRequest, DrainNodeResponse, ListNodesRequest, ListNodesResponse, UncordonNodeRequest, UncordonNodeResponse
+from .node_admin_service_pb2 import CordonNodeRequest, CordonNodeResponse, DrainNodeRequest, DrainNodeResponse, ForgetNodeRequest, ForgetNodeResponse, ListNodesRequest, ListNodesResponse, UncordonNodeRequest, UncordonNodeResponse
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, Iterable, Mapping
@@ -61,6 +61,16 @@ class NodeAdminService(Protocol):
         """
         Cordon, and show the node DRAINING until its last instance is gone (workspaces leave it
         as they are stopped or deleted; a start places them on another node).
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    async def forget_node(self, request: ForgetNodeRequest, ctx: RequestContext[ForgetNodeRequest, ForgetNodeResponse], /) -> ForgetNodeResponse:
+        """
+        Declare a SILENT node lost, for good: what ran there is released (its workspaces leave
+        UNKNOWN: FAILED, to start again elsewhere; stops and deletes in progress finish), and it
+        may never join again under its ID. Disks kept there (writable layers, volumes) are lost
+        with it: refused while any workspace keeps disks there, unless abandon_disks, which lets
+        those workspaces start elsewhere with empty ones. Never done by the system on its own.
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -121,6 +131,17 @@ class NodeAdminServiceASGIApplication(ConnectASGIApplication[NodeAdminService]):
                         stream_type=StreamType.UNARY,
                     ),
                     function=svc.drain_node,
+                ),
+                "/kibo.node.v1.NodeAdminService/ForgetNode": Endpoint.unary(
+                    method=MethodInfo(
+                        name="ForgetNode",
+                        service_name="kibo.node.v1.NodeAdminService",
+                        input=ForgetNodeRequest,
+                        output=ForgetNodeResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=svc.forget_node,
                 ),
             },
             interceptors=interceptors,
@@ -254,6 +275,33 @@ class NodeAdminServiceClient(ConnectClient):
             headers=headers,
             timeout_ms=timeout_ms,
         )
+    async def forget_node(
+        self,
+        request: ForgetNodeRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> ForgetNodeResponse:
+        """
+        Declare a SILENT node lost, for good: what ran there is released (its workspaces leave
+        UNKNOWN: FAILED, to start again elsewhere; stops and deletes in progress finish), and it
+        may never join again under its ID. Disks kept there (writable layers, volumes) are lost
+        with it: refused while any workspace keeps disks there, unless abandon_disks, which lets
+        those workspaces start elsewhere with empty ones. Never done by the system on its own.
+        """
+        return await self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="ForgetNode",
+                service_name="kibo.node.v1.NodeAdminService",
+                input=ForgetNodeRequest,
+                output=ForgetNodeResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
 
 class NodeAdminServiceSync(Protocol):
     """
@@ -279,6 +327,16 @@ class NodeAdminServiceSync(Protocol):
         """
         Cordon, and show the node DRAINING until its last instance is gone (workspaces leave it
         as they are stopped or deleted; a start places them on another node).
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    def forget_node(self, request: ForgetNodeRequest, ctx: RequestContext[ForgetNodeRequest, ForgetNodeResponse], /) -> ForgetNodeResponse:
+        """
+        Declare a SILENT node lost, for good: what ran there is released (its workspaces leave
+        UNKNOWN: FAILED, to start again elsewhere; stops and deletes in progress finish), and it
+        may never join again under its ID. Disks kept there (writable layers, volumes) are lost
+        with it: refused while any workspace keeps disks there, unless abandon_disks, which lets
+        those workspaces start elsewhere with empty ones. Never done by the system on its own.
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -337,6 +395,17 @@ class NodeAdminServiceWSGIApplication(ConnectWSGIApplication):
                         stream_type=StreamType.UNARY,
                     ),
                     function=service.drain_node,
+                ),
+                "/kibo.node.v1.NodeAdminService/ForgetNode": EndpointSync.unary(
+                    method=MethodInfo(
+                        name="ForgetNode",
+                        service_name="kibo.node.v1.NodeAdminService",
+                        input=ForgetNodeRequest,
+                        output=ForgetNodeResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=service.forget_node,
                 ),
             },
             interceptors=interceptors,
@@ -464,6 +533,33 @@ class NodeAdminServiceClientSync(ConnectClientSync):
                 service_name="kibo.node.v1.NodeAdminService",
                 input=DrainNodeRequest,
                 output=DrainNodeResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    def forget_node(
+        self,
+        request: ForgetNodeRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> ForgetNodeResponse:
+        """
+        Declare a SILENT node lost, for good: what ran there is released (its workspaces leave
+        UNKNOWN: FAILED, to start again elsewhere; stops and deletes in progress finish), and it
+        may never join again under its ID. Disks kept there (writable layers, volumes) are lost
+        with it: refused while any workspace keeps disks there, unless abandon_disks, which lets
+        those workspaces start elsewhere with empty ones. Never done by the system on its own.
+        """
+        return self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="ForgetNode",
+                service_name="kibo.node.v1.NodeAdminService",
+                input=ForgetNodeRequest,
+                output=ForgetNodeResponse,
                 idempotency_level=IdempotencyLevel.UNKNOWN,
                 stream_type=StreamType.UNARY,
             ),

@@ -16,12 +16,14 @@ class NodeState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     NODE_STATE_CORDONED: _ClassVar[NodeState]
     NODE_STATE_DRAINING: _ClassVar[NodeState]
     NODE_STATE_DRAINED: _ClassVar[NodeState]
+    NODE_STATE_FORGOTTEN: _ClassVar[NodeState]
 NODE_STATE_UNSPECIFIED: NodeState
 NODE_STATE_READY: NodeState
 NODE_STATE_SILENT: NodeState
 NODE_STATE_CORDONED: NodeState
 NODE_STATE_DRAINING: NodeState
 NODE_STATE_DRAINED: NodeState
+NODE_STATE_FORGOTTEN: NodeState
 
 class Node(_message.Message):
     __slots__ = ("id", "state", "vcpus", "memory_mib", "storage_pool", "labels", "capabilities", "used_vcpus", "used_memory_mib", "instances", "cordoned", "silent", "lease_expire_time", "join_time", "host_vcpus", "host_memory_mib", "cpu_allocation_ratio", "memory_allocation_ratio", "host_disk_gib", "disk_allocation_ratio", "storage_gib", "storage_promised_bytes", "disk_free_bytes", "disk_reserve_bytes", "conditions")
@@ -135,3 +137,23 @@ class DrainNodeResponse(_message.Message):
     moves: _containers.RepeatedCompositeFieldContainer[_command_pb2.WorkspaceCommand]
     unmoved: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, node: _Optional[_Union[Node, _Mapping]] = ..., moves: _Optional[_Iterable[_Union[_command_pb2.WorkspaceCommand, _Mapping]]] = ..., unmoved: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ForgetNodeRequest(_message.Message):
+    __slots__ = ("node_id", "abandon_disks")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    ABANDON_DISKS_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    abandon_disks: bool
+    def __init__(self, node_id: _Optional[str] = ..., abandon_disks: _Optional[bool] = ...) -> None: ...
+
+class ForgetNodeResponse(_message.Message):
+    __slots__ = ("node", "released_workspace_ids", "abandoned_workspace_ids", "abandoned_volume_ids")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    RELEASED_WORKSPACE_IDS_FIELD_NUMBER: _ClassVar[int]
+    ABANDONED_WORKSPACE_IDS_FIELD_NUMBER: _ClassVar[int]
+    ABANDONED_VOLUME_IDS_FIELD_NUMBER: _ClassVar[int]
+    node: Node
+    released_workspace_ids: _containers.RepeatedScalarFieldContainer[str]
+    abandoned_workspace_ids: _containers.RepeatedScalarFieldContainer[str]
+    abandoned_volume_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, node: _Optional[_Union[Node, _Mapping]] = ..., released_workspace_ids: _Optional[_Iterable[str]] = ..., abandoned_workspace_ids: _Optional[_Iterable[str]] = ..., abandoned_volume_ids: _Optional[_Iterable[str]] = ...) -> None: ...

@@ -56,6 +56,11 @@ class NodeAdminServiceStub:
                 request_serializer=kibo_dot_node_dot_v1_dot_node__admin__service__pb2.DrainNodeRequest.SerializeToString,
                 response_deserializer=kibo_dot_node_dot_v1_dot_node__admin__service__pb2.DrainNodeResponse.FromString,
                 _registered_method=True)
+        self.ForgetNode = channel.unary_unary(
+                '/kibo.node.v1.NodeAdminService/ForgetNode',
+                request_serializer=kibo_dot_node_dot_v1_dot_node__admin__service__pb2.ForgetNodeRequest.SerializeToString,
+                response_deserializer=kibo_dot_node_dot_v1_dot_node__admin__service__pb2.ForgetNodeResponse.FromString,
+                _registered_method=True)
 
 
 class NodeAdminServiceServicer:
@@ -91,6 +96,17 @@ class NodeAdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ForgetNode(self, request, context):
+        """Declare a SILENT node lost, for good: what ran there is released (its workspaces leave
+        UNKNOWN: FAILED, to start again elsewhere; stops and deletes in progress finish), and it
+        may never join again under its ID. Disks kept there (writable layers, volumes) are lost
+        with it: refused while any workspace keeps disks there, unless abandon_disks, which lets
+        those workspaces start elsewhere with empty ones. Never done by the system on its own.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_NodeAdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -113,6 +129,11 @@ def add_NodeAdminServiceServicer_to_server(servicer, server):
                     servicer.DrainNode,
                     request_deserializer=kibo_dot_node_dot_v1_dot_node__admin__service__pb2.DrainNodeRequest.FromString,
                     response_serializer=kibo_dot_node_dot_v1_dot_node__admin__service__pb2.DrainNodeResponse.SerializeToString,
+            ),
+            'ForgetNode': grpc.unary_unary_rpc_method_handler(
+                    servicer.ForgetNode,
+                    request_deserializer=kibo_dot_node_dot_v1_dot_node__admin__service__pb2.ForgetNodeRequest.FromString,
+                    response_serializer=kibo_dot_node_dot_v1_dot_node__admin__service__pb2.ForgetNodeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -225,6 +246,33 @@ class NodeAdminService:
             '/kibo.node.v1.NodeAdminService/DrainNode',
             kibo_dot_node_dot_v1_dot_node__admin__service__pb2.DrainNodeRequest.SerializeToString,
             kibo_dot_node_dot_v1_dot_node__admin__service__pb2.DrainNodeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ForgetNode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kibo.node.v1.NodeAdminService/ForgetNode',
+            kibo_dot_node_dot_v1_dot_node__admin__service__pb2.ForgetNodeRequest.SerializeToString,
+            kibo_dot_node_dot_v1_dot_node__admin__service__pb2.ForgetNodeResponse.FromString,
             options,
             channel_credentials,
             insecure,

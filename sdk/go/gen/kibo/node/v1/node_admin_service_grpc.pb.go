@@ -25,6 +25,12 @@ type NodeAdminServiceClient interface {
 	// Cordon, and show the node DRAINING until its last instance is gone (workspaces leave it
 	// as they are stopped or deleted; a start places them on another node).
 	DrainNode(ctx context.Context, in *DrainNodeRequest, opts ...grpc.CallOption) (*DrainNodeResponse, error)
+	// Declare a SILENT node lost, for good: what ran there is released (its workspaces leave
+	// UNKNOWN: FAILED, to start again elsewhere; stops and deletes in progress finish), and it
+	// may never join again under its ID. Disks kept there (writable layers, volumes) are lost
+	// with it: refused while any workspace keeps disks there, unless abandon_disks, which lets
+	// those workspaces start elsewhere with empty ones. Never done by the system on its own.
+	ForgetNode(ctx context.Context, in *ForgetNodeRequest, opts ...grpc.CallOption) (*ForgetNodeResponse, error)
 }
 
 type nodeAdminServiceClient struct {
@@ -71,6 +77,15 @@ func (c *nodeAdminServiceClient) DrainNode(ctx context.Context, in *DrainNodeReq
 	return out, nil
 }
 
+func (c *nodeAdminServiceClient) ForgetNode(ctx context.Context, in *ForgetNodeRequest, opts ...grpc.CallOption) (*ForgetNodeResponse, error) {
+	out := new(ForgetNodeResponse)
+	err := c.cc.Invoke(ctx, "/kibo.node.v1.NodeAdminService/ForgetNode", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // NodeAdminServiceServer is the server API for NodeAdminService service.
 // All implementations must embed UnimplementedNodeAdminServiceServer
 // for forward compatibility
@@ -83,6 +98,12 @@ type NodeAdminServiceServer interface {
 	// Cordon, and show the node DRAINING until its last instance is gone (workspaces leave it
 	// as they are stopped or deleted; a start places them on another node).
 	DrainNode(context.Context, *DrainNodeRequest) (*DrainNodeResponse, error)
+	// Declare a SILENT node lost, for good: what ran there is released (its workspaces leave
+	// UNKNOWN: FAILED, to start again elsewhere; stops and deletes in progress finish), and it
+	// may never join again under its ID. Disks kept there (writable layers, volumes) are lost
+	// with it: refused while any workspace keeps disks there, unless abandon_disks, which lets
+	// those workspaces start elsewhere with empty ones. Never done by the system on its own.
+	ForgetNode(context.Context, *ForgetNodeRequest) (*ForgetNodeResponse, error)
 	mustEmbedUnimplementedNodeAdminServiceServer()
 }
 
@@ -101,6 +122,9 @@ func (UnimplementedNodeAdminServiceServer) UncordonNode(context.Context, *Uncord
 }
 func (UnimplementedNodeAdminServiceServer) DrainNode(context.Context, *DrainNodeRequest) (*DrainNodeResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method DrainNode not implemented")
+}
+func (UnimplementedNodeAdminServiceServer) ForgetNode(context.Context, *ForgetNodeRequest) (*ForgetNodeResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ForgetNode not implemented")
 }
 func (UnimplementedNodeAdminServiceServer) mustEmbedUnimplementedNodeAdminServiceServer() {}
 
@@ -187,6 +211,24 @@ func _NodeAdminService_DrainNode_Handler(srv interface{}, ctx context.Context, d
 	return interceptor(ctx, in, info, handler)
 }
 
+func _NodeAdminService_ForgetNode_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ForgetNodeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NodeAdminServiceServer).ForgetNode(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/kibo.node.v1.NodeAdminService/ForgetNode",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NodeAdminServiceServer).ForgetNode(ctx, req.(*ForgetNodeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 var _NodeAdminService_serviceDesc = grpc.ServiceDesc{
 	ServiceName: "kibo.node.v1.NodeAdminService",
 	HandlerType: (*NodeAdminServiceServer)(nil),
@@ -206,6 +248,10 @@ var _NodeAdminService_serviceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "DrainNode",
 			Handler:    _NodeAdminService_DrainNode_Handler,
+		},
+		{
+			MethodName: "ForgetNode",
+			Handler:    _NodeAdminService_ForgetNode_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
