@@ -47,6 +47,35 @@ async def _storage_refuses(node: NodeProcess, token: str) -> grpc.StatusCode:
     raise AssertionError("a node listed its disks for a caller without its secret")
 
 
+async def _stopped_on_node_a(client: Client, server: ServerProcess) -> tuple[str, bytes]:
+    """A workspace made on node-a (node-b cordoned meanwhile) with a file in its layer, one
+    in /data and BIG_MIB of random data there, then STOPPED: its ID and the data's sha256sum."""
+    await admin(server.address, "CordonNode", "node-b")
+    created = await client.create(resources=SMALL)
+    workspace_id = created.workspace_id
+    placed = await client.wait_for(workspace_id, S.WORKSPACE_STATE_AVAILABLE, within=60)
+    assert placed.node_id == "node-a"
+    await admin(server.address, "UncordonNode", "node-b")
+    digest = await _exec(
+        client,
+        workspace_id,
+        f"echo layer > /root/keep.txt && echo volume > /data/keep.txt && "
+        f"head -c {BIG_MIB}M /dev/urandom > /data/big && sync && sha256sum /data/big",
+    )
+    await client.stop(workspace_id)
+    await client.wait_for(workspace_id, S.WORKSPACE_STATE_STOPPED, within=60)
+    return workspace_id, digest
+
+
+async def _finished(client: Client, command_id: str, within: float) -> command_pb2.WorkspaceCommand:
+    async def terminal() -> command_pb2.WorkspaceCommand | None:
+        command = await client.command(command_id)
+        return command if command.state in (3, 4) else None
+
+    done: command_pb2.WorkspaceCommand = await eventually(terminal, within=within, what="the move finished")
+    return done
+
+
 async def _exec(client: Client, workspace_id: str, script: str) -> bytes:
     plane = DataPlane(client)
     credential = await plane.credential(workspace_id)
@@ -69,20 +98,7 @@ async def test_a_stopped_workspace_moves_its_disks_to_another_node_through_a_kil
             # Its disks answer only the control plane (the secret of its join).
             for token in ("", "not-the-secret"):
                 assert await _storage_refuses(nodes["node-a"], token) == grpc.StatusCode.UNAUTHENTICATED
-            await admin(server.address, "CordonNode", "node-b")
-            created = await client.create(resources=SMALL)
-            workspace_id = created.workspace_id
-            placed = await client.wait_for(workspace_id, S.WORKSPACE_STATE_AVAILABLE, within=60)
-            assert placed.node_id == "node-a"
-            await admin(server.address, "UncordonNode", "node-b")
-            digest = await _exec(
-                client,
-                workspace_id,
-                f"echo layer > /root/keep.txt && echo volume > /data/keep.txt && "
-                f"head -c {BIG_MIB}M /dev/urandom > /data/big && sync && sha256sum /data/big",
-            )
-            await client.stop(workspace_id)
-            await client.wait_for(workspace_id, S.WORKSPACE_STATE_STOPPED, within=60)
+            workspace_id, digest = await _stopped_on_node_a(client, server)
 
             request = ws.MoveWorkspaceRequest(metadata=meta(), workspace_id=workspace_id, target_node_id="node-b")
             answer = await client.ws.MoveWorkspace(request)
@@ -109,12 +125,8 @@ async def test_a_stopped_workspace_moves_its_disks_to_another_node_through_a_kil
             nodes["node-b"].data_dir = tmp_path / "node-b"
             nodes["node-b"].start()
 
-            async def moved() -> command_pb2.WorkspaceCommand | None:
-                command = await client.command(command_id)
-                return command if command.state in (3, 4) else None
-
             started = time.monotonic()
-            done = await eventually(moved, within=180, what="the move finished")
+            done = await _finished(client, command_id, within=180)
             assert done.state == command_pb2.COMMAND_STATE_SUCCEEDED, done.error.message
             assert done.progress.done_bytes == done.progress.total_bytes >= BIG_MIB << 20
             print(f"move finished {time.monotonic() - started:.1f} s after the restart; killed midway: {killed_midway}")
@@ -139,11 +151,7 @@ async def test_a_stopped_workspace_moves_its_disks_to_another_node_through_a_kil
             assert [m["workspace_id"] for m in answer_json["moves"]] == [workspace_id], answer_json
             back = answer_json["moves"][0]["command_id"]
 
-            async def moved_back() -> command_pb2.WorkspaceCommand | None:
-                command = await client.command(back)
-                return command if command.state in (3, 4) else None
-
-            assert (await eventually(moved_back, within=120, what="the drain's move")).state == 3
+            assert (await _finished(client, back, within=120)).state == command_pb2.COMMAND_STATE_SUCCEEDED
             await client.start(workspace_id)
             running = await client.wait_for(workspace_id, S.WORKSPACE_STATE_AVAILABLE, within=60)
             assert running.node_id == "node-a"
@@ -161,3 +169,41 @@ async def _joined(server: ServerProcess, nodes: dict[str, NodeProcess]) -> bool 
 
     known = await list_nodes(server.address)
     return True if all(name in known for name in nodes) else None
+
+
+@pytest.mark.timeout(300)
+async def test_a_move_goes_on_after_a_kill9_of_the_control_plane(
+    server_factory: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
+    """The mover runs on the control plane: killed mid-copy and started again on the same
+    store, it finds the MOVE still running and resumes where node-b's synced copy ends."""
+    _require_sandbox()
+    server = server_factory("--no-local-node", "--node-timeout-ms", "3000", "--settle-ms", "3000")
+    nodes = {name: _node(server, tmp_path, name).start() for name in ("node-a", "node-b")}
+    try:
+        async with Client.connect(server.address) as client:
+            await eventually(lambda: _joined(server, nodes), within=30, what="both nodes joined")
+            workspace_id, digest = await _stopped_on_node_a(client, server)
+            request = ws.MoveWorkspaceRequest(metadata=meta(), workspace_id=workspace_id, target_node_id="node-b")
+            command_id = (await client.ws.MoveWorkspace(request)).command.command_id
+
+            async def copying() -> command_pb2.WorkspaceCommand | None:
+                command = await client.command(command_id)
+                return command if command.progress.done_bytes > 0 or command.state != 2 else None
+
+            await eventually(copying, within=60, what="the move copying data")
+        server.kill()
+        server.restart()
+        async with Client.connect(server.address) as client:
+            done = await _finished(client, command_id, within=180)
+            assert done.state == command_pb2.COMMAND_STATE_SUCCEEDED, done.error.message
+            await client.start(workspace_id)
+            running = await client.wait_for(workspace_id, S.WORKSPACE_STATE_AVAILABLE, within=60)
+            assert running.node_id == "node-b"
+            out = await _exec(client, workspace_id, "cat /root/keep.txt /data/keep.txt && sha256sum /data/big")
+            assert out.startswith(b"layer\nvolume\n") and digest in out
+            await client.delete(workspace_id)
+            await client.wait_for(workspace_id, S.WORKSPACE_STATE_DELETED, within=60)
+    finally:
+        for node in nodes.values():
+            node.stop()
