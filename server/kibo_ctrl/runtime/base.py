@@ -181,3 +181,8 @@ class GuestLimitCounters(Protocol):
         """Forks refused in this node's guests because a PIDs limit was reached (a counter).
         Blocking, cheap: read at scrape."""
         ...
+
+    def storage_clamped(self) -> int:
+        """This node's guest images held at no new blocks now, because its disk is under its
+        reserve (a gauge). Cheap: read at scrape."""
+        ...

@@ -16,7 +16,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
@@ -150,6 +150,8 @@ class Metrics:
         )
         self.guest_limit_hits = GuestLimitHits()
         registry.register(self.guest_limit_hits)
+        self.guest_storage_clamped = GuestStorageClamped()
+        registry.register(self.guest_storage_clamped)
         # The resource model (issue 26): each node's disk as it reported it, and processes
         # killed in guests over their memory (the guest runs on).
         self.node_disk_pressure = Gauge(
@@ -265,6 +267,28 @@ class GuestLimitHits(Collector):
                 family.add_metric((node_id,), read())
             except (OSError, ValueError):
                 continue  # a cgroup file that could not be read: no sample this scrape, not a failed scrape
+        yield family
+
+
+class GuestStorageClamped(Collector):
+    """kibo_guest_storage_clamped{node}: a node's guest layers and volumes that may take no new
+    block now, because its disk is under its reserve (runtime/process/disk_guard.py), read
+    from the node's runtime at scrape like GuestLimitHits."""
+
+    def __init__(self) -> None:
+        self.readers: dict[str, Callable[[], int]] = {}
+
+    def watch(self, node_id: str, storage_clamped: Callable[[], int]) -> None:
+        self.readers[node_id] = storage_clamped
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(
+            "kibo_guest_storage_clamped",
+            "Guest layers and volumes held at no new blocks (ENOSPC in the guest): the node disk is under its reserve.",
+            labels=("node",),
+        )
+        for node_id, read in self.readers.items():
+            family.add_metric((node_id,), read())
         yield family
 
 

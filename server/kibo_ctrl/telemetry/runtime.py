@@ -63,6 +63,7 @@ class MeteredRuntime:
         self.reachable = inner.reachable
         if isinstance(inner, GuestLimitCounters):  # the process runtime: its guests' PID limits
             metrics.guest_limit_hits.watch(node_id, inner.pids_limit_hits)
+            metrics.guest_storage_clamped.watch(node_id, inner.storage_clamped)
 
     def capabilities(self) -> list[str]:
         return self.inner.capabilities()

@@ -90,6 +90,7 @@ from ...domain.reports import Report
 from ..base import DestroyError, Exit, GuestRefused, LaunchError, LaunchSpec, Output, RestartError, SyncError
 from . import adoption, observation, provision, safepath, sandbox, seccomp, storage
 from .cgroups import Cgroups
+from .disk_guard import DiskGuard
 from .fork_client import ForkServer
 from .guest_jobs import run_guest_exec
 from .image_pool import ImagePool
@@ -167,6 +168,11 @@ class ProcessRuntime:
         self.images = storage.usable(self.isolation)
         if not self.images:
             log.warning("writable layers and volumes are plain directories: their sizes are NOT enforced")
+        # Under the disk reserve, no guest takes another block of the host's (disk_guard.py).
+        self.disk_guard: DiskGuard | None = None
+        if self.images:
+            self.disk_guard = DiskGuard(self.data_dir)
+            self.disk_guard.start()
         # New layers and volumes taken formatted from a pool (image_pool.py), made between launches.
         self.pool: ImagePool | None = None
         if self.images and options.image_pool_depth > 0:
@@ -234,7 +240,14 @@ class ProcessRuntime:
         capacities of its images, pressure (storage.py). The node agent tells it with each
         lease renewal, so the scheduler places on it."""
         free, reserve, promised, pressure = storage.disk_status(self.data_dir)
+        # DiskPressure holds while the guests' images are clamped too (until the lift's margin).
+        pressure = pressure or (self.disk_guard is not None and self.disk_guard.engaged)
         return DiskStatus(free_bytes=free, reserve_bytes=reserve, promised_bytes=promised, pressure=pressure)
+
+    def storage_clamped(self) -> int:
+        """runtime/base.py `GuestLimitCounters`: this node's guest images held at no new blocks
+        now, under its disk reserve (disk_guard.py; 0 without images)."""
+        return self.disk_guard.clamped() if self.disk_guard is not None else 0
 
     def disk_offered_gib(self) -> tuple[int, int]:
         """(the data dir's filesystem, GiB; the declared capacity its images may add up to, GiB)."""
@@ -514,4 +527,6 @@ class ProcessRuntime:
         await asyncio.to_thread(self.forks.close)
         if self.pool is not None:
             await asyncio.to_thread(self.pool.close)
+        if self.disk_guard is not None:
+            await asyncio.to_thread(self.disk_guard.close)
         self.cgroups.close()

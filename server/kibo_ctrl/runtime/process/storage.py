@@ -40,11 +40,12 @@ touched, because every capacity was counted as if it were written):
   does not take thousands of workspaces whose modest writes together would fill it.
 
 A guest that fills its own image gets ENOSPC there and nowhere else (the image's size is
-its filesystem's). Guests that all keep writing at once can still bring real free space
-down (at a ratio of 1 or more): the reserve and the pressure condition are the warning and
-the brake (no new storage), not a bound; a ratio below 1 (say 0.9) keeps the declared
-capacities within the disk, the rest left for the store. (fallocate would bound it, but take
-every declared capacity from the disk at once, 20 GiB per default workspace.)
+its filesystem's). Guests that all keep writing into the images they have are held at the
+reserve as well: under it, no mounted image takes another block (disk_guard.py: ENOSPC in
+the guest, lifted once free space is back). A ratio below 1 (say 0.9) keeps the declared
+capacities within the disk whatever guests do, the rest left for the store. (fallocate would
+bound it too, but take every declared capacity from the disk at once, 20 GiB per default
+workspace.)
 
 Directories from before images (layers/<ws>/upper/, a volume directory with files and no
 image) keep working as they are, without a size limit (`legacy_*`).
