@@ -23,7 +23,7 @@ from tests.client import Client, S, meta
 from tests.nodes import NodeProcess, admin
 from tests.server import ServerProcess, free_port
 from tests.system.test_durability import eventually
-from tests.system.test_process_runtime import SMALL, DataPlane, _require_sandbox
+from tests.system.test_process_runtime import SMALL, DataPlane, _require_sandbox, reap
 
 NODE_FLAGS = ("--sandbox", "bwrap", "--stop-grace-ms", "2000")
 BIG_MIB = 400
@@ -162,6 +162,8 @@ async def test_a_stopped_workspace_moves_its_disks_to_another_node_through_a_kil
     finally:
         for node in nodes.values():
             node.stop()
+            # A failed run may leave a workspace running: its sandbox outlives the agent.
+            reap(node.data_dir)
 
 
 async def _joined(server: ServerProcess, nodes: dict[str, NodeProcess]) -> bool | None:
@@ -207,3 +209,5 @@ async def test_a_move_goes_on_after_a_kill9_of_the_control_plane(
     finally:
         for node in nodes.values():
             node.stop()
+            # A failed run may leave a workspace running: its sandbox outlives the agent.
+            reap(node.data_dir)
