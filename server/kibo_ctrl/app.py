@@ -34,13 +34,14 @@ from .engine import cluster_ca, controller
 from .engine.expiry import ExpiryLoop
 from .engine.hub import Hub
 from .engine.local_link import LocalLink
-from .engine.moves import Mover
+from .engine.moves import Mover, StorageLink
 from .engine.node_agent import NodeAgent
 from .engine.node_registry import NodePolicy, NodeRegistry
 from .engine.scheduler import Scheduler
 from .engine.service import Quotas, Service, Settings
 from .runtime.base import Closable, GuestAccess, MachineObserver, Runtime
 from .runtime.process import safepath
+from .runtime.process.image_transfer import LocalDisks
 from .runtime.process.options import SupervisorMode as SupervisorMode  # cli.py's --supervisor
 from .runtime.process.options import host_capacity, options_from
 from .runtime.process.runtime import ProcessRuntime
@@ -245,6 +246,8 @@ class App:
         self.sim_api: SimulatorApi | None = None
         self._closables: list[Closable] = []
         self._agents: list[NodeAgent] = []
+        # The embedded nodes' disks, as the mover reaches them in this process.
+        self._local_storage: dict[str, StorageLink] = {}
         guests: dict[str, GuestAccess] = {}
         observer: MachineObserver | None = None
         capabilities = ["workspace.stop.force"]
@@ -268,7 +271,7 @@ class App:
         self.guests = NodeGuests(guests, self.registry.data_plane_of, safepath.guest_file_path, self._guest_tls())
         # Disk moves between nodes (MoveWorkspace): run by the leader, over the same hops.
         self.storage_links = NodeStorageLinks(self.registry.data_plane_of, self._guest_tls())
-        mover = Mover(self.store, self.storage_links)
+        mover = Mover(self.store, lambda node_id: self._local_storage.get(node_id) or self.storage_links(node_id))
         self.hub.listen(mover.on_changes)
         self.data_plane = data_plane.DataPlane(self.store, self.guests, config.data_dir)
         # Revoke, stop and delete end the data-plane calls running under the old credential.
@@ -330,6 +333,7 @@ class App:
             options = options_from(config, config.data_dir)
             process = await asyncio.to_thread(ProcessRuntime, nodes[0].id, options)
             self.runtimes[nodes[0].id] = guests[nodes[0].id] = process
+            self._local_storage[nodes[0].id] = LocalDisks(nodes[0].id, process.data_dir)
             observer = process
             self._closables.append(process)
             disk_gib, storage_gib = process.disk_offered_gib()
@@ -337,8 +341,12 @@ class App:
             disk[nodes[0].id] = process.disk_status
         else:
             board = SimBoard()
-            sim_nodes = {n.id: SimNode(n.id, config.sim_backend, config.sim_step_ms / 1000, board) for n in nodes}
+            # In this process, their disks can move (each one's SimStorage).
+            sim_nodes = {
+                n.id: SimNode(n.id, config.sim_backend, config.sim_step_ms / 1000, board, movable=True) for n in nodes
+            }
             self.runtimes.update(sim_nodes)
+            self._local_storage.update({n: sim.storage for n, sim in sim_nodes.items()})
             self.sim_api = SimulatorApi(self._find_workspace, board, sim_nodes, self._pool_lost)
         # Each node agent drives its runtime through the timing wrapper (metrics, failure
         # logs, and with tracing a span per operation in its command's trace).

@@ -261,6 +261,16 @@ class StoragePending(msgspec.Struct):
     since: float | None = None
 
 
+class StaleCopy(msgspec.Struct):
+    """A copy of a workspace's disks left on a node that no longer holds them (a moved
+    workspace's source, a failed or cancelled move's target), kept in the store until the
+    leader's mover has deleted it there (engine/moves.py): a node away, or a crash, at the
+    end of a move delays the delete and never loses it."""
+
+    node: str
+    volume_ids: list[str] = msgspec.field(default_factory=list)
+
+
 class Workspace(msgspec.Struct):
     id: str
     seq: int
@@ -303,6 +313,8 @@ class Workspace(msgspec.Struct):
     # later start is placed there only, and waits while that node is not ready, rather than
     # starting elsewhere with empty disks (issue 26). Cleared when the pool is declared lost.
     storage_node: str | None = None
+    # Copies of its disks on other nodes, to delete (a move's leftovers: StaleCopy).
+    stale_copies: list[StaleCopy] = msgspec.field(default_factory=list)
     # Derived at every save (domain/conditions.py); stored for their transition times.
     conditions: list[Condition] = msgspec.field(default_factory=list)
 

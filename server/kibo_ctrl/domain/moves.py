@@ -9,6 +9,11 @@ from dataclasses import dataclass
 # Files move in blocks of this size, aligned to it; a block of zeros is not sent (it reads
 # back as zeros from a hole on the target), so sparse images move only their data.
 BLOCK = 1 << 20
+# The capability a node declares (NodeRecord.capabilities, from its runtime's) when the
+# control plane can move its disks: a process node with disk images (over its
+# NodeStorageService, or in process for the embedded one), a simulated node in the
+# control plane's own process. A move needs it on both nodes.
+MOVE_CAPABILITY = "storage.move"
 
 
 @dataclass(frozen=True)

@@ -16,16 +16,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
-import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Protocol
 
 from ..domain import rules
-from ..domain.errors import Conflict, NotFound
-from ..domain.model import Command, CommandError, CommandKind, CommandState, ErrorCode, Volume, Workspace
-from ..domain.moves import MoveRefused, NodeUnreachable, StoredFile
+from ..domain.errors import Conflict, NotFound, StoreError
+from ..domain.model import Command, CommandError, CommandKind, CommandState, ErrorCode, StaleCopy, Volume, Workspace
+from ..domain.moves import MOVE_CAPABILITY, MoveRefused, NodeUnreachable, StoredFile
 from ..domain.rules import DRAIN_MOVE_PREFIX
 from ..store.base import Changes, Reader, Store, Tx
 from . import steps
@@ -88,9 +88,10 @@ def begin(tx: Tx, workspace: Workspace, command_id: str, fingerprint: str, targe
         raise Conflict(f"node {target} is {why}: it takes no disks", field="target_node_id")
     for where in (source, target):
         record = tx.get_node(where)
-        if record is None or not record.data_plane_address:
+        if record is None or MOVE_CAPABILITY not in record.capabilities:
             raise Conflict(
-                f"node {where} has no data plane to move disks over (a simulated or in-process node)",
+                f"node {where} cannot move disks (it does not declare {MOVE_CAPABILITY}: its layers and "
+                "volumes are not images, or it is a simulated node of another process)",
                 field="target_node_id",
             )
     for volume in volumes:
@@ -113,17 +114,21 @@ class Mover:
         self._links = links
         self._wakeup = Wakeup()
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._recheck: set[str] = set()
 
     def on_changes(self, changes: Changes) -> None:
-        moving = frozenset(w.id for w in changes.workspaces.values() if w.active_kind is CommandKind.MOVE)
+        moving = frozenset(
+            w.id for w in changes.workspaces.values() if w.active_kind is CommandKind.MOVE or w.stale_copies
+        )
         if moving:
             self._wakeup.set(moving)
 
     async def run(self) -> None:
         try:
             # A new leader: the moves that were running (maybe half copied) go on.
-            stopped = await self._store.read(lambda r: r.stopped_workspaces())
-            ids = frozenset(w.id for w in stopped if w.active_kind is CommandKind.MOVE)
+            # And the copies moves left on other nodes, still to delete.
+            stopped = await self._store.read(lambda r: r.stopped_workspaces() + r.storage_pending())
+            ids = frozenset(w.id for w in stopped if w.active_kind is CommandKind.MOVE or w.stale_copies)
             while True:
                 for workspace_id in ids:
                     task = self._tasks.get(workspace_id)
@@ -131,6 +136,11 @@ class Mover:
                         self._tasks[workspace_id] = asyncio.create_task(
                             self._move(workspace_id), name=f"move {workspace_id}"
                         )
+                    elif workspace_id not in self._recheck:
+                        # It may have read "nothing to do" before this change: once it ends,
+                        # this workspace is looked at again.
+                        self._recheck.add(workspace_id)
+                        task.add_done_callback(functools.partial(self._look_again, workspace_id))
                 ids = await self._wakeup.wait()
         finally:
             for task in self._tasks.values():
@@ -139,13 +149,22 @@ class Mover:
                 with contextlib.suppress(BaseException):
                     await task
 
-    async def _state(self, workspace_id: str) -> tuple[Workspace, Command, list[str]] | None:
-        def read(reader: Reader) -> tuple[Workspace, Command, list[str]] | None:
+    def _look_again(self, workspace_id: str, _: object = None) -> None:
+        self._recheck.discard(workspace_id)
+        self._wakeup.set(frozenset({workspace_id}))
+
+    async def _state(self, workspace_id: str) -> tuple[Workspace, Command | None, list[str]] | None:
+        """The workspace, its running MOVE (None: only stale copies to delete), its volumes."""
+
+        def read(reader: Reader) -> tuple[Workspace, Command | None, list[str]] | None:
             workspace = reader.get_workspace(workspace_id)
-            if workspace is None or workspace.active_kind is not CommandKind.MOVE or workspace.active_command is None:
+            if workspace is None:
                 return None
-            command = reader.get_command(workspace.tenant, workspace.active_command)
-            if command is None or command.terminal:
+            command = None
+            if workspace.active_kind is CommandKind.MOVE and workspace.active_command is not None:
+                command = reader.get_command(workspace.tenant, workspace.active_command)
+                command = None if command is None or command.terminal else command
+            if command is None and not workspace.stale_copies:
                 return None
             return workspace, command, [b.volume_id for b in workspace.bindings]
 
@@ -154,22 +173,36 @@ class Mover:
     async def _move(self, workspace_id: str) -> None:
         delay, mismatches = RETRY_S[0], 0
         while True:
-            state = await self._state(workspace_id)
-            if state is None:
-                return
-            workspace, command, volume_ids = state
             try:
-                await self._attempt(workspace, command, volume_ids)
-                return
-            except NodeUnreachable as waiting:
-                await self._progress(workspace_id, command.id, None, None, f"waiting: {waiting}")
-            except MoveRefused as refused:
-                if "arrived different" in str(refused) and mismatches + 1 < MAX_MISMATCHES:
-                    mismatches += 1
-                    continue
-                await self._store.transact(self._fail, workspace_id, command.id, str(refused))
-                log.warning("moving %s failed: %s", workspace_id, refused)
-                return
+                state = await self._state(workspace_id)
+                if state is None:
+                    return
+                workspace, command, volume_ids = state
+                try:
+                    target = command.target_node if command is not None else None
+                    gone = await self._drop_stale(workspace, target)
+                    if command is None:
+                        if gone:
+                            continue  # read again: a move may have started meanwhile
+                        raise NodeUnreachable("a node that holds a stale copy")
+                    await self._attempt(workspace, command, volume_ids)
+                    delay = RETRY_S[0]
+                    continue  # the source's copy is stale now: deleted next
+                except NodeUnreachable as waiting:
+                    if command is not None:
+                        await self._progress(workspace_id, command.id, None, None, f"waiting: {waiting}")
+                except MoveRefused as refused:
+                    assert command is not None
+                    if "arrived different" in str(refused) and mismatches + 1 < MAX_MISMATCHES:
+                        mismatches += 1
+                        continue
+                    await self._store.transact(self._fail, workspace_id, command.id, str(refused))
+                    log.warning("moving %s failed: %s", workspace_id, refused)
+                    continue  # what its target received is stale now: deleted next
+            except StoreError as error:
+                # The store took no step now (a full disk, a database away): the move waits
+                # and reads where it is again (this task ending left it RUNNING for good).
+                log.warning("moving %s: the store failed (%s): trying again", workspace_id, error)
             await asyncio.sleep(delay)
             delay = min(delay * 2, RETRY_S[1])
 
@@ -188,21 +221,39 @@ class Mover:
             done += copied
         await self._progress(workspace.id, command.id, total, total, f"checking the copy on node {target_id}")
         await target.finish(workspace.id, files)
-        switched = await self._store.transact(self._switch, workspace.id, command.id, source_id, target_id)
-        if not switched:
-            # Cancelled meanwhile (a delete): what the target received goes.
-            with contextlib.suppress(MoveRefused, NodeUnreachable):
-                await target.drop(workspace.id, volume_ids, received_only=False)
-            return
-        log.info("moved %s to node %s (%d MiB of data)", workspace.id, target_id, total >> 20)
-        for attempt in range(5):
-            try:
-                await source.drop(workspace.id, volume_ids, received_only=False)
-                return
-            except (MoveRefused, NodeUnreachable) as error:
-                log.warning("deleting the moved copy of %s on node %s: %s (retrying)", workspace.id, source_id, error)
-                await asyncio.sleep(RETRY_S[0] * 2**attempt)
-        log.error("the old copy of %s stays on node %s: delete its layer and volumes there", workspace.id, source_id)
+        # The switch records the source's copy as stale (a cancel meanwhile: the target's),
+        # and the next round deletes it, however long that node is away and across crashes.
+        if await self._store.transact(self._switch, workspace.id, command.id, source_id, target_id):
+            log.info("moved %s to node %s (%d MiB of data)", workspace.id, target_id, total >> 20)
+
+    async def _drop_stale(self, workspace: Workspace, target: str | None) -> bool:
+        """Delete the copies moves left of the workspace on other nodes, each forgotten once
+        deleted; True when none is left. One on `target` (where a move copies to now) must
+        go first: NodeUnreachable while it cannot."""
+        left = False
+        for copy in list(workspace.stale_copies):
+            link = self._links(copy.node) if copy.node != workspace.storage_node else None
+            if link is not None:
+                try:
+                    await link.drop(workspace.id, copy.volume_ids, received_only=False)
+                except (MoveRefused, NodeUnreachable) as error:
+                    log.warning("deleting the stale copy of %s on node %s: %s (later)", workspace.id, copy.node, error)
+                    if copy.node == target:
+                        raise NodeUnreachable(f"node {copy.node} still holds an old copy: {error}") from None
+                    left = True
+                    continue
+            elif copy.node != workspace.storage_node:
+                left = True
+                continue
+            await self._store.transact(self._forget_stale, workspace.id, copy)
+        return not left
+
+    @staticmethod
+    def _forget_stale(tx: Tx, workspace_id: str, copy: StaleCopy) -> None:
+        workspace = tx.get_workspace(workspace_id)
+        if workspace is not None and copy in workspace.stale_copies:
+            workspace.stale_copies.remove(copy)
+            save(tx, workspace, None)
 
     async def _copy(
         self,
@@ -220,7 +271,9 @@ class Mover:
             return file.data_bytes
         detail = f"copying {file.name} to node {getattr(target, 'node_id', '')}"
         sent = min(start, file.data_bytes)  # an estimate for a resumed file
-        last = time.monotonic()
+        # The loop's clock: monotonic here, virtual in the simulation (a replay writes the same).
+        clock = asyncio.get_running_loop().time
+        last = clock()
         batch: list[tuple[int, bytes]] = []
         pending: asyncio.Task[int] | None = None
         await self._progress(workspace.id, command_id, before + sent, total, detail)
@@ -235,8 +288,8 @@ class Mover:
                         await pending
                     pending = asyncio.create_task(target.write(workspace.id, file, batch))
                     batch = []
-                if time.monotonic() - last >= PROGRESS_EVERY_S:
-                    last = time.monotonic()
+                if clock() - last >= PROGRESS_EVERY_S:
+                    last = clock()
                     await self._progress(workspace.id, command_id, before + sent, total, detail)
             if pending is not None:
                 await pending
@@ -275,9 +328,15 @@ class Mover:
     def _switch(tx: Tx, workspace_id: str, command_id: str, source: str, target: str) -> bool:
         """The target holds a checked copy: the workspace and its volumes are on it from now."""
         workspace = tx.get_workspace(workspace_id)
-        if workspace is None or workspace.active_command != command_id or workspace.deleted:
+        if workspace is None:
+            return False
+        if workspace.active_command != command_id or workspace.deleted:
+            # Cancelled meanwhile (a delete, which recorded the target's copy as stale too).
+            steps.leave_stale_copy(workspace, target)
+            save(tx, workspace, None)
             return False
         workspace.storage_node = target
+        steps.leave_stale_copy(workspace, source)
         for volume in _volumes(tx, workspace):
             if volume.storage_node in (None, source):
                 volume.storage_node = target
@@ -296,16 +355,24 @@ class Mover:
         workspace = tx.get_workspace(workspace_id)
         if workspace is None or workspace.active_command != command_id:
             return
+        command = tx.get_command(workspace.tenant, command_id)
+        if command is not None:
+            # What its target received goes.
+            steps.leave_stale_copy(workspace, command.target_node)
         steps.finish_command(tx, workspace, error=CommandError(ErrorCode.FAILED_PRECONDITION, message[:500]))
         save(tx, workspace, None, command_id=command_id)
 
 
 def drain(tx: Tx, node_id: str, fingerprint: str) -> tuple[list[Command], list[str]]:
     """An operator's drain that moves: a MOVE for each STOPPED workspace whose disks are on
-    the node (and no command runs), each to the ready node with a data plane and the most
-    free disk; and the ones that could not start, with why. (A scan of the STOPPED rows.)"""
+    the node (and no command runs), each to the ready node that can take disks (storage.move)
+    with the most free disk; and the ones that could not start, with why. (A scan of the STOPPED rows.)"""
     targets = sorted(
-        (n for n in tx.list_nodes() if n.id != node_id and n.ready and n.data_plane_address and not n.disk.pressure),
+        (
+            n
+            for n in tx.list_nodes()
+            if n.id != node_id and n.ready and MOVE_CAPABILITY in n.capabilities and not n.disk.pressure
+        ),
         key=lambda n: n.disk.free_bytes - n.disk.reserve_bytes,
         reverse=True,
     )
@@ -320,7 +387,7 @@ def drain(tx: Tx, node_id: str, fingerprint: str) -> tuple[list[Command], list[s
             )
             continue
         if not targets:
-            unmoved.append(f"{workspace.id}: no ready node with a data plane and disk room to move it to")
+            unmoved.append(f"{workspace.id}: no ready node that can take disks (storage.move) with room to move it to")
             continue
         command_id = f"{DRAIN_MOVE_PREFIX}{node_id}/{uuid.uuid4().hex[:12]}"
         try:

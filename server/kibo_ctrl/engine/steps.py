@@ -21,6 +21,7 @@ from ..domain.model import (
     Failure,
     Instance,
     LastStop,
+    StaleCopy,
     StopCause,
     StopDurability,
     Workspace,
@@ -215,6 +216,10 @@ def finish_command(
 
 
 def cancel_active(tx: Tx, workspace: Workspace, by_command_id: str, why: str) -> None:
+    command = tx.get_command(workspace.tenant, workspace.active_command) if workspace.active_command else None
+    if command is not None and command.kind is CommandKind.MOVE and command.target_node:
+        # What the move's target received so far goes (engine/moves.py deletes it).
+        leave_stale_copy(workspace, command.target_node)
     finish_command(tx, workspace, error=CommandError(ErrorCode.CANCELLED, f"{why} by command {by_command_id}"))
 
 
@@ -418,3 +423,15 @@ def finish_delete(tx: Tx, workspace: Workspace) -> None:
             if volume is not None:
                 volume.workspace_id = None
                 tx.put_volume(volume)
+
+
+def leave_stale_copy(workspace: Workspace, node: str) -> None:
+    """A copy of the workspace's disks (its layer, its bound volumes) on `node` is to go."""
+    if node == workspace.storage_node:
+        return  # never the copy it runs from
+    volume_ids = [b.volume_id for b in workspace.bindings]
+    for copy in workspace.stale_copies:
+        if copy.node == node:
+            copy.volume_ids = sorted({*copy.volume_ids, *volume_ids})
+            return
+    workspace.stale_copies.append(StaleCopy(node, volume_ids))

@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         took = time.perf_counter() - began
         if not outcome.ok:
             status = 1
-            where = "the final settle" if outcome.failed_step == args.steps else f"step {outcome.failed_step}"
+            where = "the final settle" if outcome.failed_step == outcome.steps else f"step {outcome.failed_step}"
             print(f"failed at {where} of {args.steps} ({took:.1f} s)")
             history = outcome.history
             if not args.no_shrink:

@@ -1,7 +1,9 @@
 """One incarnation of the control plane, wired as app.py wires it (without the servers):
 the store, the hub, the service, the scheduler, the expiry loop, the node registry (leases),
-one node agent (on an in-process link) and one simulated runtime per node. A crash drops it whole; the next incarnation
-starts from what the store holds, as a restarted process does."""
+the mover (disk moves, over each simulated node's in-process StorageLink), one node agent
+(on an in-process link) and one simulated runtime per node. A crash drops it whole; the next
+incarnation starts from what the store holds, as a restarted process does, and each node's
+runtime from its disk (runtime/sim/disks.py), which the simulation keeps."""
 
 from __future__ import annotations
 
@@ -16,11 +18,13 @@ from ..engine import controller
 from ..engine.expiry import ExpiryLoop
 from ..engine.hub import Hub
 from ..engine.local_link import LocalLink
+from ..engine.moves import Mover, StorageLink
 from ..engine.node_agent import NodeAgent
 from ..engine.node_registry import NodeRegistry
 from ..engine.scheduler import Scheduler
 from ..engine.service import Quotas, Service, Settings
 from ..runtime.sim.api import SimulatorApi
+from ..runtime.sim.disks import SimDisk
 from ..runtime.sim.simulator import SimBoard, SimNode
 from .loop import LaggingClock, VirtualClock, VirtualTimeLoop, Warp, periodic_codes
 from .store import LoopStore
@@ -44,7 +48,14 @@ class Shape:
 
 
 class ControlPlane:
-    def __init__(self, store: LoopStore, shape: Shape, board: SimBoard, clock: VirtualClock) -> None:
+    def __init__(
+        self,
+        store: LoopStore,
+        shape: Shape,
+        board: SimBoard,
+        clock: VirtualClock,
+        disks: dict[str, SimDisk] | None = None,
+    ) -> None:
         self.store = store
         self.shape = shape
         self.board = board
@@ -58,7 +69,12 @@ class ControlPlane:
             Node(f"node-{i + 1}", shape.node_vcpus, shape.node_memory_mib, storage_pool=STORAGE_POOL)
             for i in range(shape.nodes)
         ]
-        self.runtimes = {n.id: SimNode(n.id, shape.backend, shape.step_s, board) for n in self.nodes}
+        disks = disks if disks is not None else {}
+        # Each node's disk outlives this incarnation (a data directory): the caller keeps it.
+        self.runtimes = {
+            n.id: SimNode(n.id, shape.backend, shape.step_s, board, disks.setdefault(n.id, SimDisk()), movable=True)
+            for n in self.nodes
+        }
         self.sim_api = SimulatorApi(self._find_workspace, board, self.runtimes, self._pool_lost)
         # Its own clock, which a warp of the loop does not age (simulate/loop.py).
         self.registry = NodeRegistry(store, shape.node_timeout_s, LaggingClock(clock.loop))
@@ -76,24 +92,38 @@ class ControlPlane:
         self.scheduler = Scheduler(store)
         self.registry.on_room(self.scheduler.room_on_nodes)
         self.expiry = ExpiryLoop(store, self.service, clock)
-        for listener in (self.scheduler.on_changes, self.expiry.on_changes):
+        # As app.py: the leader's mover, here over every node's in-process disk.
+        self.mover = Mover(store, self._storage)
+        for listener in (self.scheduler.on_changes, self.expiry.on_changes, self.mover.on_changes):
             self.hub.listen(listener)
         self.tasks: list[asyncio.Task[None]] = []
 
     @classmethod
     async def boot(
-        cls, path: Path, shape: Shape, board: SimBoard, clock: VirtualClock, warp: bool = True
+        cls,
+        path: Path,
+        shape: Shape,
+        board: SimBoard,
+        clock: VirtualClock,
+        warp: bool = True,
+        disks: dict[str, SimDisk] | None = None,
     ) -> ControlPlane:
         store = await LoopStore.open_here(path, clock)
-        plane = cls(store, shape, board, clock)
+        plane = cls(store, shape, board, clock, disks)
         await plane.registry.load()
         loop = asyncio.get_running_loop()
         if isinstance(loop, VirtualTimeLoop):
             loop.enable_warp(plane.warp() if warp else None)
             # Every node's silence is decided again: a lease from this start, or the stored one.
             loop.unsettle()
-        loops = [plane.scheduler.run(), plane.expiry.run(), plane.registry.run(), *(a.run() for a in plane.agents)]
-        names = ["scheduler", "expiry", "registry", *(f"agent {a.node.id}" for a in plane.agents)]
+        loops = [
+            plane.scheduler.run(),
+            plane.expiry.run(),
+            plane.registry.run(),
+            plane.mover.run(),
+            *(a.run() for a in plane.agents),
+        ]
+        names = ["scheduler", "expiry", "registry", "mover", *(f"agent {a.node.id}" for a in plane.agents)]
         plane.tasks = [asyncio.create_task(loop, name=name) for loop, name in zip(loops, names, strict=True)]
         return plane
 
@@ -114,6 +144,10 @@ class ControlPlane:
             settle_s=lease + self.registry.persist_s + 2 * period,
             cycle_s=self.registry.persist_s,
         )
+
+    def _storage(self, node_id: str) -> StorageLink | None:
+        runtime = self.runtimes.get(node_id)
+        return runtime.storage if runtime is not None else None
 
     def reachability(self) -> tuple[bool, ...]:
         return tuple(r.reachable.is_set() for r in self.runtimes.values())

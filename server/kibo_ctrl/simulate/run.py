@@ -32,13 +32,15 @@ from ..domain.model import (
     WorkspaceState,
 )
 from ..engine.service import CommandRequest, CreateSpec
+from ..runtime.sim.disks import SimDisk
 from ..runtime.sim.simulator import Fault, SimBoard
 from ..store.base import Changes
 from . import invariants
 from .cluster import ControlPlane, Shape
 from .loop import Deadlock, VirtualClock, VirtualTimeLoop
+from .moves import MoveWatch, check_leftovers, check_running
 from .store import MemoryDatabase
-from .workload import Act, Step, plan
+from .workload import Act, Step, plan, with_moves
 
 SIZES = {1: (1, 512), 2: (2, 2048), 3: (4, 4096), 4: (8, 8192)}
 # Virtual seconds the final phase gives the system to settle, per round.
@@ -123,6 +125,10 @@ class Simulation:
         self.seen = invariants.Seen()
         self.errors = _ErrorLog()
         self.board = SimBoard()
+        # Each node's disk, kept across the control plane's restarts (a data directory), and
+        # what the moves between them must keep true.
+        self.disks: dict[str, SimDisk] = {}
+        self.moves = MoveWatch(self.disks)
         self.loop: VirtualTimeLoop | None = None
         self.plane: ControlPlane | None = None
         self.broken: list[str] = []
@@ -235,7 +241,7 @@ class Simulation:
         committed but never published; the first check reads it, with what changed since the
         last check (nothing else can have changed: a full check, every FULL_CHECK_EVERY
         checks, reads all the same). The first boot checks everything."""
-        self.plane = await ControlPlane.boot(self.path, self.shape, self.board, self._clock(), self.warp)
+        self.plane = await ControlPlane.boot(self.path, self.shape, self.board, self._clock(), self.warp, self.disks)
         self.plane.hub.listen(self._observe)
         assert self.loop is not None
         self.writable_since = self.loop.time()
@@ -257,6 +263,7 @@ class Simulation:
             invariants.fold(self.watched.setdefault(snapshot.id, []), snapshot.state)
 
     def _mark_dirty(self, changes: Changes) -> None:
+        self.moves.observe(changes)
         self.changes_seen += 1
         self.dirty.update(changes.workspaces)
         self.dirty.update(i.workspace_id for i in changes.instances.values())
@@ -322,6 +329,8 @@ class Simulation:
         elif act is Act.SLOW:
             node = plane.runtimes[plane.nodes[step.ref % len(plane.nodes)].id]
             node.step_s = self.shape.step_s * (1, 1, 10, 100, 1000)[step.size]
+        elif act is Act.MOVE:
+            await self._move(step.ref)
 
     async def _restart(self) -> None:
         plane = self.plane
@@ -330,6 +339,10 @@ class Simulation:
         unpublished = plane.store.crashed or plane.store.published_mark() is None
         await self._drop_clients()
         await plane.crash()
+        # The embedded nodes went down with it; their disks are modelled as a power loss's:
+        # what a move's receive did not sync is gone.
+        for disk in self.disks.values():
+            disk.crash()
         restarted = await self._boot(plane.store.withheld)
         if disk_full:
             restarted.store.set_disk_full(True)
@@ -350,6 +363,30 @@ class Simulation:
                 self.broken.append(f"fault {fault.name}: the store failed with {error}, not as unavailable")
             return
         self._log(f"  fault {fault.name} {workspace_id or '(next created)'}: armed")
+
+    async def _move(self, ref: int) -> None:
+        """An operator's MoveWorkspace: the ref-th of the STOPPED workspaces (of any, when none
+        is), to the node the ref's upper bits pick."""
+        plane = self.plane
+        assert plane is not None
+        known = self.state.workspaces
+        if not known:
+            return
+        ids = {workspace_id for _, workspace_id in known}
+        stopped = set(
+            plane.store.check(
+                lambda r: [w.id for i in ids if (w := r.get_workspace(i)) and w.state is WorkspaceState.STOPPED]
+            )
+        )
+        pool = [w for w in known if w[1] in stopped] or known
+        tenant, workspace_id = pool[ref % len(pool)]
+        target = plane.nodes[(ref >> 8) % len(plane.nodes)].id
+        command_id = self._next_id("move")
+        fingerprint = f"MOVE {workspace_id} {target}"
+        request = CommandRequest(
+            CommandKind.MOVE, command_id, fingerprint, workspace_id=workspace_id, tenant=tenant, target_node=target
+        )
+        self._send(request)
 
     def _workspace(self, ref: int) -> tuple[str, str] | None:
         known = self.state.workspaces
@@ -501,6 +538,10 @@ class Simulation:
         if plane.store.published_mark() is not None:
             watched = self.watched if only is None else only & self.watched.keys()
             self.broken.extend(invariants.check_watch(self.seen, self.watched, watched))
+        if self.moves.broken:
+            self.broken.extend(self.moves.broken)
+            self.moves.broken = []
+        self.broken.extend(plane.store.check(lambda r: check_running(r, plane.runtimes)))
         running: dict[str, str] = {}
         for node_id, runtime in plane.runtimes.items():
             for vm in runtime.vms.values():
@@ -558,8 +599,11 @@ class Simulation:
         assert plane is not None
         waiting = plane.store.check(lambda r: self._unfinished(r, allow_unschedulable=True))
         self.broken.extend(waiting)
+        self.broken.extend(plane.store.check(lambda r: check_leftovers(r, self.disks)))
         if self.broken:
             return
+        moves = self.moves
+        self._log(f"moves: {moves.succeeded} succeeded ({moves.copied} copied), {moves.failed} failed")
         self._log("delete everything")
         for _ in range(4):
             left = plane.store.check(invariants.all_workspaces)
@@ -637,14 +681,23 @@ def simulate(
     keep: list[int] | None = None,
     bug: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
     warp: bool = True,
+    moves: bool = True,
 ) -> Outcome:
-    """Run `steps` steps drawn from `seed` (only the step numbers in `keep`, if given).
+    """Run `steps` steps drawn from `seed` (only the step numbers in `keep`, if given), and
+    with `moves` the MOVE steps drawn for it between them (`full_plan`).
     `warp=False` runs every idle tick of the periodic loops (the history is the same)."""
-    full = plan(random.Random(seed), steps)
+    full = full_plan(seed, steps, moves)
     chosen = full if keep is None else [full[i] for i in keep]
     # The database is in memory (simulate/store.py); the directory makes its name unique.
     with tempfile.TemporaryDirectory(prefix=f"kibo-sim-{seed}-") as tmp:
         return Simulation(seed, chosen, Path(tmp), shape, bug, warp).run()
+
+
+def full_plan(seed: int, steps: int, moves: bool = True) -> list[Step]:
+    """The seed's `steps` steps, as they were before moves existed (workload.plan), and with
+    `moves` the MOVE steps of the seed's own stream between them."""
+    drawn = plan(random.Random(seed), steps)
+    return with_moves(drawn, random.Random(f"{seed}/moves")) if moves else drawn
 
 
 def violation_kind(outcome: Outcome) -> str:
@@ -661,12 +714,14 @@ def shrink(
     bug: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
     budget: int = 200,
     warp: bool = True,
+    moves: bool = True,
 ) -> tuple[list[int], Outcome]:
     """Drop steps while the run still fails the same way (delta debugging over the plan; a
     trial that breaks another invariant is not kept): the steps kept."""
     kind = violation_kind(failed)
-    last = failed.failed_step if failed.failed_step is not None else steps - 1
-    keep = list(range(min(steps, last + 1)))
+    total = len(full_plan(seed, steps, moves))
+    last = failed.failed_step if failed.failed_step is not None else total - 1
+    keep = list(range(min(total, last + 1)))
     best = failed
     chunk = max(1, len(keep) // 2)
     runs = 0
@@ -676,7 +731,7 @@ def shrink(
         while start < len(keep) and runs < budget:
             trial = keep[:start] + keep[start + chunk :]
             runs += 1
-            outcome = simulate(seed, steps, shape, trial, bug, warp)
+            outcome = simulate(seed, steps, shape, trial, bug, warp, moves)
             if not outcome.ok and violation_kind(outcome) == kind:
                 keep, best, changed = trial, outcome, True
             else:

@@ -27,6 +27,7 @@ class Act(Enum):
     DISK_OK = "disk-ok"
     SLOW = "slow"  # a node's runtime steps take longer (or normal again)
     WAIT = "wait"  # time passes
+    MOVE = "move"  # an operator's MoveWorkspace: a workspace (STOPPED ones first) to a node
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,11 @@ WEIGHTS: tuple[tuple[int, Act], ...] = (
 AFTER = (0.0, 0.0, 0.001, 0.005, 0.02, 0.02, 0.05, 0.1, 0.5, 1.0, 4.0)
 
 
+# MOVE steps come from a stream of their own, put between the steps `plan` draws (which stay
+# every seed's as they were before moves): after each step, one with this chance.
+MOVE_CHANCE = 1 / 12
+
+
 def plan(rng: random.Random, steps: int) -> list[Step]:
     acts = [act for _, act in WEIGHTS]
     weights = [weight for weight, _ in WEIGHTS]
@@ -107,4 +113,16 @@ def plan(rng: random.Random, steps: int) -> list[Step]:
         fault = rng.choice(FAULTS) if act is Act.FAULT else None
         size = rng.randrange(1, 5) if act in (Act.CREATE, Act.SLOW, Act.COMMAND) else 0
         out.append(Step(act, ref, kind, fault, size, after))
+    return out
+
+
+def with_moves(steps: list[Step], rng: random.Random) -> list[Step]:
+    """`steps` with MOVE steps drawn from `rng` put between them: the others unchanged and in
+    their order. Its `ref` picks the workspace (among the STOPPED ones when any) and, by its
+    upper bits, the target node."""
+    out: list[Step] = []
+    for step in steps:
+        out.append(step)
+        if rng.random() < MOVE_CHANCE:
+            out.append(Step(Act.MOVE, rng.randrange(1 << 16), CommandKind.MOVE, after=rng.choice(AFTER)))
     return out

@@ -48,8 +48,9 @@ def instance_unscheduled(instance: Instance) -> bool:
 
 
 def workspace_storage_pending(workspace: Workspace) -> bool:
-    """The workspace's files (a layer or volumes) may still be on a node."""
-    return bool(workspace.storage.layer or workspace.storage.volume_ids)
+    """The workspace's files (a layer or volumes) may still be on a node, or copies of them
+    a move left (read by the leader's mover at its start)."""
+    return bool(workspace.storage.layer or workspace.storage.volume_ids or workspace.stale_copies)
 
 
 # -- events: the columns a fleet-wide list filters on (tenant, workspace_id, node_id,

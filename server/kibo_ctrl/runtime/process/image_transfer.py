@@ -8,14 +8,16 @@ what was synced before it stays, and the control plane resumes after it."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import json
 import os
-from collections.abc import Generator, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Generator, Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import TypeVar
 
-from ...domain.moves import BLOCK, MoveRefused, StoredFile
+from ...domain.moves import BLOCK, MoveRefused, NodeUnreachable, StoredFile
 from . import storage
 from .provision import safe
 
@@ -23,6 +25,7 @@ PARTIAL = ".moving"
 # How much a receive writes between two syncs of what it has.
 SYNC_EVERY = 64 << 20
 _ZEROS = bytes(BLOCK)
+T = TypeVar("T")
 
 
 def image_path(data_dir: Path, workspace_id: str, name: str) -> Path:
@@ -120,11 +123,16 @@ def _synced(path: Path, file: StoredFile) -> int | None:
 
 def received(data_dir: Path, workspace_id: str, file: StoredFile) -> int:
     """Where a copy of `file` resumes (asked before its first block): what a receive of this
-    same file synced; else 0, and a partial copy of another version, or never synced, goes."""
+    same file synced; its size when this same file is in place here (a finish done, the
+    switch not: a move resumed after a crash there); else 0, and a partial copy of another
+    version, or never synced, goes."""
     path = image_path(data_dir, workspace_id, file.name)
     synced = _synced(path, file)
     if synced is not None:
         return synced
+    in_place = not path.with_name(path.name + PARTIAL).exists() and path.exists() and path.stat().st_size == file.size
+    if in_place and _digest(_blocks(path)) == (file.data_bytes, file.digest):
+        return file.size
     for stale in (path.with_name(path.name + PARTIAL), _meta(path)):
         stale.unlink(missing_ok=True)
     return 0
@@ -264,3 +272,43 @@ class NodeDisks:
 
     def drop(self, workspace_id: str, volume_ids: list[str], received_only: bool) -> None:
         drop(self.data_dir, workspace_id, volume_ids, received_only)
+
+
+class LocalDisks:
+    """The embedded node's disks as the leader's mover asks them (engine/moves.py
+    `StorageLink`), in this process: each call in a thread, as NodeStorageService runs them
+    for a remote node. An OS error is a node that cannot answer now (the remote link's
+    INTERNAL): the move waits and asks again."""
+
+    def __init__(self, node_id: str, data_dir: Path) -> None:
+        self.node_id = node_id
+        self._disks = NodeDisks(data_dir)
+
+    async def _call(self, call: Callable[[], T]) -> T:
+        try:
+            return await asyncio.to_thread(call)
+        except OSError as error:
+            raise NodeUnreachable(f"node {self.node_id}: {error}") from None
+
+    async def list_files(self, workspace_id: str, volume_ids: Sequence[str]) -> list[StoredFile]:
+        return await self._call(lambda: self._disks.list_files(workspace_id, list(volume_ids)))
+
+    async def read(self, workspace_id: str, name: str, offset: int) -> AsyncIterator[tuple[int, bytes]]:
+        blocks = self._disks.read(workspace_id, name, offset)
+        try:
+            while (block := await self._call(lambda: next(blocks, None))) is not None:
+                yield block
+        finally:
+            blocks.close()
+
+    async def received(self, workspace_id: str, file: StoredFile) -> int:
+        return await self._call(lambda: self._disks.received(workspace_id, file))
+
+    async def write(self, workspace_id: str, file: StoredFile, blocks: Sequence[tuple[int, bytes]]) -> int:
+        return await self._call(lambda: self._disks.write(workspace_id, file, list(blocks)))
+
+    async def finish(self, workspace_id: str, files: Sequence[StoredFile]) -> None:
+        await self._call(lambda: self._disks.finish(workspace_id, list(files)))
+
+    async def drop(self, workspace_id: str, volume_ids: Sequence[str], received_only: bool) -> None:
+        await self._call(lambda: self._disks.drop(workspace_id, list(volume_ids), received_only))

@@ -85,6 +85,7 @@ from pathlib import Path
 from typing import Any
 
 from ...domain.model import Backend, Component, Instance, Phase, StopDurability
+from ...domain.moves import MOVE_CAPABILITY
 from ...domain.nodes import DiskStatus
 from ...domain.reports import Report
 from ..base import DestroyError, Exit, GuestRefused, LaunchError, LaunchSpec, Output, RestartError, SyncError
@@ -262,6 +263,9 @@ class ProcessRuntime:
             f"runtime.process.limits.{self.cgroups.mode}",
             f"runtime.process.storage.{'images' if self.images else 'unlimited'}",
         ]
+        if self.images:
+            # Its layers and volumes are image files (image_transfer.py): they can move.
+            caps.append(MOVE_CAPABILITY)
         if self.isolation == "none":
             caps.append("runtime.process.unisolated")
         if self.backend is Backend.KIBOVM:

@@ -2,18 +2,22 @@
 
 One SimBoard holds the faults armed for the whole simulated cluster; each SimNode is the
 runtime of one node agent. Sim workspaces survive a restart: a new SimNode adopts what
-the store says its node holds."""
+the store says its node holds. Each SimNode keeps its files on a SimDisk (disks.py), which
+outlives it as a data directory does; `SimStorage` is that disk as the leader's mover asks
+it (engine/moves.py StorageLink), in the same process."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 
 from ...domain.model import EXECUTION_PARTS, Backend, Component, Instance, Phase, StopDurability, VolumeState
+from ...domain.moves import MOVE_CAPABILITY, MoveRefused, NodeUnreachable, StoredFile
 from ...domain.reports import ExitReason, GuestOomKill, GuestReset, GuestResponding, Report, VmmExited
 from ..base import DestroyError, LaunchError, LaunchSpec, RestartError, SyncError
+from .disks import SimDisk
 
 
 class Fault(IntEnum):
@@ -38,6 +42,9 @@ class Fault(IntEnum):
 
 # The PIDs a simulated guest's OOM killer names (FAULT_GUEST_OOM) count up from here.
 SIM_OOM_PID = 4000
+# A block of a disk move costs this many of the node's steps (read on the source, written
+# on the target): 0.1 virtual s at the simulation's 0.02 s step, slower on a slow node.
+BLOCK_STEPS = 5
 
 # Armed per workspace, consumed by the next operation they apply to.
 ONE_SHOT = frozenset({Fault.SYNC_FAIL, Fault.STALL, Fault.CREATE_FAIL, Fault.CREATE_FAIL_HOLDING, Fault.DESTROY_FAIL})
@@ -93,7 +100,18 @@ class SimBoard:
 class SimNode:
     """The runtime of one simulated node."""
 
-    def __init__(self, node_id: str, backend: Backend, step_s: float, board: SimBoard) -> None:
+    def __init__(
+        self,
+        node_id: str,
+        backend: Backend,
+        step_s: float,
+        board: SimBoard,
+        disk: SimDisk | None = None,
+        movable: bool = False,
+    ) -> None:
+        """`disk`: its files (a new, empty one by default; the simulation keeps each node's
+        across restarts). `movable`: its disks can move (MOVE_CAPABILITY), which a node in the
+        control plane's own process can (its mover reaches `storage`), a remote one not."""
         self.node_id = node_id
         self.backend = backend
         self.step_s = step_s
@@ -103,8 +121,9 @@ class SimNode:
         self.reachable.set()
         self.vms: dict[str, SimVm] = {}
         # Files on the node's storage pool: workspace layers and volumes.
-        self.layers: set[str] = set()
-        self.volumes: set[str] = set()
+        self.disk = disk if disk is not None else SimDisk()
+        self.movable = movable
+        self.storage = SimStorage(self)
         # Guests whose restart the node's own restart interrupted.
         self.interrupted: set[str] = set()
         # Processes its guests' OOM killers killed (FAULT_GUEST_OOM).
@@ -112,6 +131,8 @@ class SimNode:
 
     def capabilities(self) -> list[str]:
         caps = ["workspace.stop.force", f"runtime.sim.{self.backend.value}"]
+        if self.movable:
+            caps.append(MOVE_CAPABILITY)
         if self.backend is Backend.KIBOVM:
             caps.append("workspace.stop.guest_shutdown")
         return caps
@@ -121,7 +142,8 @@ class SimNode:
             if Component.INSTANCE in instance.holds:
                 alive = instance.phase in (Phase.RUNNING, Phase.RESTARTING, Phase.STOPPING)
                 self.vms[instance.id] = SimVm(instance.id, instance.workspace_id, alive=alive)
-                self.layers.add(instance.workspace_id)
+                if not self.disk.has(instance.workspace_id, "layer"):
+                    self.disk.write_run(instance.workspace_id, "layer", instance.generation)
             if instance.phase is Phase.RESTARTING:
                 self.interrupted.add(instance.id)
 
@@ -150,8 +172,9 @@ class SimNode:
                 holds=EXECUTION_PARTS,
             )
         created = tuple(v.id for v in spec.volumes if v.state is VolumeState.PENDING)
-        self.volumes.update(created)
-        self.layers.add(workspace_id)
+        # The images are made at a first launch here, and each run writes to them.
+        for name in ["layer", *(f"volume/{v.id}" for v in spec.volumes)]:
+            self.disk.write_run(workspace_id, name, instance.generation)
         await progress(Phase.LAUNCHING, created)
         await asyncio.sleep(self.step_s)
         self.vms[instance.id] = SimVm(instance.id, workspace_id)
@@ -186,12 +209,11 @@ class SimNode:
 
     async def delete_storage(self, workspace_id: str, volume_ids: tuple[str, ...]) -> None:
         await asyncio.sleep(self.step_s)
-        self.layers.discard(workspace_id)
-        self.volumes.difference_update(volume_ids)
+        self.disk.delete(workspace_id, volume_ids)
 
     async def delete_volumes(self, volume_ids: tuple[str, ...]) -> None:
         await asyncio.sleep(self.step_s)
-        self.volumes.difference_update(volume_ids)
+        self.disk.delete(None, volume_ids)
 
     def inject(self, workspace_id: str, instance_id: str | None, fault: Fault) -> None:
         """Apply a fault to a workspace whose current instance is on this node."""
@@ -227,3 +249,57 @@ class SimNode:
             # that this one was an injected fault.
             detail = "the simulated VMM exited (an injected VMM_CRASH fault)" if fault is Fault.VMM_CRASH else ""
             self.events.put_nowait(VmmExited(vm.instance_id, reason=reason, detail=detail))
+
+
+class SimStorage:
+    """A simulated node's disk as the leader's mover asks it (engine/moves.py StorageLink),
+    in the same process: the SimDisk's steps, each costing the node's virtual time, each
+    failing with NodeUnreachable while the node is cut off (NODE_SILENT), and refusing the
+    files of a workspace that has an instance on the node (only a STOPPED one's disks move)."""
+
+    def __init__(self, node: SimNode) -> None:
+        self.node = node
+        self.node_id = node.node_id
+
+    async def _cost(self, steps: float) -> None:
+        self._reachable()
+        await asyncio.sleep(self.node.step_s * steps)
+        self._reachable()
+
+    def _reachable(self) -> None:
+        if not self.node.reachable.is_set():
+            raise NodeUnreachable(f"node {self.node_id} is cut off")
+
+    def _idle(self, workspace_id: str) -> None:
+        if any(vm.workspace_id == workspace_id for vm in self.node.vms.values()):
+            raise MoveRefused(f"the disks of {workspace_id} are in use: only a STOPPED workspace's disks move")
+
+    async def list_files(self, workspace_id: str, volume_ids: Sequence[str]) -> list[StoredFile]:
+        await self._cost(1)
+        files = self.node.disk.list_files(workspace_id, volume_ids)
+        if files:
+            self._idle(workspace_id)
+        return files
+
+    async def read(self, workspace_id: str, name: str, offset: int) -> AsyncIterator[tuple[int, bytes]]:
+        await self._cost(1)
+        self._idle(workspace_id)
+        for block in self.node.disk.read(workspace_id, name, offset):
+            await self._cost(BLOCK_STEPS)
+            yield block
+
+    async def received(self, workspace_id: str, file: StoredFile) -> int:
+        await self._cost(1)
+        return self.node.disk.received(workspace_id, file)
+
+    async def write(self, workspace_id: str, file: StoredFile, blocks: Sequence[tuple[int, bytes]]) -> int:
+        await self._cost(1 + BLOCK_STEPS * sum(1 for _, data in blocks if data))
+        return self.node.disk.write(workspace_id, file, blocks)
+
+    async def finish(self, workspace_id: str, files: Sequence[StoredFile]) -> None:
+        await self._cost(1)
+        self.node.disk.finish(workspace_id, files)
+
+    async def drop(self, workspace_id: str, volume_ids: Sequence[str], received_only: bool) -> None:
+        await self._cost(1)
+        self.node.disk.drop(workspace_id, volume_ids, received_only)
