@@ -204,6 +204,22 @@ async def test_a_move_goes_on_after_a_kill9_of_the_control_plane(
             assert running.node_id == "node-b"
             out = await _exec(client, workspace_id, "cat /root/keep.txt /data/keep.txt && sha256sum /data/big")
             assert out.startswith(b"layer\nvolume\n") and digest in out
+
+            # Back to node-a with the CLI, which waits for the move with its progress.
+            await client.stop(workspace_id)
+            await client.wait_for(workspace_id, S.WORKSPACE_STATE_STOPPED, within=60)
+            kibo = [str(Path(sys.executable).parent / "kibo"), "--server", server.address]
+            moved = await asyncio.to_thread(
+                subprocess.run,
+                [*kibo, "workspace", "move", workspace_id, "--to", "node-a"],
+                capture_output=True,
+                text=True,
+                timeout=180,
+            )
+            assert moved.returncode == 0, moved.stderr
+            assert "SUCCEEDED, on node node-a" in moved.stdout, moved.stdout
+            await client.start(workspace_id)
+            assert (await client.wait_for(workspace_id, S.WORKSPACE_STATE_AVAILABLE, within=60)).node_id == "node-a"
             await client.delete(workspace_id)
             await client.wait_for(workspace_id, S.WORKSPACE_STATE_DELETED, within=60)
     finally:

@@ -104,6 +104,12 @@ def forget(tx: Tx, node_id: str, abandon_disks: bool) -> Forgotten:
         volume.storage_node = None
         tx.put_volume(volume)
         done.abandoned_volumes.append(volume.id)
+    # Copies moves left there, still to delete, go with the node (no one can delete them now).
+    for workspace in tx.storage_pending():
+        stale = [c for c in workspace.stale_copies if c.node == node_id]
+        if stale:
+            workspace.stale_copies = [c for c in workspace.stale_copies if c.node != node_id]
+            save(tx, workspace, None)
     record = tx.get_node(node_id) or record
     record.forgotten = record.silent = record.cordoned = True
     record.draining = False
