@@ -288,6 +288,7 @@ async def test_a_silent_node_is_forgotten_only_when_asked_and_its_disks_only_wit
 
         # node-a comes back with its old data dir: refused, and it says why.
         nodes["node-a"].start()
+
         async def told() -> bool:
             return "forgotten" in nodes["node-a"].log()
 
