@@ -20,10 +20,11 @@ from kibo.node.v1 import node_storage_service_pb2 as storage_pb2
 from kibo.node.v1 import node_storage_service_pb2_grpc as storage_grpc
 
 from tests.client import Client, S, meta
-from tests.nodes import NodeProcess, admin
+from tests.nodes import NodeProcess, admin, list_nodes
 from tests.server import ServerProcess, free_port
 from tests.system.test_durability import eventually
 from tests.system.test_process_runtime import SMALL, DataPlane, _require_sandbox, reap
+from tests.system.test_resource_model import process_server
 
 NODE_FLAGS = ("--sandbox", "bwrap", "--stop-grace-ms", "2000")
 BIG_MIB = 400
@@ -227,3 +228,54 @@ async def test_a_move_goes_on_after_a_kill9_of_the_control_plane(
             node.stop()
             # A failed run may leave a workspace running: its sandbox outlives the agent.
             reap(node.data_dir)
+
+
+@pytest.mark.timeout(300)
+async def test_a_workspace_moves_from_the_embedded_node_to_a_remote_one(
+    server_factory: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
+    """The embedded server's own node (node-1, process runtime) moves its disks in process,
+    a remote node over the node link: a workspace made on node-1 moves to node-r and starts
+    there with its data. A simulated node of another process cannot take disks: refused."""
+    _require_sandbox()
+    with process_server(server_factory, "--node-timeout-ms", "3000") as server:
+        remote = _node(server, tmp_path, "node-r").start()
+        simulated = NodeProcess(server.address, tmp_path / "node-s", "node-s").start()
+        try:
+            async with Client.connect(server.address) as client:
+
+                async def joined() -> bool | None:
+                    return True if {"node-r", "node-s"} <= set(await list_nodes(server.address)) else None
+
+                await eventually(joined, within=30, what="node-r and node-s joined")
+                await admin(server.address, "CordonNode", "node-s")
+                await admin(server.address, "CordonNode", "node-r")
+                workspace_id = (await client.create(resources=SMALL)).workspace_id
+                placed = await client.wait_for(workspace_id, S.WORKSPACE_STATE_AVAILABLE, within=60)
+                assert placed.node_id == "node-1"
+                await admin(server.address, "UncordonNode", "node-r")
+                write = "head -c 64M /dev/urandom > /data/big && sync && sha256sum /data/big"
+                digest = await _exec(client, workspace_id, write)
+                await client.stop(workspace_id)
+                await client.wait_for(workspace_id, S.WORKSPACE_STATE_STOPPED, within=60)
+                # A simulated node of another process has no disks to take them: refused, named.
+                refused = ws.MoveWorkspaceRequest(metadata=meta(), workspace_id=workspace_id, target_node_id="node-s")
+                with pytest.raises(grpc.aio.AioRpcError) as no_disks:
+                    await client.ws.MoveWorkspace(refused)
+                assert no_disks.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+                assert "node-s" in (no_disks.value.details() or ""), no_disks.value.details()
+                assert (await client.get(workspace_id)).state == S.WORKSPACE_STATE_STOPPED
+                request = ws.MoveWorkspaceRequest(metadata=meta(), workspace_id=workspace_id, target_node_id="node-r")
+                command_id = (await client.ws.MoveWorkspace(request)).command.command_id
+                done = await _finished(client, command_id, within=120)
+                assert done.state == command_pb2.COMMAND_STATE_SUCCEEDED, done.error.message
+                await client.start(workspace_id)
+                running = await client.wait_for(workspace_id, S.WORKSPACE_STATE_AVAILABLE, within=60)
+                assert running.node_id == "node-r"
+                assert digest in await _exec(client, workspace_id, "sha256sum /data/big")
+                await client.delete(workspace_id)
+                await client.wait_for(workspace_id, S.WORKSPACE_STATE_DELETED, within=60)
+        finally:
+            simulated.stop()
+            remote.stop()
+            reap(remote.data_dir)
