@@ -38,6 +38,8 @@ class CommandKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     COMMAND_KIND_CREATE_VOLUME: _ClassVar[CommandKind]
     COMMAND_KIND_DELETE_VOLUME: _ClassVar[CommandKind]
     COMMAND_KIND_MOVE: _ClassVar[CommandKind]
+    COMMAND_KIND_CREATE_EXPOSURE: _ClassVar[CommandKind]
+    COMMAND_KIND_DELETE_EXPOSURE: _ClassVar[CommandKind]
 COMMAND_STATE_UNSPECIFIED: CommandState
 COMMAND_STATE_PENDING: CommandState
 COMMAND_STATE_RUNNING: CommandState
@@ -60,6 +62,8 @@ COMMAND_KIND_REVOKE_DATA_PLANE_ACCESS: CommandKind
 COMMAND_KIND_CREATE_VOLUME: CommandKind
 COMMAND_KIND_DELETE_VOLUME: CommandKind
 COMMAND_KIND_MOVE: CommandKind
+COMMAND_KIND_CREATE_EXPOSURE: CommandKind
+COMMAND_KIND_DELETE_EXPOSURE: CommandKind
 
 class CommandResult(_message.Message):
     __slots__ = ("durability",)

@@ -49,6 +49,12 @@ class NetworkEgress(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     NETWORK_EGRESS_ALLOW_ALL: _ClassVar[NetworkEgress]
     NETWORK_EGRESS_DENY_ALL: _ClassVar[NetworkEgress]
     NETWORK_EGRESS_ALLOW_LISTED: _ClassVar[NetworkEgress]
+
+class ExposureAccess(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    EXPOSURE_ACCESS_UNSPECIFIED: _ClassVar[ExposureAccess]
+    EXPOSURE_ACCESS_TOKEN: _ClassVar[ExposureAccess]
+    EXPOSURE_ACCESS_PUBLIC: _ClassVar[ExposureAccess]
 WORKSPACE_STATE_UNSPECIFIED: WorkspaceState
 WORKSPACE_STATE_CREATING: WorkspaceState
 WORKSPACE_STATE_AVAILABLE: WorkspaceState
@@ -74,6 +80,9 @@ NETWORK_EGRESS_UNSPECIFIED: NetworkEgress
 NETWORK_EGRESS_ALLOW_ALL: NetworkEgress
 NETWORK_EGRESS_DENY_ALL: NetworkEgress
 NETWORK_EGRESS_ALLOW_LISTED: NetworkEgress
+EXPOSURE_ACCESS_UNSPECIFIED: ExposureAccess
+EXPOSURE_ACCESS_TOKEN: ExposureAccess
+EXPOSURE_ACCESS_PUBLIC: ExposureAccess
 
 class CommandMetadata(_message.Message):
     __slots__ = ("command_id",)
@@ -106,12 +115,20 @@ class VolumeBinding(_message.Message):
     def __init__(self, volume_id: _Optional[str] = ..., mount_path: _Optional[str] = ..., delete_with_workspace: _Optional[bool] = ..., storage_pool: _Optional[str] = ..., capacity_gib: _Optional[int] = ...) -> None: ...
 
 class NetworkPolicy(_message.Message):
-    __slots__ = ("egress", "allowed_cidrs")
+    __slots__ = ("egress", "allowed_cidrs", "denied_cidrs", "allowed_domains", "denied_domains", "allowed_ports")
     EGRESS_FIELD_NUMBER: _ClassVar[int]
     ALLOWED_CIDRS_FIELD_NUMBER: _ClassVar[int]
+    DENIED_CIDRS_FIELD_NUMBER: _ClassVar[int]
+    ALLOWED_DOMAINS_FIELD_NUMBER: _ClassVar[int]
+    DENIED_DOMAINS_FIELD_NUMBER: _ClassVar[int]
+    ALLOWED_PORTS_FIELD_NUMBER: _ClassVar[int]
     egress: NetworkEgress
     allowed_cidrs: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, egress: _Optional[_Union[NetworkEgress, str]] = ..., allowed_cidrs: _Optional[_Iterable[str]] = ...) -> None: ...
+    denied_cidrs: _containers.RepeatedScalarFieldContainer[str]
+    allowed_domains: _containers.RepeatedScalarFieldContainer[str]
+    denied_domains: _containers.RepeatedScalarFieldContainer[str]
+    allowed_ports: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, egress: _Optional[_Union[NetworkEgress, str]] = ..., allowed_cidrs: _Optional[_Iterable[str]] = ..., denied_cidrs: _Optional[_Iterable[str]] = ..., allowed_domains: _Optional[_Iterable[str]] = ..., denied_domains: _Optional[_Iterable[str]] = ..., allowed_ports: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class WorkspaceSpec(_message.Message):
     __slots__ = ("resources", "labels", "annotations", "volumes", "network_policy", "data_volume_gib", "node_selector")
@@ -203,6 +220,30 @@ class Condition(_message.Message):
     message: str
     last_transition_time: _timestamp_pb2.Timestamp
     def __init__(self, type: _Optional[str] = ..., status: _Optional[bool] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ..., last_transition_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class Exposure(_message.Message):
+    __slots__ = ("exposure_id", "workspace_id", "port", "access", "url", "token", "create_time", "expire_time", "execution_generation", "command_id")
+    EXPOSURE_ID_FIELD_NUMBER: _ClassVar[int]
+    WORKSPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    ACCESS_FIELD_NUMBER: _ClassVar[int]
+    URL_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
+    EXPIRE_TIME_FIELD_NUMBER: _ClassVar[int]
+    EXECUTION_GENERATION_FIELD_NUMBER: _ClassVar[int]
+    COMMAND_ID_FIELD_NUMBER: _ClassVar[int]
+    exposure_id: str
+    workspace_id: str
+    port: int
+    access: ExposureAccess
+    url: str
+    token: str
+    create_time: _timestamp_pb2.Timestamp
+    expire_time: _timestamp_pb2.Timestamp
+    execution_generation: int
+    command_id: str
+    def __init__(self, exposure_id: _Optional[str] = ..., workspace_id: _Optional[str] = ..., port: _Optional[int] = ..., access: _Optional[_Union[ExposureAccess, str]] = ..., url: _Optional[str] = ..., token: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., execution_generation: _Optional[int] = ..., command_id: _Optional[str] = ...) -> None: ...
 
 class DataPlane(_message.Message):
     __slots__ = ("credential_revision",)

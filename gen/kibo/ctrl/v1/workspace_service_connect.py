@@ -21,7 +21,7 @@ from connectrpc.protocol import ProtocolType
 from connectrpc.server import ConnectASGIApplication, ConnectWSGIApplication, DEFAULT_READ_MAX_BYTES, Endpoint, EndpointSync
 from pyqwest import Client, SyncClient
 
-from .workspace_service_pb2 import BindWorkspaceVolumeRequest, BindWorkspaceVolumeResponse, ClearWorkspaceExpirationRequest, ClearWorkspaceExpirationResponse, CreateWorkspaceRequest, CreateWorkspaceResponse, DeleteWorkspaceRequest, DeleteWorkspaceResponse, GetCapabilitiesRequest, GetCapabilitiesResponse, GetWorkspaceCommandRequest, GetWorkspaceCommandResponse, GetWorkspaceRequest, GetWorkspaceResponse, ListWorkspacesRequest, ListWorkspacesResponse, MoveWorkspaceRequest, MoveWorkspaceResponse, ResizeWorkspaceRequest, ResizeWorkspaceResponse, RevokeWorkspaceDataPlaneAccessRequest, RevokeWorkspaceDataPlaneAccessResponse, SetWorkspaceExpirationRequest, SetWorkspaceExpirationResponse, SetWorkspaceLabelsRequest, SetWorkspaceLabelsResponse, SetWorkspaceNetworkPolicyRequest, SetWorkspaceNetworkPolicyResponse, StartWorkspaceRequest, StartWorkspaceResponse, StopWorkspaceRequest, StopWorkspaceResponse, UnbindWorkspaceVolumeRequest, UnbindWorkspaceVolumeResponse, WatchWorkspaceRequest, WatchWorkspaceResponse
+from .workspace_service_pb2 import BindWorkspaceVolumeRequest, BindWorkspaceVolumeResponse, ClearWorkspaceExpirationRequest, ClearWorkspaceExpirationResponse, CreateWorkspaceExposureRequest, CreateWorkspaceExposureResponse, CreateWorkspaceRequest, CreateWorkspaceResponse, DeleteWorkspaceExposureRequest, DeleteWorkspaceExposureResponse, DeleteWorkspaceRequest, DeleteWorkspaceResponse, GetCapabilitiesRequest, GetCapabilitiesResponse, GetWorkspaceCommandRequest, GetWorkspaceCommandResponse, GetWorkspaceRequest, GetWorkspaceResponse, ListWorkspaceExposuresRequest, ListWorkspaceExposuresResponse, ListWorkspacesRequest, ListWorkspacesResponse, MoveWorkspaceRequest, MoveWorkspaceResponse, ResizeWorkspaceRequest, ResizeWorkspaceResponse, RevokeWorkspaceDataPlaneAccessRequest, RevokeWorkspaceDataPlaneAccessResponse, SetWorkspaceExpirationRequest, SetWorkspaceExpirationResponse, SetWorkspaceLabelsRequest, SetWorkspaceLabelsResponse, SetWorkspaceNetworkPolicyRequest, SetWorkspaceNetworkPolicyResponse, StartWorkspaceRequest, StartWorkspaceResponse, StopWorkspaceRequest, StopWorkspaceResponse, UnbindWorkspaceVolumeRequest, UnbindWorkspaceVolumeResponse, WatchWorkspaceRequest, WatchWorkspaceResponse
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Iterator, Mapping
@@ -120,6 +120,24 @@ class WorkspaceService(Protocol):
         copy, then the workspace starts only there and the source's copy is deleted. Resumable
         after a crash of either node or of the control plane; a delete cancels it. A start waits
         until it ends (CONFLICT while it runs).
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    async def create_workspace_exposure(self, request: CreateWorkspaceExposureRequest, ctx: RequestContext[CreateWorkspaceExposureRequest, CreateWorkspaceExposureResponse], /) -> CreateWorkspaceExposureResponse:
+        """
+        A URL to a TCP port in the guest (Exposure). Requires AVAILABLE; one per port.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    async def list_workspace_exposures(self, request: ListWorkspaceExposuresRequest, ctx: RequestContext[ListWorkspaceExposuresRequest, ListWorkspaceExposuresResponse], /) -> ListWorkspaceExposuresResponse:
+        """
+        The workspace's exposures that are valid now (none after a stop: create them again).
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    async def delete_workspace_exposure(self, request: DeleteWorkspaceExposureRequest, ctx: RequestContext[DeleteWorkspaceExposureRequest, DeleteWorkspaceExposureResponse], /) -> DeleteWorkspaceExposureResponse:
+        """
+        Revokes one exposure (its open connections are cut). Requires AVAILABLE.
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -334,6 +352,39 @@ class WorkspaceServiceASGIApplication(ConnectASGIApplication[WorkspaceService]):
                         stream_type=StreamType.UNARY,
                     ),
                     function=svc.move_workspace,
+                ),
+                "/kibo.ctrl.v1.WorkspaceService/CreateWorkspaceExposure": Endpoint.unary(
+                    method=MethodInfo(
+                        name="CreateWorkspaceExposure",
+                        service_name="kibo.ctrl.v1.WorkspaceService",
+                        input=CreateWorkspaceExposureRequest,
+                        output=CreateWorkspaceExposureResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=svc.create_workspace_exposure,
+                ),
+                "/kibo.ctrl.v1.WorkspaceService/ListWorkspaceExposures": Endpoint.unary(
+                    method=MethodInfo(
+                        name="ListWorkspaceExposures",
+                        service_name="kibo.ctrl.v1.WorkspaceService",
+                        input=ListWorkspaceExposuresRequest,
+                        output=ListWorkspaceExposuresResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=svc.list_workspace_exposures,
+                ),
+                "/kibo.ctrl.v1.WorkspaceService/DeleteWorkspaceExposure": Endpoint.unary(
+                    method=MethodInfo(
+                        name="DeleteWorkspaceExposure",
+                        service_name="kibo.ctrl.v1.WorkspaceService",
+                        input=DeleteWorkspaceExposureRequest,
+                        output=DeleteWorkspaceExposureResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=svc.delete_workspace_exposure,
                 ),
             },
             interceptors=interceptors,
@@ -764,6 +815,75 @@ class WorkspaceServiceClient(ConnectClient):
             headers=headers,
             timeout_ms=timeout_ms,
         )
+    async def create_workspace_exposure(
+        self,
+        request: CreateWorkspaceExposureRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> CreateWorkspaceExposureResponse:
+        """
+        A URL to a TCP port in the guest (Exposure). Requires AVAILABLE; one per port.
+        """
+        return await self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="CreateWorkspaceExposure",
+                service_name="kibo.ctrl.v1.WorkspaceService",
+                input=CreateWorkspaceExposureRequest,
+                output=CreateWorkspaceExposureResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    async def list_workspace_exposures(
+        self,
+        request: ListWorkspaceExposuresRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> ListWorkspaceExposuresResponse:
+        """
+        The workspace's exposures that are valid now (none after a stop: create them again).
+        """
+        return await self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="ListWorkspaceExposures",
+                service_name="kibo.ctrl.v1.WorkspaceService",
+                input=ListWorkspaceExposuresRequest,
+                output=ListWorkspaceExposuresResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    async def delete_workspace_exposure(
+        self,
+        request: DeleteWorkspaceExposureRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> DeleteWorkspaceExposureResponse:
+        """
+        Revokes one exposure (its open connections are cut). Requires AVAILABLE.
+        """
+        return await self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="DeleteWorkspaceExposure",
+                service_name="kibo.ctrl.v1.WorkspaceService",
+                input=DeleteWorkspaceExposureRequest,
+                output=DeleteWorkspaceExposureResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
 
 class WorkspaceServiceSync(Protocol):
     """
@@ -848,6 +968,24 @@ class WorkspaceServiceSync(Protocol):
         copy, then the workspace starts only there and the source's copy is deleted. Resumable
         after a crash of either node or of the control plane; a delete cancels it. A start waits
         until it ends (CONFLICT while it runs).
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    def create_workspace_exposure(self, request: CreateWorkspaceExposureRequest, ctx: RequestContext[CreateWorkspaceExposureRequest, CreateWorkspaceExposureResponse], /) -> CreateWorkspaceExposureResponse:
+        """
+        A URL to a TCP port in the guest (Exposure). Requires AVAILABLE; one per port.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    def list_workspace_exposures(self, request: ListWorkspaceExposuresRequest, ctx: RequestContext[ListWorkspaceExposuresRequest, ListWorkspaceExposuresResponse], /) -> ListWorkspaceExposuresResponse:
+        """
+        The workspace's exposures that are valid now (none after a stop: create them again).
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    def delete_workspace_exposure(self, request: DeleteWorkspaceExposureRequest, ctx: RequestContext[DeleteWorkspaceExposureRequest, DeleteWorkspaceExposureResponse], /) -> DeleteWorkspaceExposureResponse:
+        """
+        Revokes one exposure (its open connections are cut). Requires AVAILABLE.
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -1060,6 +1198,39 @@ class WorkspaceServiceWSGIApplication(ConnectWSGIApplication):
                         stream_type=StreamType.UNARY,
                     ),
                     function=service.move_workspace,
+                ),
+                "/kibo.ctrl.v1.WorkspaceService/CreateWorkspaceExposure": EndpointSync.unary(
+                    method=MethodInfo(
+                        name="CreateWorkspaceExposure",
+                        service_name="kibo.ctrl.v1.WorkspaceService",
+                        input=CreateWorkspaceExposureRequest,
+                        output=CreateWorkspaceExposureResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=service.create_workspace_exposure,
+                ),
+                "/kibo.ctrl.v1.WorkspaceService/ListWorkspaceExposures": EndpointSync.unary(
+                    method=MethodInfo(
+                        name="ListWorkspaceExposures",
+                        service_name="kibo.ctrl.v1.WorkspaceService",
+                        input=ListWorkspaceExposuresRequest,
+                        output=ListWorkspaceExposuresResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=service.list_workspace_exposures,
+                ),
+                "/kibo.ctrl.v1.WorkspaceService/DeleteWorkspaceExposure": EndpointSync.unary(
+                    method=MethodInfo(
+                        name="DeleteWorkspaceExposure",
+                        service_name="kibo.ctrl.v1.WorkspaceService",
+                        input=DeleteWorkspaceExposureRequest,
+                        output=DeleteWorkspaceExposureResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=service.delete_workspace_exposure,
                 ),
             },
             interceptors=interceptors,
@@ -1484,6 +1655,75 @@ class WorkspaceServiceClientSync(ConnectClientSync):
                 service_name="kibo.ctrl.v1.WorkspaceService",
                 input=MoveWorkspaceRequest,
                 output=MoveWorkspaceResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    def create_workspace_exposure(
+        self,
+        request: CreateWorkspaceExposureRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> CreateWorkspaceExposureResponse:
+        """
+        A URL to a TCP port in the guest (Exposure). Requires AVAILABLE; one per port.
+        """
+        return self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="CreateWorkspaceExposure",
+                service_name="kibo.ctrl.v1.WorkspaceService",
+                input=CreateWorkspaceExposureRequest,
+                output=CreateWorkspaceExposureResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    def list_workspace_exposures(
+        self,
+        request: ListWorkspaceExposuresRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> ListWorkspaceExposuresResponse:
+        """
+        The workspace's exposures that are valid now (none after a stop: create them again).
+        """
+        return self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="ListWorkspaceExposures",
+                service_name="kibo.ctrl.v1.WorkspaceService",
+                input=ListWorkspaceExposuresRequest,
+                output=ListWorkspaceExposuresResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    def delete_workspace_exposure(
+        self,
+        request: DeleteWorkspaceExposureRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> DeleteWorkspaceExposureResponse:
+        """
+        Revokes one exposure (its open connections are cut). Requires AVAILABLE.
+        """
+        return self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="DeleteWorkspaceExposure",
+                service_name="kibo.ctrl.v1.WorkspaceService",
+                input=DeleteWorkspaceExposureRequest,
+                output=DeleteWorkspaceExposureResponse,
                 idempotency_level=IdempotencyLevel.UNKNOWN,
                 stream_type=StreamType.UNARY,
             ),

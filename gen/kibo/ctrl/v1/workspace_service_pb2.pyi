@@ -354,3 +354,57 @@ class RevokeWorkspaceDataPlaneAccessResponse(_message.Message):
     workspace: _workspace_pb2.Workspace
     command: _command_pb2.WorkspaceCommand
     def __init__(self, workspace: _Optional[_Union[_workspace_pb2.Workspace, _Mapping]] = ..., command: _Optional[_Union[_command_pb2.WorkspaceCommand, _Mapping]] = ...) -> None: ...
+
+class CreateWorkspaceExposureRequest(_message.Message):
+    __slots__ = ("metadata", "workspace_id", "port", "access", "expire_in_seconds")
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    WORKSPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    ACCESS_FIELD_NUMBER: _ClassVar[int]
+    EXPIRE_IN_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    metadata: _workspace_pb2.CommandMetadata
+    workspace_id: str
+    port: int
+    access: _workspace_pb2.ExposureAccess
+    expire_in_seconds: int
+    def __init__(self, metadata: _Optional[_Union[_workspace_pb2.CommandMetadata, _Mapping]] = ..., workspace_id: _Optional[str] = ..., port: _Optional[int] = ..., access: _Optional[_Union[_workspace_pb2.ExposureAccess, str]] = ..., expire_in_seconds: _Optional[int] = ...) -> None: ...
+
+class CreateWorkspaceExposureResponse(_message.Message):
+    __slots__ = ("workspace", "command", "exposure")
+    WORKSPACE_FIELD_NUMBER: _ClassVar[int]
+    COMMAND_FIELD_NUMBER: _ClassVar[int]
+    EXPOSURE_FIELD_NUMBER: _ClassVar[int]
+    workspace: _workspace_pb2.Workspace
+    command: _command_pb2.WorkspaceCommand
+    exposure: _workspace_pb2.Exposure
+    def __init__(self, workspace: _Optional[_Union[_workspace_pb2.Workspace, _Mapping]] = ..., command: _Optional[_Union[_command_pb2.WorkspaceCommand, _Mapping]] = ..., exposure: _Optional[_Union[_workspace_pb2.Exposure, _Mapping]] = ...) -> None: ...
+
+class ListWorkspaceExposuresRequest(_message.Message):
+    __slots__ = ("workspace_id",)
+    WORKSPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    workspace_id: str
+    def __init__(self, workspace_id: _Optional[str] = ...) -> None: ...
+
+class ListWorkspaceExposuresResponse(_message.Message):
+    __slots__ = ("exposures",)
+    EXPOSURES_FIELD_NUMBER: _ClassVar[int]
+    exposures: _containers.RepeatedCompositeFieldContainer[_workspace_pb2.Exposure]
+    def __init__(self, exposures: _Optional[_Iterable[_Union[_workspace_pb2.Exposure, _Mapping]]] = ...) -> None: ...
+
+class DeleteWorkspaceExposureRequest(_message.Message):
+    __slots__ = ("metadata", "workspace_id", "exposure_id")
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    WORKSPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    EXPOSURE_ID_FIELD_NUMBER: _ClassVar[int]
+    metadata: _workspace_pb2.CommandMetadata
+    workspace_id: str
+    exposure_id: str
+    def __init__(self, metadata: _Optional[_Union[_workspace_pb2.CommandMetadata, _Mapping]] = ..., workspace_id: _Optional[str] = ..., exposure_id: _Optional[str] = ...) -> None: ...
+
+class DeleteWorkspaceExposureResponse(_message.Message):
+    __slots__ = ("workspace", "command")
+    WORKSPACE_FIELD_NUMBER: _ClassVar[int]
+    COMMAND_FIELD_NUMBER: _ClassVar[int]
+    workspace: _workspace_pb2.Workspace
+    command: _command_pb2.WorkspaceCommand
+    def __init__(self, workspace: _Optional[_Union[_workspace_pb2.Workspace, _Mapping]] = ..., command: _Optional[_Union[_command_pb2.WorkspaceCommand, _Mapping]] = ...) -> None: ...

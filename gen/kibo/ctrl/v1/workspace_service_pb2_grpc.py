@@ -127,6 +127,21 @@ class WorkspaceServiceStub:
                 request_serializer=kibo_dot_ctrl_dot_v1_dot_workspace__service__pb2.MoveWorkspaceRequest.SerializeToString,
                 response_deserializer=kibo_dot_ctrl_dot_v1_dot_workspace__service__pb2.MoveWorkspaceResponse.FromString,
                 _registered_method=True)
+        self.CreateWorkspaceExposure = channel.unary_unary(
+                '/kibo.ctrl.v1.WorkspaceService/CreateWorkspaceExposure',
+                request_serializer=kibo_dot_ctrl_dot_v1_dot_workspace__service__pb2.CreateWorkspaceExposureRequest.SerializeToString,
+                response_deserializer=kibo_dot_ctrl_dot_v1_dot_workspace__service__pb2.CreateWorkspaceExposureResponse.FromString,
+                _registered_method=True)
+        self.ListWorkspaceExposures = channel.unary_unary(
+                '/kibo.ctrl.v1.WorkspaceService/ListWorkspaceExposures',
+                request_serializer=kibo_dot_ctrl_dot_v1_dot_workspace__service__pb2.ListWorkspaceExposuresRequest.SerializeToString,
+                response_deserializer=kibo_dot_ctrl_dot_v1_dot_workspace__service__pb2.ListWorkspaceExposuresResponse.FromString,
+                _registered_method=True)
+        self.DeleteWorkspaceExposure = channel.unary_unary(
+                '/kibo.ctrl.v1.WorkspaceService/DeleteWorkspaceExposure',
+                request_serializer=kibo_dot_ctrl_dot_v1_dot_workspace__service__pb2.DeleteWorkspaceExposureRequest.SerializeToString,
+                response_deserializer=kibo_dot_ctrl_dot_v1_dot_workspace__service__pb2.DeleteWorkspaceExposureResponse.FromString,
+                _registered_method=True)
 
 
 class WorkspaceServiceServicer:
@@ -255,6 +270,27 @@ class WorkspaceServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateWorkspaceExposure(self, request, context):
+        """A URL to a TCP port in the guest (Exposure). Requires AVAILABLE; one per port.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListWorkspaceExposures(self, request, context):
+        """The workspace's exposures that are valid now (none after a stop: create them again).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteWorkspaceExposure(self, request, context):
+        """Revokes one exposure (its open connections are cut). Requires AVAILABLE.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkspaceServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -347,6 +383,21 @@ def add_WorkspaceServiceServicer_to_server(servicer, server):
                     servicer.MoveWorkspace,
                     request_deserializer=kibo_dot_ctrl_dot_v1_dot_workspace__service__pb2.MoveWorkspaceRequest.FromString,
                     response_serializer=kibo_dot_ctrl_dot_v1_dot_workspace__service__pb2.MoveWorkspaceResponse.SerializeToString,
+            ),
+            'CreateWorkspaceExposure': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateWorkspaceExposure,
+                    request_deserializer=kibo_dot_ctrl_dot_v1_dot_workspace__service__pb2.CreateWorkspaceExposureRequest.FromString,
+                    response_serializer=kibo_dot_ctrl_dot_v1_dot_workspace__service__pb2.CreateWorkspaceExposureResponse.SerializeToString,
+            ),
+            'ListWorkspaceExposures': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListWorkspaceExposures,
+                    request_deserializer=kibo_dot_ctrl_dot_v1_dot_workspace__service__pb2.ListWorkspaceExposuresRequest.FromString,
+                    response_serializer=kibo_dot_ctrl_dot_v1_dot_workspace__service__pb2.ListWorkspaceExposuresResponse.SerializeToString,
+            ),
+            'DeleteWorkspaceExposure': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteWorkspaceExposure,
+                    request_deserializer=kibo_dot_ctrl_dot_v1_dot_workspace__service__pb2.DeleteWorkspaceExposureRequest.FromString,
+                    response_serializer=kibo_dot_ctrl_dot_v1_dot_workspace__service__pb2.DeleteWorkspaceExposureResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -838,6 +889,87 @@ class WorkspaceService:
             '/kibo.ctrl.v1.WorkspaceService/MoveWorkspace',
             kibo_dot_ctrl_dot_v1_dot_workspace__service__pb2.MoveWorkspaceRequest.SerializeToString,
             kibo_dot_ctrl_dot_v1_dot_workspace__service__pb2.MoveWorkspaceResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateWorkspaceExposure(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kibo.ctrl.v1.WorkspaceService/CreateWorkspaceExposure',
+            kibo_dot_ctrl_dot_v1_dot_workspace__service__pb2.CreateWorkspaceExposureRequest.SerializeToString,
+            kibo_dot_ctrl_dot_v1_dot_workspace__service__pb2.CreateWorkspaceExposureResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListWorkspaceExposures(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kibo.ctrl.v1.WorkspaceService/ListWorkspaceExposures',
+            kibo_dot_ctrl_dot_v1_dot_workspace__service__pb2.ListWorkspaceExposuresRequest.SerializeToString,
+            kibo_dot_ctrl_dot_v1_dot_workspace__service__pb2.ListWorkspaceExposuresResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteWorkspaceExposure(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kibo.ctrl.v1.WorkspaceService/DeleteWorkspaceExposure',
+            kibo_dot_ctrl_dot_v1_dot_workspace__service__pb2.DeleteWorkspaceExposureRequest.SerializeToString,
+            kibo_dot_ctrl_dot_v1_dot_workspace__service__pb2.DeleteWorkspaceExposureResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -47,6 +47,12 @@ type WorkspaceServiceClient interface {
 	// after a crash of either node or of the control plane; a delete cancels it. A start waits
 	// until it ends (CONFLICT while it runs).
 	MoveWorkspace(ctx context.Context, in *MoveWorkspaceRequest, opts ...grpc.CallOption) (*MoveWorkspaceResponse, error)
+	// A URL to a TCP port in the guest (Exposure). Requires AVAILABLE; one per port.
+	CreateWorkspaceExposure(ctx context.Context, in *CreateWorkspaceExposureRequest, opts ...grpc.CallOption) (*CreateWorkspaceExposureResponse, error)
+	// The workspace's exposures that are valid now (none after a stop: create them again).
+	ListWorkspaceExposures(ctx context.Context, in *ListWorkspaceExposuresRequest, opts ...grpc.CallOption) (*ListWorkspaceExposuresResponse, error)
+	// Revokes one exposure (its open connections are cut). Requires AVAILABLE.
+	DeleteWorkspaceExposure(ctx context.Context, in *DeleteWorkspaceExposureRequest, opts ...grpc.CallOption) (*DeleteWorkspaceExposureResponse, error)
 }
 
 type workspaceServiceClient struct {
@@ -242,6 +248,33 @@ func (c *workspaceServiceClient) MoveWorkspace(ctx context.Context, in *MoveWork
 	return out, nil
 }
 
+func (c *workspaceServiceClient) CreateWorkspaceExposure(ctx context.Context, in *CreateWorkspaceExposureRequest, opts ...grpc.CallOption) (*CreateWorkspaceExposureResponse, error) {
+	out := new(CreateWorkspaceExposureResponse)
+	err := c.cc.Invoke(ctx, "/kibo.ctrl.v1.WorkspaceService/CreateWorkspaceExposure", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *workspaceServiceClient) ListWorkspaceExposures(ctx context.Context, in *ListWorkspaceExposuresRequest, opts ...grpc.CallOption) (*ListWorkspaceExposuresResponse, error) {
+	out := new(ListWorkspaceExposuresResponse)
+	err := c.cc.Invoke(ctx, "/kibo.ctrl.v1.WorkspaceService/ListWorkspaceExposures", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *workspaceServiceClient) DeleteWorkspaceExposure(ctx context.Context, in *DeleteWorkspaceExposureRequest, opts ...grpc.CallOption) (*DeleteWorkspaceExposureResponse, error) {
+	out := new(DeleteWorkspaceExposureResponse)
+	err := c.cc.Invoke(ctx, "/kibo.ctrl.v1.WorkspaceService/DeleteWorkspaceExposure", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // WorkspaceServiceServer is the server API for WorkspaceService service.
 // All implementations must embed UnimplementedWorkspaceServiceServer
 // for forward compatibility
@@ -276,6 +309,12 @@ type WorkspaceServiceServer interface {
 	// after a crash of either node or of the control plane; a delete cancels it. A start waits
 	// until it ends (CONFLICT while it runs).
 	MoveWorkspace(context.Context, *MoveWorkspaceRequest) (*MoveWorkspaceResponse, error)
+	// A URL to a TCP port in the guest (Exposure). Requires AVAILABLE; one per port.
+	CreateWorkspaceExposure(context.Context, *CreateWorkspaceExposureRequest) (*CreateWorkspaceExposureResponse, error)
+	// The workspace's exposures that are valid now (none after a stop: create them again).
+	ListWorkspaceExposures(context.Context, *ListWorkspaceExposuresRequest) (*ListWorkspaceExposuresResponse, error)
+	// Revokes one exposure (its open connections are cut). Requires AVAILABLE.
+	DeleteWorkspaceExposure(context.Context, *DeleteWorkspaceExposureRequest) (*DeleteWorkspaceExposureResponse, error)
 	mustEmbedUnimplementedWorkspaceServiceServer()
 }
 
@@ -336,6 +375,15 @@ func (UnimplementedWorkspaceServiceServer) RevokeWorkspaceDataPlaneAccess(contex
 }
 func (UnimplementedWorkspaceServiceServer) MoveWorkspace(context.Context, *MoveWorkspaceRequest) (*MoveWorkspaceResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method MoveWorkspace not implemented")
+}
+func (UnimplementedWorkspaceServiceServer) CreateWorkspaceExposure(context.Context, *CreateWorkspaceExposureRequest) (*CreateWorkspaceExposureResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method CreateWorkspaceExposure not implemented")
+}
+func (UnimplementedWorkspaceServiceServer) ListWorkspaceExposures(context.Context, *ListWorkspaceExposuresRequest) (*ListWorkspaceExposuresResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ListWorkspaceExposures not implemented")
+}
+func (UnimplementedWorkspaceServiceServer) DeleteWorkspaceExposure(context.Context, *DeleteWorkspaceExposureRequest) (*DeleteWorkspaceExposureResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method DeleteWorkspaceExposure not implemented")
 }
 func (UnimplementedWorkspaceServiceServer) mustEmbedUnimplementedWorkspaceServiceServer() {}
 
@@ -677,6 +725,60 @@ func _WorkspaceService_MoveWorkspace_Handler(srv interface{}, ctx context.Contex
 	return interceptor(ctx, in, info, handler)
 }
 
+func _WorkspaceService_CreateWorkspaceExposure_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CreateWorkspaceExposureRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(WorkspaceServiceServer).CreateWorkspaceExposure(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/kibo.ctrl.v1.WorkspaceService/CreateWorkspaceExposure",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(WorkspaceServiceServer).CreateWorkspaceExposure(ctx, req.(*CreateWorkspaceExposureRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _WorkspaceService_ListWorkspaceExposures_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListWorkspaceExposuresRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(WorkspaceServiceServer).ListWorkspaceExposures(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/kibo.ctrl.v1.WorkspaceService/ListWorkspaceExposures",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(WorkspaceServiceServer).ListWorkspaceExposures(ctx, req.(*ListWorkspaceExposuresRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _WorkspaceService_DeleteWorkspaceExposure_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DeleteWorkspaceExposureRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(WorkspaceServiceServer).DeleteWorkspaceExposure(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/kibo.ctrl.v1.WorkspaceService/DeleteWorkspaceExposure",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(WorkspaceServiceServer).DeleteWorkspaceExposure(ctx, req.(*DeleteWorkspaceExposureRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 var _WorkspaceService_serviceDesc = grpc.ServiceDesc{
 	ServiceName: "kibo.ctrl.v1.WorkspaceService",
 	HandlerType: (*WorkspaceServiceServer)(nil),
@@ -748,6 +850,18 @@ var _WorkspaceService_serviceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "MoveWorkspace",
 			Handler:    _WorkspaceService_MoveWorkspace_Handler,
+		},
+		{
+			MethodName: "CreateWorkspaceExposure",
+			Handler:    _WorkspaceService_CreateWorkspaceExposure_Handler,
+		},
+		{
+			MethodName: "ListWorkspaceExposures",
+			Handler:    _WorkspaceService_ListWorkspaceExposures_Handler,
+		},
+		{
+			MethodName: "DeleteWorkspaceExposure",
+			Handler:    _WorkspaceService_DeleteWorkspaceExposure_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
