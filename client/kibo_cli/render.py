@@ -34,10 +34,19 @@ def volumes(spec: workspace_pb2.WorkspaceSpec) -> str:
 
 
 def network(spec: workspace_pb2.WorkspaceSpec) -> str:
+    """`egress ALLOW_LISTED (10.0.0.0/8, api.github.com; ports 443; denied 10.9.0.0/16, evil.example)`."""
     policy = spec.network_policy
     egress = enum_name(WP.NetworkEgress, policy.egress, "NETWORK_EGRESS_")
-    cidrs = f" ({', '.join(policy.allowed_cidrs)})" if policy.allowed_cidrs else ""
-    return f"egress {egress}{cidrs}"
+    parts = []
+    allowed = [*policy.allowed_cidrs, *policy.allowed_domains]
+    if allowed:
+        parts.append(", ".join(allowed))
+    if policy.allowed_ports:
+        parts.append(f"ports {', '.join(str(p) for p in policy.allowed_ports)}")
+    denied = [*policy.denied_cidrs, *policy.denied_domains]
+    if denied:
+        parts.append(f"denied {', '.join(denied)}")
+    return f"egress {egress}" + (f" ({'; '.join(parts)})" if parts else "")
 
 
 def expiration(workspace: workspace_pb2.Workspace) -> str:

@@ -15,7 +15,7 @@ import typer
 from kibo.ctrl.v1 import command_pb2, workspace_pb2
 from kibo.ctrl.v1 import observation_service_pb2 as obs_pb2
 
-from . import data_plane, exit_codes, output, parsing, render, workspace_config
+from . import data_plane, exit_codes, exposures, output, parsing, render, workspace_config
 from .exit_codes import ExitCode
 from .output import Format, note
 from .progress import Progress
@@ -738,3 +738,9 @@ app.command("rebind-volume")(workspace_config.rebind_volume)
 app.command("unbind-volume")(workspace_config.unbind_volume)
 app.command("network-policy")(workspace_config.network_policy)
 app.command("revoke-access")(workspace_config.revoke_access)
+
+# -- exposures: URLs to guest ports (exposures.py) ---------------------------------------
+
+app.command("expose")(exposures.expose)
+app.command("exposures")(exposures.exposures)
+app.command("unexpose")(exposures.unexpose)

@@ -4,6 +4,7 @@ plane. Each is one command, settled (resent until terminal) like resize and labe
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from typing import Annotated
 
@@ -134,32 +135,118 @@ def unbind_volume(
 @handle
 def network_policy(
     workspace_id: WorkspaceId,
-    egress: Annotated[Egress | None, typer.Option(help="What the guest may reach (default: show the policy).")] = None,
+    egress: Annotated[
+        Egress | None,
+        typer.Option(
+            help=(
+                "What the guest may reach. Default: show the policy; with --allow, --allow-domain or --port "
+                "allow-listed, with only --deny or --deny-domain allow-all."
+            ),
+            show_default=False,
+        ),
+    ] = None,
     allow: Annotated[
         list[str] | None, typer.Option("--allow", help="A CIDR the guest may reach (repeat; implies allow-listed).")
+    ] = None,
+    deny: Annotated[
+        list[str] | None,
+        typer.Option("--deny", help="A CIDR the guest may not reach (repeat; deny beats allow; not with deny-all)."),
+    ] = None,
+    allow_domain: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--allow-domain",
+            help="A name the guest may reach: api.github.com or *.pypi.org (repeat; implies allow-listed).",
+        ),
+    ] = None,
+    deny_domain: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--deny-domain",
+            help=(
+                "A name the node's resolver refuses (repeat; deny beats allow; not with deny-all). Under allow-all "
+                "a guest with its own resolver is not stopped: use allow-listed for a boundary."
+            ),
+        ),
+    ] = None,
+    port: Annotated[
+        list[int] | None,
+        typer.Option(
+            "--port",
+            min=1,
+            max=65535,
+            help="A TCP/UDP port the allowed CIDRs and domains are limited to (repeat; default: any port).",
+        ),
     ] = None,
     command_id: CommandIdOpt = None,
     fmt: OutputOpt = Format.text,
 ) -> None:
-    """Show or replace the workspace's egress policy (AVAILABLE or STOPPED; on a STOPPED workspace
-    it takes effect at the next start)."""
+    """Show or replace the workspace's egress policy (AVAILABLE: applied at once, connections it no
+    longer allows are cut; STOPPED: at the next start). The options given replace the whole policy.
+
+    Precedence: what no policy opens (the node, the control plane, link-local, other guests) >
+    --deny and --deny-domain > --allow and --allow-domain > the egress default. Domains are exact
+    (api.github.com) or *.example.com (any name under example.com, not example.com itself), followed
+    through the node's resolver as their addresses change. --port limits what --allow and
+    --allow-domain open."""
     command_id = command_id_or_new(command_id)
-    cidrs = allow or []
-    if cidrs and egress not in (None, Egress.allow_listed):
-        raise fail("--allow goes with --egress allow-listed only", ExitCode.USAGE)
-    if egress is Egress.allow_listed and not cidrs:
-        raise fail("--egress allow-listed needs at least one --allow CIDR", ExitCode.USAGE)
+    rules = _PolicyRules(allow or [], deny or [], allow_domain or [], deny_domain or [], port or [])
+    chosen = rules.egress(egress)
     with connect() as client:
-        if egress is None and not cidrs:
+        if chosen is None:
             workspace = client.get_workspace(workspace_id)
             if fmt is Format.json:
                 output.emit_json(output.to_dict(workspace.spec.network_policy))
             else:
                 output.stdout().print(f"{workspace_id}: {render.network(workspace.spec)}", markup=False)
             return
-        chosen = egress or Egress.allow_listed
-        response = client.set_workspace_network_policy(workspace_id, chosen.wire(), cidrs, command_id=command_id)
+        response = client.set_workspace_network_policy(
+            workspace_id,
+            chosen.wire(),
+            rules.allow,
+            denied_cidrs=rules.deny,
+            allowed_domains=rules.allow_domain,
+            denied_domains=rules.deny_domain,
+            allowed_ports=rules.port,
+            command_id=command_id,
+        )
     _emit(response, fmt, f"{workspace_id}: {render.network(response.workspace.spec)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class _PolicyRules:
+    """The lists of `kibo workspace network-policy`, checked as the server checks them (so a
+    combination it refuses is a usage error before any round trip)."""
+
+    allow: list[str]
+    deny: list[str]
+    allow_domain: list[str]
+    deny_domain: list[str]
+    port: list[int]
+
+    def egress(self, given: Egress | None) -> Egress | None:
+        """The egress to send (None: nothing to change, show the policy); raises a usage error."""
+        allowing = [name for name, values in self._allowing() if values]
+        denying = [name for name, values in self._denying() if values]
+        if given is None and not allowing and not denying:
+            return None
+        chosen = given or (Egress.allow_listed if allowing else Egress.allow_all)
+        if allowing and chosen is not Egress.allow_listed:
+            raise fail(f"{', '.join(allowing)}: only with --egress allow-listed", ExitCode.USAGE)
+        if denying and chosen is Egress.deny_all:
+            raise fail(
+                f"{', '.join(denying)}: only with --egress allow-all or allow-listed (deny-all denies everything)",
+                ExitCode.USAGE,
+            )
+        if chosen is Egress.allow_listed and not (self.allow or self.allow_domain):
+            raise fail("--egress allow-listed needs at least one --allow CIDR or --allow-domain NAME", ExitCode.USAGE)
+        return chosen
+
+    def _allowing(self) -> list[tuple[str, list[str] | list[int]]]:
+        return [("--allow", self.allow), ("--allow-domain", self.allow_domain), ("--port", self.port)]
+
+    def _denying(self) -> list[tuple[str, list[str] | list[int]]]:
+        return [("--deny", self.deny), ("--deny-domain", self.deny_domain)]
 
 
 @handle

@@ -159,11 +159,46 @@ def unbind_volume(workspace_id: str, volume_id: str, command_id: str | None) -> 
 
 
 def network_policy(
-    workspace_id: str, egress: int, allowed_cidrs: Sequence[str], command_id: str | None
+    workspace_id: str,
+    egress: int,
+    allowed_cidrs: Sequence[str],
+    command_id: str | None,
+    *,
+    denied_cidrs: Sequence[str] = (),
+    allowed_domains: Sequence[str] = (),
+    denied_domains: Sequence[str] = (),
+    allowed_ports: Sequence[int] = (),
 ) -> ws_pb2.SetWorkspaceNetworkPolicyRequest:
-    policy = wp.NetworkPolicy(egress=egress, allowed_cidrs=list(allowed_cidrs))  # type: ignore[arg-type]
+    policy = wp.NetworkPolicy(
+        egress=egress,  # type: ignore[arg-type]
+        allowed_cidrs=list(allowed_cidrs),
+        denied_cidrs=list(denied_cidrs),
+        allowed_domains=list(allowed_domains),
+        denied_domains=list(denied_domains),
+        allowed_ports=list(allowed_ports),
+    )
     return ws_pb2.SetWorkspaceNetworkPolicyRequest(
         metadata=metadata(command_id), workspace_id=workspace_id, network_policy=policy
+    )
+
+
+def create_exposure(
+    workspace_id: str, port: int, public: bool, expire_in_seconds: int, command_id: str | None
+) -> ws_pb2.CreateWorkspaceExposureRequest:
+    return ws_pb2.CreateWorkspaceExposureRequest(
+        metadata=metadata(command_id),
+        workspace_id=workspace_id,
+        port=port,
+        access=wp.EXPOSURE_ACCESS_PUBLIC if public else wp.EXPOSURE_ACCESS_TOKEN,
+        expire_in_seconds=expire_in_seconds,
+    )
+
+
+def delete_exposure(
+    workspace_id: str, exposure_id: str, command_id: str | None
+) -> ws_pb2.DeleteWorkspaceExposureRequest:
+    return ws_pb2.DeleteWorkspaceExposureRequest(
+        metadata=metadata(command_id), workspace_id=workspace_id, exposure_id=exposure_id
     )
 
 

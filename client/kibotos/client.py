@@ -453,14 +453,82 @@ class Client:
         egress: int,
         allowed_cidrs: Sequence[str] = (),
         *,
+        denied_cidrs: Sequence[str] = (),
+        allowed_domains: Sequence[str] = (),
+        denied_domains: Sequence[str] = (),
+        allowed_ports: Sequence[int] = (),
         command_id: str | None = None,
         settle: SettleArg = True,
     ) -> ws_pb2.SetWorkspaceNetworkPolicyResponse:
-        """Replace the egress policy (workspace_pb2.NETWORK_EGRESS_*; `allowed_cidrs` with
-        ALLOW_LISTED). On a STOPPED workspace it takes effect at the next start."""
-        request = build.network_policy(workspace_id, egress, allowed_cidrs, command_id)
+        """Replace the egress policy (workspace_pb2.NETWORK_EGRESS_*). With ALLOW_LISTED:
+        `allowed_cidrs`, `allowed_domains` (exact "api.github.com", or "*.pypi.org" for any
+        name under pypi.org) and `allowed_ports` (what the allowed CIDRs and domains are
+        limited to; empty: any port). With ALLOW_ALL or ALLOW_LISTED: `denied_cidrs` and
+        `denied_domains`. Deny beats allow. While AVAILABLE it applies at once (connections the
+        new policy no longer allows are cut); on a STOPPED workspace at the next start."""
+        request = build.network_policy(
+            workspace_id,
+            egress,
+            allowed_cidrs,
+            command_id,
+            denied_cidrs=denied_cidrs,
+            allowed_domains=allowed_domains,
+            denied_domains=denied_domains,
+            allowed_ports=allowed_ports,
+        )
         return self._command(
             self.workspaces.SetWorkspaceNetworkPolicy, request, ws_pb2.SetWorkspaceNetworkPolicyResponse, settle, None
+        )
+
+    def create_workspace_exposure(
+        self,
+        workspace_id: str,
+        port: int,
+        *,
+        public: bool = False,
+        expire_in_seconds: int = 0,
+        command_id: str | None = None,
+        settle: SettleArg = True,
+    ) -> ws_pb2.CreateWorkspaceExposureResponse:
+        """A URL to TCP `port` (1..65535) in the guest (requires AVAILABLE; one exposure per
+        port), valid until deleted, `expire_in_seconds` (0: no expiry) or the workspace's stop.
+        Unless `public`, requests need `exposure.token`: the X-Kibo-Exposure-Token header, or
+        once `?kibo_token=` (sets a cookie for the URL's host). The token is stored hashed and
+        is in the answer of the send that made the exposure only: this method keeps it from
+        that answer while settling; sending the same `command_id` again answers without it."""
+        request = build.create_exposure(workspace_id, port, public, expire_in_seconds, command_id)
+        tokens: dict[str, str] = {}
+
+        def keep_token(answer: CommandResponse) -> None:
+            exposure = cast(ws_pb2.CreateWorkspaceExposureResponse, answer).exposure
+            if exposure.token:
+                tokens[exposure.exposure_id] = exposure.token
+
+        response = self._command(
+            self.workspaces.CreateWorkspaceExposure,
+            request,
+            ws_pb2.CreateWorkspaceExposureResponse,
+            settle,
+            keep_token,
+        )
+        if not response.exposure.token and response.exposure.exposure_id in tokens:
+            response.exposure.token = tokens[response.exposure.exposure_id]
+        return response
+
+    def list_workspace_exposures(self, workspace_id: str) -> list[workspace_pb2.Exposure]:
+        """The workspace's exposures valid now (none after a stop), without their tokens."""
+        response: ws_pb2.ListWorkspaceExposuresResponse = self._call(
+            self.workspaces.ListWorkspaceExposures, ws_pb2.ListWorkspaceExposuresRequest(workspace_id=workspace_id)
+        )
+        return list(response.exposures)
+
+    def delete_workspace_exposure(
+        self, workspace_id: str, exposure_id: str, *, command_id: str | None = None, settle: SettleArg = True
+    ) -> ws_pb2.DeleteWorkspaceExposureResponse:
+        """Revoke one exposure (requires AVAILABLE); its open connections are cut."""
+        request = build.delete_exposure(workspace_id, exposure_id, command_id)
+        return self._command(
+            self.workspaces.DeleteWorkspaceExposure, request, ws_pb2.DeleteWorkspaceExposureResponse, settle, None
         )
 
     def revoke_workspace_data_plane_access(

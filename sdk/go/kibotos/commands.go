@@ -119,6 +119,47 @@ func (c *Client) RevokeWorkspaceDataPlaneAccess(ctx context.Context, request *ct
 	return settled(ctx, c, request, c.workspaces.RevokeWorkspaceDataPlaneAccess)
 }
 
+// CreateWorkspaceExposure gives a TCP port in the guest a URL (the workspace must be AVAILABLE;
+// one exposure per port), settled. Access EXPOSURE_ACCESS_TOKEN (or unspecified): requests need
+// the answer's Exposure.Token, as the X-Kibo-Exposure-Token header or once ?kibo_token=. The
+// token is stored hashed and is only in the answer of the send that made the exposure: it is
+// kept from that answer while settling; sending the same command ID again answers without it.
+func (c *Client) CreateWorkspaceExposure(ctx context.Context, request *ctrlv1.CreateWorkspaceExposureRequest) (*ctrlv1.CreateWorkspaceExposureResponse, error) {
+	request.Metadata = withCommandID(request.Metadata)
+	tokens := map[string]string{}
+	options := c.settle
+	onAnswer := options.OnAnswer
+	options.OnAnswer = func(answer CommandResponse) {
+		if created, ok := answer.(*ctrlv1.CreateWorkspaceExposureResponse); ok && created.GetExposure().GetToken() != "" {
+			tokens[created.GetExposure().GetExposureId()] = created.GetExposure().GetToken()
+		}
+		if onAnswer != nil {
+			onAnswer(answer)
+		}
+	}
+	response, err := Settle(ctx, options, func(ctx context.Context) (*ctrlv1.CreateWorkspaceExposureResponse, error) {
+		return c.workspaces.CreateWorkspaceExposure(ctx, request)
+	})
+	if exposure := response.GetExposure(); exposure != nil && exposure.GetToken() == "" {
+		exposure.Token = tokens[exposure.GetExposureId()]
+	}
+	return response, err
+}
+
+// ListWorkspaceExposures returns the workspace's exposures valid now (none after a stop),
+// without their tokens.
+func (c *Client) ListWorkspaceExposures(ctx context.Context, workspaceID string) ([]*ctrlv1.Exposure, error) {
+	reply, err := c.workspaces.ListWorkspaceExposures(ctx, &ctrlv1.ListWorkspaceExposuresRequest{WorkspaceId: workspaceID})
+	return reply.GetExposures(), err
+}
+
+// DeleteWorkspaceExposure revokes one exposure (the workspace must be AVAILABLE), settled;
+// its open connections are cut.
+func (c *Client) DeleteWorkspaceExposure(ctx context.Context, request *ctrlv1.DeleteWorkspaceExposureRequest) (*ctrlv1.DeleteWorkspaceExposureResponse, error) {
+	request.Metadata = withCommandID(request.Metadata)
+	return settled(ctx, c, request, c.workspaces.DeleteWorkspaceExposure)
+}
+
 // GetWorkspace reads a workspace (DELETED ones too).
 func (c *Client) GetWorkspace(ctx context.Context, workspaceID string) (*ctrlv1.Workspace, error) {
 	reply, err := c.workspaces.GetWorkspace(ctx, &ctrlv1.GetWorkspaceRequest{WorkspaceId: workspaceID})
