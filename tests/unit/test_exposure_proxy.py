@@ -620,3 +620,34 @@ def resident_kib() -> int:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1])
     raise AssertionError("no VmRSS")
+
+
+async def test_metrics_count_answers_bytes_errors_and_open_connections() -> None:
+    """The telemetry adapter sees each answer's class, the bytes each way and the errors; no
+    workspace or host is a label."""
+    from kibo_ctrl.telemetry.metrics import Metrics
+
+    metrics = Metrics()
+    backend = Backend()
+    await backend.start()
+    router = Router(backend.port)
+    proxy = ExposureProxy(router, "127.0.0.1:0", None, ExposureLimits(), metrics.exposure_observer())
+    await proxy.start()
+    try:
+        response, body = await exchange(proxy.port, request_bytes(headers=[("X-Kibo-Exposure-Token", TOKEN)]))
+        assert response.status_code == 200
+        response, _ = await exchange(proxy.port, request_bytes())
+        assert response.status_code == 401
+        await asyncio.sleep(0.05)
+        value = metrics.registry.get_sample_value
+        assert value("kibo_exposure_requests_total", {"code_class": "2xx"}) == 1
+        assert value("kibo_exposure_requests_total", {"code_class": "4xx"}) == 1
+        assert value("kibo_exposure_errors_total", {"kind": "refused"}) == 1
+        assert (value("kibo_exposure_bytes_total", {"direction": "from_guest"}) or 0) > len(body)
+        assert (value("kibo_exposure_bytes_total", {"direction": "to_guest"}) or 0) > 0
+        assert value("kibo_exposure_connections_open", {}) == 0
+        text = metrics.render([], {}).decode()
+        assert "ws-abc" not in text and HOST not in text
+    finally:
+        await proxy.stop()
+        await backend.stop()

@@ -178,6 +178,32 @@ class Metrics:
             ("node",),
             registry=registry,
         )
+        # The exposure listener (transport/exposure_proxy.py): no workspace or host as a label.
+        self.exposure_requests = Counter(
+            "kibo_exposure_requests_total",
+            "Exposure connections' first requests, by the answer's status class (1xx..5xx; other: HTTP/2 "
+            "or not HTTP; none: no answer).",
+            ("code_class",),
+            registry=registry,
+        )
+        self.exposure_bytes = Counter(
+            "kibo_exposure_bytes_total",
+            "Bytes spliced through exposures, by direction (to_guest, from_guest).",
+            ("direction",),
+            registry=registry,
+        )
+        self.exposure_errors = Counter(
+            "kibo_exposure_errors_total",
+            "Exposure connections refused or cut, by kind (refused, port_closed, unavailable, header_timeout, "
+            "head_too_large, bad_request, bad_token, revoked, ...).",
+            ("kind",),
+            registry=registry,
+        )
+        self.exposure_connections = Gauge(
+            "kibo_exposure_connections_open",
+            "Connections open on the exposure listener now.",
+            registry=registry,
+        )
         self._seen: OrderedDict[str, CommandState] = OrderedDict()
         self._nodes: list[Node] = []
 
@@ -185,6 +211,9 @@ class Metrics:
 
     def rpc_observer(self, transport: str) -> RpcMetrics:
         return RpcMetrics(self, transport)
+
+    def exposure_observer(self) -> ExposureMetrics:
+        return ExposureMetrics(self)
 
     def commit_observed(self, seconds: float, transactions: int) -> None:
         """store/base.py `observe_commits`: called on the store's writer thread (thread-safe)."""
@@ -348,3 +377,30 @@ class RpcMetrics:
             metrics.rpc_streams_open.labels(self._transport, service, method).dec()
             if (service, method) in self.WATCHES:
                 metrics.watch_streams.dec()
+
+
+class ExposureMetrics:
+    """transport/exposure_proxy.py `ExposureObserver`: labels are the proxy's fixed words."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+        # The children by label: a bounded set, and .labels() costs more than an increment
+        # (bytes are counted per 64 KiB chunk).
+        self._bytes = {d: metrics.exposure_bytes.labels(d) for d in ("to_guest", "from_guest")}
+
+    def connection_opened(self) -> None:
+        self._metrics.exposure_connections.inc()
+
+    def connection_closed(self) -> None:
+        self._metrics.exposure_connections.dec()
+
+    def answered(self, code_class: str) -> None:
+        self._metrics.exposure_requests.labels(code_class).inc()
+
+    def error(self, kind: str) -> None:
+        self._metrics.exposure_errors.labels(kind).inc()
+
+    def transferred(self, direction: str, count: int) -> None:
+        counter = self._bytes.get(direction)
+        if counter is not None:
+            counter.inc(count)
