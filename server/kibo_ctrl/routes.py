@@ -27,7 +27,7 @@ from .api.node_certs import NodeCertificates, node_port_only, node_port_only_str
 from .api.node_guest_api import NodeGuestApi
 from .api.node_storage_api import NodeStorageApi
 from .runtime.sim.api import SimulatorApi
-from .transport.rpc import Rpc, ServerStream, Service, Unary
+from .transport.rpc import BidiStream, Rpc, ServerStream, Service, Unary
 
 
 def workspace_service(api: Api) -> Service:
@@ -221,5 +221,8 @@ def node_guest_service(guests: NodeGuestApi) -> Service:
     # Served by a node agent (node_host.py) to the control plane: the data plane's last hop.
     return Service(
         ngu.DESCRIPTOR.services_by_name["NodeGuestService"],
-        (ServerStream("RunGuestJob", ngu.RunGuestJobRequest, ngu.RunGuestJobResponse, guests.run_guest_job),),
+        (
+            ServerStream("RunGuestJob", ngu.RunGuestJobRequest, ngu.RunGuestJobResponse, guests.run_guest_job),
+            BidiStream("OpenGuestPort", ngu.GuestPortFrame, ngu.GuestPortFrame, guests.open_guest_port),
+        ),
     )

@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import hmac
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import msgspec
@@ -17,10 +17,15 @@ from kibo.node.v1 import node_guest_service_pb2 as guest_pb2
 
 from ..domain.access import Caller, Role, TokenRecord
 from ..domain.errors import InvalidArgument
-from ..runtime.base import Exit, GuestAccess, GuestRefused, Output
+from ..runtime.base import Exit, GuestAccess, GuestPorts, GuestRefused, GuestStream, Output
 from .auth import Authenticator, PeerRule, token_hash
 
 MAX_JOB_BYTES = 64 * 1024
+# OpenGuestPort: a data frame's bytes at most, how long the first frame may take, and the
+# longest instance ID (the node's are far shorter: longer is refused before any lookup).
+MAX_PORT_DATA = 64 * 1024
+FIRST_FRAME_S = 10.0
+MAX_INSTANCE_ID = 256
 
 
 def guest_authenticator(secret: str, peer: PeerRule | None = None) -> Authenticator:
@@ -38,6 +43,8 @@ def guest_authenticator(secret: str, peer: PeerRule | None = None) -> Authentica
 class NodeGuestApi:
     def __init__(self, guests: GuestAccess) -> None:
         self._guests = guests
+        # The process runtime also opens guests' ports (exposures); another runtime refuses.
+        self._ports = guests if isinstance(guests, GuestPorts) else None
 
     async def run_guest_job(
         self, request: guest_pb2.RunGuestJobRequest, caller: Caller
@@ -69,3 +76,67 @@ class NodeGuestApi:
             # The call ended early (the control plane cancelled it: its client left, or the
             # credential was revoked): the job is killed.
             stop.set()
+
+    async def open_guest_port(
+        self, frames: AsyncIterator[guest_pb2.GuestPortFrame], caller: Caller
+    ) -> AsyncGenerator[guest_pb2.GuestPortFrame, None]:
+        """One TCP connection into a guest (the proto's OpenGuestPort): `open` first, then
+        `opened` or `refused`; data both ways, each side's `eof`; the call ends once both
+        sides sent theirs, or at once when it is cancelled (the connection is cut)."""
+        try:
+            async with asyncio.timeout(FIRST_FRAME_S):
+                first = await anext(frames, None)
+        except TimeoutError:
+            raise InvalidArgument(f"no open frame in {FIRST_FRAME_S:g} s", field="open") from None
+        if first is None or first.WhichOneof("frame") != "open":
+            raise InvalidArgument("the first frame must be open (instance_id, port)", field="open")
+        instance_id, port = first.open.instance_id, first.open.port
+        if not instance_id or len(instance_id) > MAX_INSTANCE_ID:
+            raise InvalidArgument(f"open.instance_id: 1 to {MAX_INSTANCE_ID} characters", field="instance_id")
+        if self._ports is None:
+            refusal = GuestRefused("unavailable", "this node's runtime opens no guest ports")
+            yield _refusal(refusal)
+            return
+        try:
+            stream = await self._ports.open_guest_port(instance_id, port)
+        except GuestRefused as refused:
+            yield _refusal(refused)
+            return
+        pump = asyncio.create_task(_to_guest(frames, stream))
+        try:
+            yield guest_pb2.GuestPortFrame(opened=guest_pb2.GuestPortOpened())
+            while data := await stream.read():
+                yield guest_pb2.GuestPortFrame(data=data)
+            yield guest_pb2.GuestPortFrame(eof=guest_pb2.GuestPortEof())
+            # The guest sent all it will: the call ends once the control plane has too.
+            await pump
+        finally:
+            pump.cancel()
+            with contextlib.suppress(BaseException):
+                await pump
+            await stream.close()
+
+
+async def _to_guest(frames: AsyncIterator[guest_pb2.GuestPortFrame], stream: GuestStream) -> None:
+    """The control plane's frames to the guest until its eof (or the end of its frames); a
+    frame that breaks the protocol, or a write the guest no longer takes, cuts the connection
+    (the guest-to-client side then reads its end)."""
+    try:
+        async for frame in frames:
+            which = frame.WhichOneof("frame")
+            if which == "data" and len(frame.data) <= MAX_PORT_DATA:
+                await stream.write(frame.data)
+            elif which == "eof":
+                break
+            else:
+                await stream.close()
+                return
+        await stream.write_eof()
+    except (ConnectionError, InvalidArgument):
+        await stream.close()
+
+
+def _refusal(refused: GuestRefused) -> guest_pb2.GuestPortFrame:
+    return guest_pb2.GuestPortFrame(
+        refused=guest_pb2.GuestRefusal(status=refused.status, message=str(refused), errno=refused.errno)
+    )

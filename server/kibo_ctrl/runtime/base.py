@@ -5,11 +5,12 @@ can do is a capability protocol of its own, so a caller asks for exactly what it
 app.py, which builds the runtimes, hands each capability to whoever uses it:
 
 - `GuestAccess`: commands and files inside a running guest (the data plane);
+- `GuestPorts`: TCP connections to ports inside a running guest (exposures);
 - `MachineObserver`: which parts of a workspace are on this machine (cleanup status);
 - `Closable`: connections to drop at shutdown;
 - `GuestLimitCounters`: how often guests ran into their limits (read by the metrics).
 
-The simulator has none of them; the process runtime has all four."""
+The simulator has none of them; the process runtime has them all."""
 
 from __future__ import annotations
 
@@ -155,6 +156,39 @@ class GuestAccess(Protocol):
     ) -> AsyncGenerator[Output | Exit, None]:
         """Run a job in the guest: its output, then how it ended; GuestRefused when it cannot
         run; JobStopped once `stop` is set (the command is killed)."""
+        ...
+
+
+class GuestStream(Protocol):
+    """One TCP connection to a port in a guest (GuestPorts.open_guest_port). Once the
+    connection is gone (reset, or cut by `close`), `read` answers b"" and `write` raises
+    ConnectionError."""
+
+    async def read(self) -> bytes:
+        """Up to 64 KiB; b"" once the guest side closed."""
+        ...
+
+    async def write(self, data: bytes) -> None:
+        """Waits for room (back-pressure)."""
+        ...
+
+    async def write_eof(self) -> None:
+        """Half-close toward the guest."""
+        ...
+
+    async def close(self) -> None:
+        """Idempotent; cuts both directions."""
+        ...
+
+
+@runtime_checkable
+class GuestPorts(Protocol):
+    """TCP connections into running guests: an exposure's last hop."""
+
+    async def open_guest_port(self, instance_id: str, port: int) -> GuestStream:
+        """A TCP connection to `port` on the guest's loopback, opened inside the guest's
+        network namespace. GuestRefused("port-closed", "nothing listens on port P in the
+        guest") when refused; GuestRefused("unavailable", ...) when the guest is not running."""
         ...
 
 

@@ -25,7 +25,7 @@ from ..api.render import Encoded
 from ..domain.errors import InvalidArgument, KiboError
 from ..domain.validation import quote
 from .errors import status_of
-from .rpc import NO_OBSERVER, Rpc, RpcObserver, ServerStream, Service, Unary, forget_traceback
+from .rpc import NO_OBSERVER, BidiStream, Rpc, RpcObserver, ServerStream, Service, Unary, forget_traceback
 
 if TYPE_CHECKING:
     # connectrpc exports only their base class, Endpoint.
@@ -166,6 +166,8 @@ def _code_name(error: Exception) -> str:
 
 def _endpoint(service: Service, rpc: Rpc, auth: Authenticator, observer: RpcObserver) -> AnyEndpoint:
     """connectrpc's endpoint for one RPC of the table (what its generated code would build)."""
+    if isinstance(rpc, BidiStream):
+        raise ValueError(f"{service.full_name}/{rpc.name}: a stream both ways is served over gRPC only")
     # Methods authorized by a credential in the request need no token.
     rpc_auth = OPEN if rpc.credential else auth
     streaming = isinstance(rpc, ServerStream)

@@ -16,7 +16,7 @@ from ..api.render import Encoded
 from ..domain.access import Caller
 from ..domain.errors import InvalidArgument
 from .errors import status_of
-from .rpc import NO_OBSERVER, RpcObserver, ServerStream, Service, forget_traceback
+from .rpc import NO_OBSERVER, BidiStream, RpcObserver, ServerStream, Service, forget_traceback
 
 # grpc's servers set SO_REUSEPORT on their sockets by default, so a second server bound to a
 # taken port takes it too and the kernel splits the connections between the two: two node
@@ -56,6 +56,7 @@ def bind(server: grpc.aio.Server, address: str, credentials: grpc.ServerCredenti
 
 UnaryFn = Callable[[Any, Caller], Awaitable[Message | Encoded[Any]]]
 StreamFn = Callable[[Any, Caller], AsyncGenerator[Message | Encoded[Any], None]]
+BidiFn = Callable[[AsyncIterator[Any], Caller], AsyncGenerator[Message, None]]
 
 
 async def _abort(context: grpc.aio.ServicerContext[Any, Any], code: grpc.StatusCode, status: Any) -> None:
@@ -154,6 +155,39 @@ def _stream(
     return grpc.unary_stream_rpc_method_handler(handle)
 
 
+async def _decoded(request_class: type[Message], raws: AsyncIterator[bytes]) -> AsyncIterator[Message]:
+    async for raw in raws:
+        yield _decode(request_class, raw)
+
+
+def _bidi(
+    names: tuple[str, str], request_class: type[Message], fn: BidiFn, auth: Authenticator, observer: RpcObserver
+) -> grpc.RpcMethodHandler[Any, Any]:
+    async def handle(raws: AsyncIterator[bytes], context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[bytes]:
+        start = time.perf_counter()
+        observer.started(*names, True)
+        outcome = "CANCELLED"
+        observed = False
+        try:
+            caller = await _caller(auth, context)  # before a request is read
+            # Closed at once when the call ends early, as in _stream.
+            async with contextlib.aclosing(fn(_decoded(request_class, raws), caller)) as responses:
+                async for response in responses:
+                    yield response.SerializeToString()
+            outcome = "OK"
+        except Exception as error:  # as in _unary
+            code, status = status_of(error)
+            observer.finished(*names, True, code.name, time.perf_counter() - start)
+            observed = True
+            forget_traceback(error)
+            await _abort(context, code, status)
+        finally:
+            if not observed:
+                observer.finished(*names, True, outcome, time.perf_counter() - start)
+
+    return grpc.stream_stream_rpc_method_handler(handle)
+
+
 def service_handler(
     service: Service, auth: Authenticator, observer: RpcObserver = NO_OBSERVER
 ) -> grpc.GenericRpcHandler:
@@ -164,7 +198,9 @@ def service_handler(
         # Methods authorized by a credential in the request need no token.
         rpc_auth = OPEN if rpc.credential else auth
         names = (service.full_name, rpc.name)
-        if isinstance(rpc, ServerStream):
+        if isinstance(rpc, BidiStream):
+            handlers[rpc.name] = _bidi(names, rpc.request, rpc.handler, rpc_auth, observer)
+        elif isinstance(rpc, ServerStream):
             handlers[rpc.name] = _stream(names, rpc.request, rpc.handler, rpc_auth, observer)
         else:
             handlers[rpc.name] = _unary(names, rpc.request, rpc.handler, rpc_auth, observer)

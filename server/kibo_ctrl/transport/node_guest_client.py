@@ -16,10 +16,12 @@ from kibo.node.v1 import node_guest_service_pb2_grpc as guest_grpc
 
 from ..api.node_api import encode
 from ..engine import pki
-from ..runtime.base import Exit, GuestAccess, GuestRefused, JobStopped, Output
+from ..runtime.base import Exit, GuestAccess, GuestPorts, GuestRefused, GuestStream, JobStopped, Output
 
 PathRule = Callable[[str, list[str]], object]
 Endpoints = Callable[[str], tuple[str, str] | None]
+# A data frame's bytes at most (OpenGuestPort), as the node takes them.
+PORT_CHUNK = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -41,8 +43,9 @@ class GuestTls:
 
 
 class RemoteGuests:
-    """A remote node's guests: each job is one RunGuestJob call (over mutual TLS, unless the
-    node link is plaintext: --insecure-node-link)."""
+    """A remote node's guests: each job is one RunGuestJob call, each connection to a guest's
+    port one OpenGuestPort call (over mutual TLS, unless the node link is plaintext:
+    --insecure-node-link)."""
 
     def __init__(
         self, address: str, secret: str, check_path: PathRule, tls: GuestTls | None = None, node_id: str = ""
@@ -101,6 +104,79 @@ class RemoteGuests:
         if stop is not None and stop.is_set():
             raise JobStopped()
 
+    async def open_guest_port(self, instance_id: str, port: int) -> GuestStream:
+        """A TCP connection to `port` in the guest, made by the node (one OpenGuestPort call);
+        GuestRefused as the node's runtime refuses, "unavailable" if the node does not answer."""
+        call = self._stub.OpenGuestPort(metadata=self._metadata)
+        try:
+            await call.write(guest_pb2.GuestPortFrame(open=guest_pb2.GuestPortOpen(instance_id=instance_id, port=port)))
+            first = await call.read()
+        except grpc.aio.AioRpcError as error:
+            call.cancel()
+            raise _unanswered(error) from None
+        except BaseException:
+            call.cancel()
+            raise
+        which = None if first is grpc.aio.EOF else first.WhichOneof("frame")
+        if which == "opened":
+            return RemoteGuestStream(call)
+        call.cancel()
+        if which == "refused":
+            raise GuestRefused(first.refused.status, first.refused.message, first.refused.errno)
+        raise GuestRefused("unavailable", "the node ended the connection before it was opened")
+
+
+class RemoteGuestStream:
+    """A GuestStream over one OpenGuestPort call: data frames of at most 64 KiB each way,
+    gRPC's flow control for back-pressure; `close` cancels the call, which cuts the node's
+    connection to the guest."""
+
+    def __init__(self, call: Any) -> None:
+        self._call = call
+        self._eof = False
+        self._sent_eof = False
+
+    async def read(self) -> bytes:
+        while not self._eof:
+            try:
+                frame = await self._call.read()
+            except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
+                frame = grpc.aio.EOF  # the call ended (cut, or cancelled by close)
+            if frame is grpc.aio.EOF or frame.WhichOneof("frame") != "data":
+                self._eof = True
+            elif frame.data:
+                return bytes(frame.data)
+        return b""
+
+    async def write(self, data: bytes) -> None:
+        if self._sent_eof or self._call.done():
+            raise ConnectionResetError("the connection to the guest is closed")
+        view = memoryview(data)
+        try:
+            for offset in range(0, len(view), PORT_CHUNK):
+                await self._call.write(guest_pb2.GuestPortFrame(data=bytes(view[offset : offset + PORT_CHUNK])))
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
+            raise ConnectionResetError("the connection to the guest is closed") from None
+
+    async def write_eof(self) -> None:
+        if self._sent_eof or self._call.done():
+            return
+        self._sent_eof = True
+        with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
+            await self._call.write(guest_pb2.GuestPortFrame(eof=guest_pb2.GuestPortEof()))
+            await self._call.done_writing()
+
+    async def close(self) -> None:
+        self._eof = self._sent_eof = True
+        self._call.cancel()
+
+
+def _unanswered(error: grpc.aio.AioRpcError) -> GuestRefused:
+    """Why an OpenGuestPort call failed before its connection was made."""
+    if error.code() is grpc.StatusCode.INVALID_ARGUMENT:
+        return GuestRefused("invalid", error.details() or "refused by the node")
+    return GuestRefused("unavailable", f"the node's data plane did not answer ({error.code().name}): retry")
+
 
 async def _cancel_on(stop: asyncio.Event, call: Any) -> None:
     await stop.wait()
@@ -139,6 +215,14 @@ class NodeGuests(Mapping[str, GuestAccess]):
         remote = RemoteGuests(endpoint[0], endpoint[1], self._check_path, self._tls, node_id)
         self._remote[node_id] = (endpoint, remote)
         return remote
+
+    def ports(self, node_id: str) -> GuestPorts:
+        """`node_id`'s guests' ports (exposures): KeyError for a node with no data plane, or
+        whose runtime opens none (the simulator)."""
+        guests = self[node_id]
+        if not isinstance(guests, GuestPorts):
+            raise KeyError(node_id)
+        return guests
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._local)

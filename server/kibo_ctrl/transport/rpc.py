@@ -8,7 +8,7 @@ is built, so a table that drifts from the proto stops the server from starting."
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -48,7 +48,21 @@ class ServerStream(Generic[Req, Resp]):
     credential: bool = False
 
 
-Rpc = Unary[Any, Any] | ServerStream[Any, Any]
+@dataclass(frozen=True)
+class BidiStream(Generic[Req, Resp]):
+    """Requests and responses both streamed: `handler(requests, caller)` is an async generator
+    over `requests` (the decoded messages as they come; one that cannot be decoded ends the
+    call with INVALID_ARGUMENT), closed as soon as the call ends. Served over gRPC only (the
+    node link's guest ports: a Connect client cannot stream both ways over HTTP/1.1)."""
+
+    name: str
+    request: type[Req]
+    response: type[Resp]
+    handler: Callable[[AsyncIterator[Req], Caller], AsyncGenerator[Resp, None]]
+    credential: bool = False
+
+
+Rpc = Unary[Any, Any] | ServerStream[Any, Any] | BidiStream[Any, Any]
 
 
 class RpcObserver(Protocol):
@@ -86,7 +100,9 @@ class Service:
             method = methods[rpc.name]
             if rpc.request.DESCRIPTOR is not method.input_type or rpc.response.DESCRIPTOR is not method.output_type:
                 raise ValueError(f"{self.full_name}/{rpc.name}: request or response type is not the proto's")
-            if isinstance(rpc, ServerStream) != method.server_streaming:
+            if isinstance(rpc, ServerStream | BidiStream) != method.server_streaming or isinstance(
+                rpc, BidiStream
+            ) != bool(method.client_streaming):
                 raise ValueError(f"{self.full_name}/{rpc.name}: streaming does not match the proto")
 
     @property

@@ -21,7 +21,7 @@ from connectrpc.protocol import ProtocolType
 from connectrpc.server import ConnectASGIApplication, ConnectWSGIApplication, DEFAULT_READ_MAX_BYTES, Endpoint, EndpointSync
 from pyqwest import Client, SyncClient
 
-from .node_guest_service_pb2 import RunGuestJobRequest, RunGuestJobResponse
+from .node_guest_service_pb2 import GuestPortFrame, RunGuestJobRequest, RunGuestJobResponse
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Iterator, Mapping
@@ -51,6 +51,17 @@ class NodeGuestService(Protocol):
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
+    def open_guest_port(self, request: AsyncIterator[GuestPortFrame], ctx: RequestContext[GuestPortFrame, GuestPortFrame], /) -> AsyncIterator[GuestPortFrame]:
+        """
+        A TCP connection to a port on a running guest's loopback (an exposure's last hop), opened
+        inside the guest's network namespace. The first client frame is `open`; the node answers
+        `opened` or `refused` (then ends the call). Then `data` both ways (at most 64 KiB a frame;
+        gRPC's flow control is the back-pressure) and `eof` once a side has no more to send
+        (a half-close). The call ends once both sides sent `eof`; cancelling it cuts the
+        connection at once.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
 
 class NodeGuestServiceASGIApplication(ConnectASGIApplication[NodeGuestService]):
     def __init__(
@@ -75,6 +86,17 @@ class NodeGuestServiceASGIApplication(ConnectASGIApplication[NodeGuestService]):
                         stream_type=StreamType.SERVER_STREAM,
                     ),
                     function=svc.run_guest_job,
+                ),
+                "/kibo.node.v1.NodeGuestService/OpenGuestPort": Endpoint.bidi_stream(
+                    method=MethodInfo(
+                        name="OpenGuestPort",
+                        service_name="kibo.node.v1.NodeGuestService",
+                        input=GuestPortFrame,
+                        output=GuestPortFrame,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.BIDI_STREAM,
+                    ),
+                    function=svc.open_guest_port,
                 ),
             },
             interceptors=interceptors,
@@ -144,6 +166,34 @@ class NodeGuestServiceClient(ConnectClient):
             headers=headers,
             timeout_ms=timeout_ms,
         )
+    def open_guest_port(
+        self,
+        request: AsyncIterator[GuestPortFrame],
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> AsyncIterator[GuestPortFrame]:
+        """
+        A TCP connection to a port on a running guest's loopback (an exposure's last hop), opened
+        inside the guest's network namespace. The first client frame is `open`; the node answers
+        `opened` or `refused` (then ends the call). Then `data` both ways (at most 64 KiB a frame;
+        gRPC's flow control is the back-pressure) and `eof` once a side has no more to send
+        (a half-close). The call ends once both sides sent `eof`; cancelling it cuts the
+        connection at once.
+        """
+        return self.execute_bidi_stream(
+            request=request,
+            method=MethodInfo(
+                name="OpenGuestPort",
+                service_name="kibo.node.v1.NodeGuestService",
+                input=GuestPortFrame,
+                output=GuestPortFrame,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.BIDI_STREAM,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
 
 class NodeGuestServiceSync(Protocol):
     """
@@ -156,6 +206,17 @@ class NodeGuestServiceSync(Protocol):
         """
         Run one guest job (an exec, a file read or write) in a running instance's guest: its
         output, then how it ended (or why it could not run). Cancelling the call kills the job.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    def open_guest_port(self, request: Iterator[GuestPortFrame], ctx: RequestContext[GuestPortFrame, GuestPortFrame], /) -> Iterator[GuestPortFrame]:
+        """
+        A TCP connection to a port on a running guest's loopback (an exposure's last hop), opened
+        inside the guest's network namespace. The first client frame is `open`; the node answers
+        `opened` or `refused` (then ends the call). Then `data` both ways (at most 64 KiB a frame;
+        gRPC's flow control is the back-pressure) and `eof` once a side has no more to send
+        (a half-close). The call ends once both sides sent `eof`; cancelling it cuts the
+        connection at once.
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -181,6 +242,17 @@ class NodeGuestServiceWSGIApplication(ConnectWSGIApplication):
                         stream_type=StreamType.SERVER_STREAM,
                     ),
                     function=service.run_guest_job,
+                ),
+                "/kibo.node.v1.NodeGuestService/OpenGuestPort": EndpointSync.bidi_stream(
+                    method=MethodInfo(
+                        name="OpenGuestPort",
+                        service_name="kibo.node.v1.NodeGuestService",
+                        input=GuestPortFrame,
+                        output=GuestPortFrame,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.BIDI_STREAM,
+                    ),
+                    function=service.open_guest_port,
                 ),
             },
             interceptors=interceptors,
@@ -246,6 +318,34 @@ class NodeGuestServiceClientSync(ConnectClientSync):
                 output=RunGuestJobResponse,
                 idempotency_level=IdempotencyLevel.UNKNOWN,
                 stream_type=StreamType.SERVER_STREAM,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    def open_guest_port(
+        self,
+        request: Iterator[GuestPortFrame],
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> Iterator[GuestPortFrame]:
+        """
+        A TCP connection to a port on a running guest's loopback (an exposure's last hop), opened
+        inside the guest's network namespace. The first client frame is `open`; the node answers
+        `opened` or `refused` (then ends the call). Then `data` both ways (at most 64 KiB a frame;
+        gRPC's flow control is the back-pressure) and `eof` once a side has no more to send
+        (a half-close). The call ends once both sides sent `eof`; cancelling it cuts the
+        connection at once.
+        """
+        return self.execute_bidi_stream(
+            request=request,
+            method=MethodInfo(
+                name="OpenGuestPort",
+                service_name="kibo.node.v1.NodeGuestService",
+                input=GuestPortFrame,
+                output=GuestPortFrame,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.BIDI_STREAM,
             ),
             headers=headers,
             timeout_ms=timeout_ms,

@@ -50,3 +50,33 @@ class RunGuestJobResponse(_message.Message):
     exit: GuestExit
     refused: GuestRefusal
     def __init__(self, output: _Optional[_Union[GuestOutput, _Mapping]] = ..., exit: _Optional[_Union[GuestExit, _Mapping]] = ..., refused: _Optional[_Union[GuestRefusal, _Mapping]] = ...) -> None: ...
+
+class GuestPortOpen(_message.Message):
+    __slots__ = ("instance_id", "port")
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    instance_id: str
+    port: int
+    def __init__(self, instance_id: _Optional[str] = ..., port: _Optional[int] = ...) -> None: ...
+
+class GuestPortOpened(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GuestPortEof(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GuestPortFrame(_message.Message):
+    __slots__ = ("open", "opened", "data", "eof", "refused")
+    OPEN_FIELD_NUMBER: _ClassVar[int]
+    OPENED_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    EOF_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
+    open: GuestPortOpen
+    opened: GuestPortOpened
+    data: bytes
+    eof: GuestPortEof
+    refused: GuestRefusal
+    def __init__(self, open: _Optional[_Union[GuestPortOpen, _Mapping]] = ..., opened: _Optional[_Union[GuestPortOpened, _Mapping]] = ..., data: _Optional[bytes] = ..., eof: _Optional[_Union[GuestPortEof, _Mapping]] = ..., refused: _Optional[_Union[GuestRefusal, _Mapping]] = ...) -> None: ...

@@ -43,6 +43,11 @@ class NodeGuestServiceStub:
                 request_serializer=kibo_dot_node_dot_v1_dot_node__guest__service__pb2.RunGuestJobRequest.SerializeToString,
                 response_deserializer=kibo_dot_node_dot_v1_dot_node__guest__service__pb2.RunGuestJobResponse.FromString,
                 _registered_method=True)
+        self.OpenGuestPort = channel.stream_stream(
+                '/kibo.node.v1.NodeGuestService/OpenGuestPort',
+                request_serializer=kibo_dot_node_dot_v1_dot_node__guest__service__pb2.GuestPortFrame.SerializeToString,
+                response_deserializer=kibo_dot_node_dot_v1_dot_node__guest__service__pb2.GuestPortFrame.FromString,
+                _registered_method=True)
 
 
 class NodeGuestServiceServicer:
@@ -60,6 +65,18 @@ class NodeGuestServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def OpenGuestPort(self, request_iterator, context):
+        """A TCP connection to a port on a running guest's loopback (an exposure's last hop), opened
+        inside the guest's network namespace. The first client frame is `open`; the node answers
+        `opened` or `refused` (then ends the call). Then `data` both ways (at most 64 KiB a frame;
+        gRPC's flow control is the back-pressure) and `eof` once a side has no more to send
+        (a half-close). The call ends once both sides sent `eof`; cancelling it cuts the
+        connection at once.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_NodeGuestServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -67,6 +84,11 @@ def add_NodeGuestServiceServicer_to_server(servicer, server):
                     servicer.RunGuestJob,
                     request_deserializer=kibo_dot_node_dot_v1_dot_node__guest__service__pb2.RunGuestJobRequest.FromString,
                     response_serializer=kibo_dot_node_dot_v1_dot_node__guest__service__pb2.RunGuestJobResponse.SerializeToString,
+            ),
+            'OpenGuestPort': grpc.stream_stream_rpc_method_handler(
+                    servicer.OpenGuestPort,
+                    request_deserializer=kibo_dot_node_dot_v1_dot_node__guest__service__pb2.GuestPortFrame.FromString,
+                    response_serializer=kibo_dot_node_dot_v1_dot_node__guest__service__pb2.GuestPortFrame.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -100,6 +122,33 @@ class NodeGuestService:
             '/kibo.node.v1.NodeGuestService/RunGuestJob',
             kibo_dot_node_dot_v1_dot_node__guest__service__pb2.RunGuestJobRequest.SerializeToString,
             kibo_dot_node_dot_v1_dot_node__guest__service__pb2.RunGuestJobResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def OpenGuestPort(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/kibo.node.v1.NodeGuestService/OpenGuestPort',
+            kibo_dot_node_dot_v1_dot_node__guest__service__pb2.GuestPortFrame.SerializeToString,
+            kibo_dot_node_dot_v1_dot_node__guest__service__pb2.GuestPortFrame.FromString,
             options,
             channel_credentials,
             insecure,

@@ -60,6 +60,8 @@ guest (`kill_supervisor`): the node supervisor holds others.
 The data plane's hands: `guest_job` runs guest_exec.py, which joins the guest's cgroup
 and namespaces and runs a command or reads/writes a file as the guest sees it; its output
 comes through bounded queues (guest_jobs.py: back-pressure down to the guest's pipe).
+`open_guest_port` connects to a port on the guest's loopback from inside its network
+namespace (guest_ports.py): an exposure's last hop.
 
 Rootless (the control plane is not root): guests' user namespaces map only this user's
 uid/gid (sandbox.rootless), nothing is chowned, limits are rlimits and layers and volumes
@@ -88,8 +90,18 @@ from ...domain.model import Backend, Component, Instance, Phase, StopDurability
 from ...domain.moves import MOVE_CAPABILITY
 from ...domain.nodes import DiskStatus
 from ...domain.reports import Report
-from ..base import DestroyError, Exit, GuestRefused, LaunchError, LaunchSpec, Output, RestartError, SyncError
-from . import adoption, observation, provision, safepath, sandbox, seccomp, storage
+from ..base import (
+    DestroyError,
+    Exit,
+    GuestRefused,
+    GuestStream,
+    LaunchError,
+    LaunchSpec,
+    Output,
+    RestartError,
+    SyncError,
+)
+from . import adoption, guest_ports, observation, provision, safepath, sandbox, seccomp, storage
 from .cgroups import Cgroups
 from .disk_guard import DiskGuard
 from .fork_client import ForkServer
@@ -516,6 +528,14 @@ class ProcessRuntime:
         async with contextlib.aclosing(run_guest_exec(directory, job, stdin, seconds, stop, forks)) as items:
             async for item in items:
                 yield item
+
+    async def open_guest_port(self, instance_id: str, port: int) -> GuestStream:
+        """A TCP connection to `port` on the guest's loopback, made in its network namespace
+        (guest_ports.py): an exposure's last hop."""
+        guest_ports.check_port(port)
+        if not self.guest_ready(instance_id):
+            raise GuestRefused("unavailable", "the guest is not running or is restarting: retry")
+        return await guest_ports.open_guest_port(self.instance_dir(instance_id), port)
 
     async def close(self) -> None:
         """At control-plane shutdown: drop the connections; the supervisors run on."""

@@ -356,6 +356,266 @@ func (*RunGuestJobResponse_Exit) isRunGuestJobResponse_Event() {}
 
 func (*RunGuestJobResponse_Refused) isRunGuestJobResponse_Event() {}
 
+// Which guest port to connect to: the client's first frame.
+type GuestPortOpen struct {
+	state         protoimpl.MessageState
+	sizeCache     protoimpl.SizeCache
+	unknownFields protoimpl.UnknownFields
+
+	InstanceId string `protobuf:"bytes,1,opt,name=instance_id,json=instanceId,proto3" json:"instance_id,omitempty"`
+	// 1 to 65535.
+	Port uint32 `protobuf:"varint,2,opt,name=port,proto3" json:"port,omitempty"`
+}
+
+func (x *GuestPortOpen) Reset() {
+	*x = GuestPortOpen{}
+	if protoimpl.UnsafeEnabled {
+		mi := &file_kibo_node_v1_node_guest_service_proto_msgTypes[5]
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		ms.StoreMessageInfo(mi)
+	}
+}
+
+func (x *GuestPortOpen) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GuestPortOpen) ProtoMessage() {}
+
+func (x *GuestPortOpen) ProtoReflect() protoreflect.Message {
+	mi := &file_kibo_node_v1_node_guest_service_proto_msgTypes[5]
+	if protoimpl.UnsafeEnabled && x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GuestPortOpen.ProtoReflect.Descriptor instead.
+func (*GuestPortOpen) Descriptor() ([]byte, []int) {
+	return file_kibo_node_v1_node_guest_service_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *GuestPortOpen) GetInstanceId() string {
+	if x != nil {
+		return x.InstanceId
+	}
+	return ""
+}
+
+func (x *GuestPortOpen) GetPort() uint32 {
+	if x != nil {
+		return x.Port
+	}
+	return 0
+}
+
+// The node connected to the guest's port: data may flow.
+type GuestPortOpened struct {
+	state         protoimpl.MessageState
+	sizeCache     protoimpl.SizeCache
+	unknownFields protoimpl.UnknownFields
+}
+
+func (x *GuestPortOpened) Reset() {
+	*x = GuestPortOpened{}
+	if protoimpl.UnsafeEnabled {
+		mi := &file_kibo_node_v1_node_guest_service_proto_msgTypes[6]
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		ms.StoreMessageInfo(mi)
+	}
+}
+
+func (x *GuestPortOpened) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GuestPortOpened) ProtoMessage() {}
+
+func (x *GuestPortOpened) ProtoReflect() protoreflect.Message {
+	mi := &file_kibo_node_v1_node_guest_service_proto_msgTypes[6]
+	if protoimpl.UnsafeEnabled && x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GuestPortOpened.ProtoReflect.Descriptor instead.
+func (*GuestPortOpened) Descriptor() ([]byte, []int) {
+	return file_kibo_node_v1_node_guest_service_proto_rawDescGZIP(), []int{6}
+}
+
+// The sender has no more data (a TCP half-close).
+type GuestPortEof struct {
+	state         protoimpl.MessageState
+	sizeCache     protoimpl.SizeCache
+	unknownFields protoimpl.UnknownFields
+}
+
+func (x *GuestPortEof) Reset() {
+	*x = GuestPortEof{}
+	if protoimpl.UnsafeEnabled {
+		mi := &file_kibo_node_v1_node_guest_service_proto_msgTypes[7]
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		ms.StoreMessageInfo(mi)
+	}
+}
+
+func (x *GuestPortEof) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GuestPortEof) ProtoMessage() {}
+
+func (x *GuestPortEof) ProtoReflect() protoreflect.Message {
+	mi := &file_kibo_node_v1_node_guest_service_proto_msgTypes[7]
+	if protoimpl.UnsafeEnabled && x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GuestPortEof.ProtoReflect.Descriptor instead.
+func (*GuestPortEof) Descriptor() ([]byte, []int) {
+	return file_kibo_node_v1_node_guest_service_proto_rawDescGZIP(), []int{7}
+}
+
+type GuestPortFrame struct {
+	state         protoimpl.MessageState
+	sizeCache     protoimpl.SizeCache
+	unknownFields protoimpl.UnknownFields
+
+	// Types that are assignable to Frame:
+	//
+	//	*GuestPortFrame_Open
+	//	*GuestPortFrame_Opened
+	//	*GuestPortFrame_Data
+	//	*GuestPortFrame_Eof
+	//	*GuestPortFrame_Refused
+	Frame isGuestPortFrame_Frame `protobuf_oneof:"frame"`
+}
+
+func (x *GuestPortFrame) Reset() {
+	*x = GuestPortFrame{}
+	if protoimpl.UnsafeEnabled {
+		mi := &file_kibo_node_v1_node_guest_service_proto_msgTypes[8]
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		ms.StoreMessageInfo(mi)
+	}
+}
+
+func (x *GuestPortFrame) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GuestPortFrame) ProtoMessage() {}
+
+func (x *GuestPortFrame) ProtoReflect() protoreflect.Message {
+	mi := &file_kibo_node_v1_node_guest_service_proto_msgTypes[8]
+	if protoimpl.UnsafeEnabled && x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GuestPortFrame.ProtoReflect.Descriptor instead.
+func (*GuestPortFrame) Descriptor() ([]byte, []int) {
+	return file_kibo_node_v1_node_guest_service_proto_rawDescGZIP(), []int{8}
+}
+
+func (m *GuestPortFrame) GetFrame() isGuestPortFrame_Frame {
+	if m != nil {
+		return m.Frame
+	}
+	return nil
+}
+
+func (x *GuestPortFrame) GetOpen() *GuestPortOpen {
+	if x, ok := x.GetFrame().(*GuestPortFrame_Open); ok {
+		return x.Open
+	}
+	return nil
+}
+
+func (x *GuestPortFrame) GetOpened() *GuestPortOpened {
+	if x, ok := x.GetFrame().(*GuestPortFrame_Opened); ok {
+		return x.Opened
+	}
+	return nil
+}
+
+func (x *GuestPortFrame) GetData() []byte {
+	if x, ok := x.GetFrame().(*GuestPortFrame_Data); ok {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *GuestPortFrame) GetEof() *GuestPortEof {
+	if x, ok := x.GetFrame().(*GuestPortFrame_Eof); ok {
+		return x.Eof
+	}
+	return nil
+}
+
+func (x *GuestPortFrame) GetRefused() *GuestRefusal {
+	if x, ok := x.GetFrame().(*GuestPortFrame_Refused); ok {
+		return x.Refused
+	}
+	return nil
+}
+
+type isGuestPortFrame_Frame interface {
+	isGuestPortFrame_Frame()
+}
+
+type GuestPortFrame_Open struct {
+	Open *GuestPortOpen `protobuf:"bytes,1,opt,name=open,proto3,oneof"`
+}
+
+type GuestPortFrame_Opened struct {
+	Opened *GuestPortOpened `protobuf:"bytes,2,opt,name=opened,proto3,oneof"`
+}
+
+type GuestPortFrame_Data struct {
+	Data []byte `protobuf:"bytes,3,opt,name=data,proto3,oneof"`
+}
+
+type GuestPortFrame_Eof struct {
+	Eof *GuestPortEof `protobuf:"bytes,4,opt,name=eof,proto3,oneof"`
+}
+
+type GuestPortFrame_Refused struct {
+	// The connection could not be made (the runtime's GuestRefused: port-closed,
+	// unavailable, invalid, ...).
+	Refused *GuestRefusal `protobuf:"bytes,5,opt,name=refused,proto3,oneof"`
+}
+
+func (*GuestPortFrame_Open) isGuestPortFrame_Frame() {}
+
+func (*GuestPortFrame_Opened) isGuestPortFrame_Frame() {}
+
+func (*GuestPortFrame_Data) isGuestPortFrame_Frame() {}
+
+func (*GuestPortFrame_Eof) isGuestPortFrame_Frame() {}
+
+func (*GuestPortFrame_Refused) isGuestPortFrame_Frame() {}
+
 var File_kibo_node_v1_node_guest_service_proto protoreflect.FileDescriptor
 
 var file_kibo_node_v1_node_guest_service_proto_rawDesc = []byte{
@@ -393,18 +653,46 @@ var file_kibo_node_v1_node_guest_service_proto_rawDesc = []byte{
 	0x0a, 0x07, 0x72, 0x65, 0x66, 0x75, 0x73, 0x65, 0x64, 0x18, 0x03, 0x20, 0x01, 0x28, 0x0b, 0x32,
 	0x1a, 0x2e, 0x6b, 0x69, 0x62, 0x6f, 0x2e, 0x6e, 0x6f, 0x64, 0x65, 0x2e, 0x76, 0x31, 0x2e, 0x47,
 	0x75, 0x65, 0x73, 0x74, 0x52, 0x65, 0x66, 0x75, 0x73, 0x61, 0x6c, 0x48, 0x00, 0x52, 0x07, 0x72,
-	0x65, 0x66, 0x75, 0x73, 0x65, 0x64, 0x42, 0x07, 0x0a, 0x05, 0x65, 0x76, 0x65, 0x6e, 0x74, 0x32,
-	0x68, 0x0a, 0x10, 0x4e, 0x6f, 0x64, 0x65, 0x47, 0x75, 0x65, 0x73, 0x74, 0x53, 0x65, 0x72, 0x76,
+	0x65, 0x66, 0x75, 0x73, 0x65, 0x64, 0x42, 0x07, 0x0a, 0x05, 0x65, 0x76, 0x65, 0x6e, 0x74, 0x22,
+	0x44, 0x0a, 0x0d, 0x47, 0x75, 0x65, 0x73, 0x74, 0x50, 0x6f, 0x72, 0x74, 0x4f, 0x70, 0x65, 0x6e,
+	0x12, 0x1f, 0x0a, 0x0b, 0x69, 0x6e, 0x73, 0x74, 0x61, 0x6e, 0x63, 0x65, 0x5f, 0x69, 0x64, 0x18,
+	0x01, 0x20, 0x01, 0x28, 0x09, 0x52, 0x0a, 0x69, 0x6e, 0x73, 0x74, 0x61, 0x6e, 0x63, 0x65, 0x49,
+	0x64, 0x12, 0x12, 0x0a, 0x04, 0x70, 0x6f, 0x72, 0x74, 0x18, 0x02, 0x20, 0x01, 0x28, 0x0d, 0x52,
+	0x04, 0x70, 0x6f, 0x72, 0x74, 0x22, 0x11, 0x0a, 0x0f, 0x47, 0x75, 0x65, 0x73, 0x74, 0x50, 0x6f,
+	0x72, 0x74, 0x4f, 0x70, 0x65, 0x6e, 0x65, 0x64, 0x22, 0x0e, 0x0a, 0x0c, 0x47, 0x75, 0x65, 0x73,
+	0x74, 0x50, 0x6f, 0x72, 0x74, 0x45, 0x6f, 0x66, 0x22, 0x83, 0x02, 0x0a, 0x0e, 0x47, 0x75, 0x65,
+	0x73, 0x74, 0x50, 0x6f, 0x72, 0x74, 0x46, 0x72, 0x61, 0x6d, 0x65, 0x12, 0x31, 0x0a, 0x04, 0x6f,
+	0x70, 0x65, 0x6e, 0x18, 0x01, 0x20, 0x01, 0x28, 0x0b, 0x32, 0x1b, 0x2e, 0x6b, 0x69, 0x62, 0x6f,
+	0x2e, 0x6e, 0x6f, 0x64, 0x65, 0x2e, 0x76, 0x31, 0x2e, 0x47, 0x75, 0x65, 0x73, 0x74, 0x50, 0x6f,
+	0x72, 0x74, 0x4f, 0x70, 0x65, 0x6e, 0x48, 0x00, 0x52, 0x04, 0x6f, 0x70, 0x65, 0x6e, 0x12, 0x37,
+	0x0a, 0x06, 0x6f, 0x70, 0x65, 0x6e, 0x65, 0x64, 0x18, 0x02, 0x20, 0x01, 0x28, 0x0b, 0x32, 0x1d,
+	0x2e, 0x6b, 0x69, 0x62, 0x6f, 0x2e, 0x6e, 0x6f, 0x64, 0x65, 0x2e, 0x76, 0x31, 0x2e, 0x47, 0x75,
+	0x65, 0x73, 0x74, 0x50, 0x6f, 0x72, 0x74, 0x4f, 0x70, 0x65, 0x6e, 0x65, 0x64, 0x48, 0x00, 0x52,
+	0x06, 0x6f, 0x70, 0x65, 0x6e, 0x65, 0x64, 0x12, 0x14, 0x0a, 0x04, 0x64, 0x61, 0x74, 0x61, 0x18,
+	0x03, 0x20, 0x01, 0x28, 0x0c, 0x48, 0x00, 0x52, 0x04, 0x64, 0x61, 0x74, 0x61, 0x12, 0x2e, 0x0a,
+	0x03, 0x65, 0x6f, 0x66, 0x18, 0x04, 0x20, 0x01, 0x28, 0x0b, 0x32, 0x1a, 0x2e, 0x6b, 0x69, 0x62,
+	0x6f, 0x2e, 0x6e, 0x6f, 0x64, 0x65, 0x2e, 0x76, 0x31, 0x2e, 0x47, 0x75, 0x65, 0x73, 0x74, 0x50,
+	0x6f, 0x72, 0x74, 0x45, 0x6f, 0x66, 0x48, 0x00, 0x52, 0x03, 0x65, 0x6f, 0x66, 0x12, 0x36, 0x0a,
+	0x07, 0x72, 0x65, 0x66, 0x75, 0x73, 0x65, 0x64, 0x18, 0x05, 0x20, 0x01, 0x28, 0x0b, 0x32, 0x1a,
+	0x2e, 0x6b, 0x69, 0x62, 0x6f, 0x2e, 0x6e, 0x6f, 0x64, 0x65, 0x2e, 0x76, 0x31, 0x2e, 0x47, 0x75,
+	0x65, 0x73, 0x74, 0x52, 0x65, 0x66, 0x75, 0x73, 0x61, 0x6c, 0x48, 0x00, 0x52, 0x07, 0x72, 0x65,
+	0x66, 0x75, 0x73, 0x65, 0x64, 0x42, 0x07, 0x0a, 0x05, 0x66, 0x72, 0x61, 0x6d, 0x65, 0x32, 0xb9,
+	0x01, 0x0a, 0x10, 0x4e, 0x6f, 0x64, 0x65, 0x47, 0x75, 0x65, 0x73, 0x74, 0x53, 0x65, 0x72, 0x76,
 	0x69, 0x63, 0x65, 0x12, 0x54, 0x0a, 0x0b, 0x52, 0x75, 0x6e, 0x47, 0x75, 0x65, 0x73, 0x74, 0x4a,
 	0x6f, 0x62, 0x12, 0x20, 0x2e, 0x6b, 0x69, 0x62, 0x6f, 0x2e, 0x6e, 0x6f, 0x64, 0x65, 0x2e, 0x76,
 	0x31, 0x2e, 0x52, 0x75, 0x6e, 0x47, 0x75, 0x65, 0x73, 0x74, 0x4a, 0x6f, 0x62, 0x52, 0x65, 0x71,
 	0x75, 0x65, 0x73, 0x74, 0x1a, 0x21, 0x2e, 0x6b, 0x69, 0x62, 0x6f, 0x2e, 0x6e, 0x6f, 0x64, 0x65,
 	0x2e, 0x76, 0x31, 0x2e, 0x52, 0x75, 0x6e, 0x47, 0x75, 0x65, 0x73, 0x74, 0x4a, 0x6f, 0x62, 0x52,
-	0x65, 0x73, 0x70, 0x6f, 0x6e, 0x73, 0x65, 0x30, 0x01, 0x42, 0x35, 0x5a, 0x33, 0x67, 0x69, 0x74,
-	0x68, 0x75, 0x62, 0x2e, 0x63, 0x6f, 0x6d, 0x2f, 0x6b, 0x69, 0x62, 0x6f, 0x2d, 0x64, 0x65, 0x76,
-	0x2f, 0x6b, 0x69, 0x62, 0x6f, 0x2f, 0x67, 0x65, 0x6e, 0x2f, 0x67, 0x6f, 0x2f, 0x6b, 0x69, 0x62,
-	0x6f, 0x2f, 0x6e, 0x6f, 0x64, 0x65, 0x2f, 0x76, 0x31, 0x3b, 0x6e, 0x6f, 0x64, 0x65, 0x76, 0x31,
-	0x62, 0x06, 0x70, 0x72, 0x6f, 0x74, 0x6f, 0x33,
+	0x65, 0x73, 0x70, 0x6f, 0x6e, 0x73, 0x65, 0x30, 0x01, 0x12, 0x4f, 0x0a, 0x0d, 0x4f, 0x70, 0x65,
+	0x6e, 0x47, 0x75, 0x65, 0x73, 0x74, 0x50, 0x6f, 0x72, 0x74, 0x12, 0x1c, 0x2e, 0x6b, 0x69, 0x62,
+	0x6f, 0x2e, 0x6e, 0x6f, 0x64, 0x65, 0x2e, 0x76, 0x31, 0x2e, 0x47, 0x75, 0x65, 0x73, 0x74, 0x50,
+	0x6f, 0x72, 0x74, 0x46, 0x72, 0x61, 0x6d, 0x65, 0x1a, 0x1c, 0x2e, 0x6b, 0x69, 0x62, 0x6f, 0x2e,
+	0x6e, 0x6f, 0x64, 0x65, 0x2e, 0x76, 0x31, 0x2e, 0x47, 0x75, 0x65, 0x73, 0x74, 0x50, 0x6f, 0x72,
+	0x74, 0x46, 0x72, 0x61, 0x6d, 0x65, 0x28, 0x01, 0x30, 0x01, 0x42, 0x35, 0x5a, 0x33, 0x67, 0x69,
+	0x74, 0x68, 0x75, 0x62, 0x2e, 0x63, 0x6f, 0x6d, 0x2f, 0x6b, 0x69, 0x62, 0x6f, 0x2d, 0x64, 0x65,
+	0x76, 0x2f, 0x6b, 0x69, 0x62, 0x6f, 0x2f, 0x67, 0x65, 0x6e, 0x2f, 0x67, 0x6f, 0x2f, 0x6b, 0x69,
+	0x62, 0x6f, 0x2f, 0x6e, 0x6f, 0x64, 0x65, 0x2f, 0x76, 0x31, 0x3b, 0x6e, 0x6f, 0x64, 0x65, 0x76,
+	0x31, 0x62, 0x06, 0x70, 0x72, 0x6f, 0x74, 0x6f, 0x33,
 }
 
 var (
@@ -419,25 +707,35 @@ func file_kibo_node_v1_node_guest_service_proto_rawDescGZIP() []byte {
 	return file_kibo_node_v1_node_guest_service_proto_rawDescData
 }
 
-var file_kibo_node_v1_node_guest_service_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
+var file_kibo_node_v1_node_guest_service_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
 var file_kibo_node_v1_node_guest_service_proto_goTypes = []interface{}{
 	(*RunGuestJobRequest)(nil),  // 0: kibo.node.v1.RunGuestJobRequest
 	(*GuestOutput)(nil),         // 1: kibo.node.v1.GuestOutput
 	(*GuestExit)(nil),           // 2: kibo.node.v1.GuestExit
 	(*GuestRefusal)(nil),        // 3: kibo.node.v1.GuestRefusal
 	(*RunGuestJobResponse)(nil), // 4: kibo.node.v1.RunGuestJobResponse
+	(*GuestPortOpen)(nil),       // 5: kibo.node.v1.GuestPortOpen
+	(*GuestPortOpened)(nil),     // 6: kibo.node.v1.GuestPortOpened
+	(*GuestPortEof)(nil),        // 7: kibo.node.v1.GuestPortEof
+	(*GuestPortFrame)(nil),      // 8: kibo.node.v1.GuestPortFrame
 }
 var file_kibo_node_v1_node_guest_service_proto_depIdxs = []int32{
 	1, // 0: kibo.node.v1.RunGuestJobResponse.output:type_name -> kibo.node.v1.GuestOutput
 	2, // 1: kibo.node.v1.RunGuestJobResponse.exit:type_name -> kibo.node.v1.GuestExit
 	3, // 2: kibo.node.v1.RunGuestJobResponse.refused:type_name -> kibo.node.v1.GuestRefusal
-	0, // 3: kibo.node.v1.NodeGuestService.RunGuestJob:input_type -> kibo.node.v1.RunGuestJobRequest
-	4, // 4: kibo.node.v1.NodeGuestService.RunGuestJob:output_type -> kibo.node.v1.RunGuestJobResponse
-	4, // [4:5] is the sub-list for method output_type
-	3, // [3:4] is the sub-list for method input_type
-	3, // [3:3] is the sub-list for extension type_name
-	3, // [3:3] is the sub-list for extension extendee
-	0, // [0:3] is the sub-list for field type_name
+	5, // 3: kibo.node.v1.GuestPortFrame.open:type_name -> kibo.node.v1.GuestPortOpen
+	6, // 4: kibo.node.v1.GuestPortFrame.opened:type_name -> kibo.node.v1.GuestPortOpened
+	7, // 5: kibo.node.v1.GuestPortFrame.eof:type_name -> kibo.node.v1.GuestPortEof
+	3, // 6: kibo.node.v1.GuestPortFrame.refused:type_name -> kibo.node.v1.GuestRefusal
+	0, // 7: kibo.node.v1.NodeGuestService.RunGuestJob:input_type -> kibo.node.v1.RunGuestJobRequest
+	8, // 8: kibo.node.v1.NodeGuestService.OpenGuestPort:input_type -> kibo.node.v1.GuestPortFrame
+	4, // 9: kibo.node.v1.NodeGuestService.RunGuestJob:output_type -> kibo.node.v1.RunGuestJobResponse
+	8, // 10: kibo.node.v1.NodeGuestService.OpenGuestPort:output_type -> kibo.node.v1.GuestPortFrame
+	9, // [9:11] is the sub-list for method output_type
+	7, // [7:9] is the sub-list for method input_type
+	7, // [7:7] is the sub-list for extension type_name
+	7, // [7:7] is the sub-list for extension extendee
+	0, // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_kibo_node_v1_node_guest_service_proto_init() }
@@ -506,11 +804,66 @@ func file_kibo_node_v1_node_guest_service_proto_init() {
 				return nil
 			}
 		}
+		file_kibo_node_v1_node_guest_service_proto_msgTypes[5].Exporter = func(v interface{}, i int) interface{} {
+			switch v := v.(*GuestPortOpen); i {
+			case 0:
+				return &v.state
+			case 1:
+				return &v.sizeCache
+			case 2:
+				return &v.unknownFields
+			default:
+				return nil
+			}
+		}
+		file_kibo_node_v1_node_guest_service_proto_msgTypes[6].Exporter = func(v interface{}, i int) interface{} {
+			switch v := v.(*GuestPortOpened); i {
+			case 0:
+				return &v.state
+			case 1:
+				return &v.sizeCache
+			case 2:
+				return &v.unknownFields
+			default:
+				return nil
+			}
+		}
+		file_kibo_node_v1_node_guest_service_proto_msgTypes[7].Exporter = func(v interface{}, i int) interface{} {
+			switch v := v.(*GuestPortEof); i {
+			case 0:
+				return &v.state
+			case 1:
+				return &v.sizeCache
+			case 2:
+				return &v.unknownFields
+			default:
+				return nil
+			}
+		}
+		file_kibo_node_v1_node_guest_service_proto_msgTypes[8].Exporter = func(v interface{}, i int) interface{} {
+			switch v := v.(*GuestPortFrame); i {
+			case 0:
+				return &v.state
+			case 1:
+				return &v.sizeCache
+			case 2:
+				return &v.unknownFields
+			default:
+				return nil
+			}
+		}
 	}
 	file_kibo_node_v1_node_guest_service_proto_msgTypes[4].OneofWrappers = []interface{}{
 		(*RunGuestJobResponse_Output)(nil),
 		(*RunGuestJobResponse_Exit)(nil),
 		(*RunGuestJobResponse_Refused)(nil),
+	}
+	file_kibo_node_v1_node_guest_service_proto_msgTypes[8].OneofWrappers = []interface{}{
+		(*GuestPortFrame_Open)(nil),
+		(*GuestPortFrame_Opened)(nil),
+		(*GuestPortFrame_Data)(nil),
+		(*GuestPortFrame_Eof)(nil),
+		(*GuestPortFrame_Refused)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -518,7 +871,7 @@ func file_kibo_node_v1_node_guest_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: file_kibo_node_v1_node_guest_service_proto_rawDesc,
 			NumEnums:      0,
-			NumMessages:   5,
+			NumMessages:   9,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

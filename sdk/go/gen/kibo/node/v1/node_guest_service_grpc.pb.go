@@ -20,6 +20,13 @@ type NodeGuestServiceClient interface {
 	// Run one guest job (an exec, a file read or write) in a running instance's guest: its
 	// output, then how it ended (or why it could not run). Cancelling the call kills the job.
 	RunGuestJob(ctx context.Context, in *RunGuestJobRequest, opts ...grpc.CallOption) (NodeGuestService_RunGuestJobClient, error)
+	// A TCP connection to a port on a running guest's loopback (an exposure's last hop), opened
+	// inside the guest's network namespace. The first client frame is `open`; the node answers
+	// `opened` or `refused` (then ends the call). Then `data` both ways (at most 64 KiB a frame;
+	// gRPC's flow control is the back-pressure) and `eof` once a side has no more to send
+	// (a half-close). The call ends once both sides sent `eof`; cancelling it cuts the
+	// connection at once.
+	OpenGuestPort(ctx context.Context, opts ...grpc.CallOption) (NodeGuestService_OpenGuestPortClient, error)
 }
 
 type nodeGuestServiceClient struct {
@@ -62,6 +69,37 @@ func (x *nodeGuestServiceRunGuestJobClient) Recv() (*RunGuestJobResponse, error)
 	return m, nil
 }
 
+func (c *nodeGuestServiceClient) OpenGuestPort(ctx context.Context, opts ...grpc.CallOption) (NodeGuestService_OpenGuestPortClient, error) {
+	stream, err := c.cc.NewStream(ctx, &_NodeGuestService_serviceDesc.Streams[1], "/kibo.node.v1.NodeGuestService/OpenGuestPort", opts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &nodeGuestServiceOpenGuestPortClient{stream}
+	return x, nil
+}
+
+type NodeGuestService_OpenGuestPortClient interface {
+	Send(*GuestPortFrame) error
+	Recv() (*GuestPortFrame, error)
+	grpc.ClientStream
+}
+
+type nodeGuestServiceOpenGuestPortClient struct {
+	grpc.ClientStream
+}
+
+func (x *nodeGuestServiceOpenGuestPortClient) Send(m *GuestPortFrame) error {
+	return x.ClientStream.SendMsg(m)
+}
+
+func (x *nodeGuestServiceOpenGuestPortClient) Recv() (*GuestPortFrame, error) {
+	m := new(GuestPortFrame)
+	if err := x.ClientStream.RecvMsg(m); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
 // NodeGuestServiceServer is the server API for NodeGuestService service.
 // All implementations must embed UnimplementedNodeGuestServiceServer
 // for forward compatibility
@@ -69,6 +107,13 @@ type NodeGuestServiceServer interface {
 	// Run one guest job (an exec, a file read or write) in a running instance's guest: its
 	// output, then how it ended (or why it could not run). Cancelling the call kills the job.
 	RunGuestJob(*RunGuestJobRequest, NodeGuestService_RunGuestJobServer) error
+	// A TCP connection to a port on a running guest's loopback (an exposure's last hop), opened
+	// inside the guest's network namespace. The first client frame is `open`; the node answers
+	// `opened` or `refused` (then ends the call). Then `data` both ways (at most 64 KiB a frame;
+	// gRPC's flow control is the back-pressure) and `eof` once a side has no more to send
+	// (a half-close). The call ends once both sides sent `eof`; cancelling it cuts the
+	// connection at once.
+	OpenGuestPort(NodeGuestService_OpenGuestPortServer) error
 	mustEmbedUnimplementedNodeGuestServiceServer()
 }
 
@@ -78,6 +123,9 @@ type UnimplementedNodeGuestServiceServer struct {
 
 func (UnimplementedNodeGuestServiceServer) RunGuestJob(*RunGuestJobRequest, NodeGuestService_RunGuestJobServer) error {
 	return status.Errorf(codes.Unimplemented, "method RunGuestJob not implemented")
+}
+func (UnimplementedNodeGuestServiceServer) OpenGuestPort(NodeGuestService_OpenGuestPortServer) error {
+	return status.Errorf(codes.Unimplemented, "method OpenGuestPort not implemented")
 }
 func (UnimplementedNodeGuestServiceServer) mustEmbedUnimplementedNodeGuestServiceServer() {}
 
@@ -113,6 +161,32 @@ func (x *nodeGuestServiceRunGuestJobServer) Send(m *RunGuestJobResponse) error {
 	return x.ServerStream.SendMsg(m)
 }
 
+func _NodeGuestService_OpenGuestPort_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(NodeGuestServiceServer).OpenGuestPort(&nodeGuestServiceOpenGuestPortServer{stream})
+}
+
+type NodeGuestService_OpenGuestPortServer interface {
+	Send(*GuestPortFrame) error
+	Recv() (*GuestPortFrame, error)
+	grpc.ServerStream
+}
+
+type nodeGuestServiceOpenGuestPortServer struct {
+	grpc.ServerStream
+}
+
+func (x *nodeGuestServiceOpenGuestPortServer) Send(m *GuestPortFrame) error {
+	return x.ServerStream.SendMsg(m)
+}
+
+func (x *nodeGuestServiceOpenGuestPortServer) Recv() (*GuestPortFrame, error) {
+	m := new(GuestPortFrame)
+	if err := x.ServerStream.RecvMsg(m); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
 var _NodeGuestService_serviceDesc = grpc.ServiceDesc{
 	ServiceName: "kibo.node.v1.NodeGuestService",
 	HandlerType: (*NodeGuestServiceServer)(nil),
@@ -122,6 +196,12 @@ var _NodeGuestService_serviceDesc = grpc.ServiceDesc{
 			StreamName:    "RunGuestJob",
 			Handler:       _NodeGuestService_RunGuestJob_Handler,
 			ServerStreams: true,
+		},
+		{
+			StreamName:    "OpenGuestPort",
+			Handler:       _NodeGuestService_OpenGuestPort_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
 		},
 	},
 	Metadata: "kibo/node/v1/node_guest_service.proto",
