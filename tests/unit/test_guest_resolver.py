@@ -43,6 +43,7 @@ class Upstream:
     a: dict[str, tuple[int, list[str]]] = field(default_factory=dict)
     cname: dict[str, tuple[int, str]] = field(default_factory=dict)
     big: set[str] = field(default_factory=set)
+    extra: set[str] = field(default_factory=set)  # asked names whose answer section has other.test's A too
     silent: bool = False
     asked: list[tuple[str, str, str]] = field(default_factory=list)  # (transport, name, type)
     port: int = 0
@@ -75,7 +76,11 @@ class Upstream:
         elif not response.answer:
             response.set_rcode(dns.rcode.NXDOMAIN)
         # An unrelated record an upstream may add: never admitted (not on the name's chain).
-        response.additional.append(dns.rrset.from_text("other.test.", 300, "IN", "A", "198.18.9.9"))
+        unrelated = dns.rrset.from_text("other.test.", 300, "IN", "A", "198.18.9.9")
+        if name in self.extra:
+            response.answer.insert(0, unrelated)
+        else:
+            response.additional.append(unrelated)
         return response.to_wire(max_size=512 if transport == "udp" else 65535, prefer_truncation=True)
 
 
@@ -269,9 +274,10 @@ async def test_cname_targets_addresses_are_admitted_with_the_chains_least_ttl(ru
     running.upstream.cname["www.example.com."] = (120, "edge.cdn.test.")
     running.upstream.cname["edge.cdn.test."] = (3600, "node7.cdn.test.")
     running.upstream.a["node7.cdn.test."] = (600, ["198.18.0.9"])
+    running.upstream.extra.add("www.example.com.")
     answer = await ask(running, "www.example.com")
-    assert _addresses(answer) == ["198.18.0.9"]
-    assert running.guest.admitted == [(["198.18.0.9"], 120)]  # not other.test's 198.18.9.9
+    assert _addresses(answer) == ["198.18.0.9", "198.18.9.9"]  # the upstream's answer, as it came
+    assert running.guest.admitted == [(["198.18.0.9"], 120)]  # not other.test's 198.18.9.9: not on the chain
 
 
 async def test_a_change_of_the_names_address_is_followed_on_the_next_query(running: Running) -> None:
@@ -309,6 +315,20 @@ async def test_the_addresses_are_admitted_before_the_answer_leaves(running: Runn
         client.close()
     assert _addresses(dns.message.from_wire(reply)) == ["198.18.0.12"]
     assert seen == [False]
+
+
+async def test_an_answer_whose_addresses_could_not_be_admitted_is_servfail(running: Running) -> None:
+    running.guest.allowed = ["api.example.com"]
+    running.upstream.a["api.example.com."] = (300, ["198.18.0.20"])
+
+    def fail() -> None:
+        raise OSError("nft: no such set")
+
+    running.guest.on_admit.append(fail)
+    answer = await ask(running, "api.example.com")
+    assert answer.rcode() == dns.rcode.SERVFAIL and not answer.answer
+    running.guest.on_admit.clear()
+    assert _addresses(await ask(running, "api.example.com")) == ["198.18.0.20"]
 
 
 async def test_allow_all_forwards_and_admits_nothing(running: Running) -> None:
@@ -462,9 +482,12 @@ async def test_malformed_packets_get_formerr_or_nothing_and_the_resolver_carries
     assert _addresses(await ask(running, "a.test", tcp=True)) == ["198.18.0.19"]
 
 
-async def test_at_most_max_in_flight_queries_are_held_the_rest_dropped(running: Running) -> None:
-    running.guest.egress = NetworkEgress.ALLOW_ALL
-    running.upstream.silent = True
+async def test_at_most_max_in_flight_queries_are_held_the_rest_dropped(upstream: Upstream) -> None:
+    """A silent upstream holds every query for the resolver's timeout (1.5 s here: all are sent
+    well within it, even on a loaded machine); only the first MAX_IN_FLIGHT get an answer."""
+    upstream.silent = True
+    resolver = r.GuestResolver(Guest(egress=NetworkEgress.ALLOW_ALL).lookup, [("127.0.0.1", upstream.port)], 1.5)
+    port = await resolver.start("127.0.0.1", 0)
     client = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     client.setblocking(False)
     client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
@@ -473,20 +496,25 @@ async def test_at_most_max_in_flight_queries_are_held_the_rest_dropped(running: 
     sent = r.MAX_IN_FLIGHT + 40
     replies: set[int] = set()
     try:
+        started = loop.time()
         for qid in range(sent):
-            client.sendto(_header(qid, 0x0100) + b"\x01a\x04test\x00\x00\x01\x00\x01", ("127.0.0.1", running.port))
-        deadline = loop.time() + EXPIRED + 3
-        while loop.time() < deadline:
+            client.sendto(_header(qid, 0x0100) + b"\x01a\x04test\x00\x00\x01\x00\x01", ("127.0.0.1", port))
+            if qid % 32 == 31:
+                # Let the resolver read them: the kernel holds only ~256 small datagrams per socket.
+                await asyncio.sleep(0.005)
+        assert loop.time() - started < 1.0, "too slow to fill the resolver within its timeout"
+        while True:
             try:
-                reply = await asyncio.wait_for(loop.sock_recv(client, 4096), 0.5 if replies else 3)
+                reply = await asyncio.wait_for(loop.sock_recv(client, 4096), 0.5 if replies else 5)
             except TimeoutError:
                 break
             assert reply[3] & 0x0F == dns.rcode.SERVFAIL
             replies.add(struct.unpack("!H", reply[:2])[0])
     finally:
         client.close()
+        await resolver.close()
     assert replies == set(range(r.MAX_IN_FLIGHT))
-    assert len(running.upstream.asked) == r.MAX_IN_FLIGHT
+    assert len(upstream.asked) == r.MAX_IN_FLIGHT
 
 
 def test_host_upstreams_reads_resolv_conf(tmp_path: pytest.TempPathFactory) -> None:

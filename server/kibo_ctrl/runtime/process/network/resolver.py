@@ -133,12 +133,17 @@ class GuestResolver:
             await self._tcp.wait_closed()
         self._udp = self._tcp = None
 
+    def _policy(self, source: str) -> GuestDns | None:
+        """The policy of the guest at `source`; None: no guest has it, and nothing is answered
+        (checked when a datagram or connection arrives, and again for each query)."""
+        return self._guests(source)
+
     # -- the two transports ---------------------------------------------------------------
 
     def _datagram(self, data: bytes, source: tuple[str, int]) -> None:
         if self._in_flight >= MAX_IN_FLIGHT:
             return  # overloaded: dropped; the guest's stub resolver asks again
-        if self._guests(source[0]) is None:
+        if self._policy(source[0]) is None:
             return
         self._spawn(self._answer_datagram(data, source))
 
@@ -154,7 +159,7 @@ class GuestResolver:
         self._connections += 1
         try:
             peer = writer.get_extra_info("peername")
-            if self._connections > MAX_TCP_CONNECTIONS or not peer or self._guests(str(peer[0])) is None:
+            if self._connections > MAX_TCP_CONNECTIONS or not peer or self._policy(str(peer[0])) is None:
                 return
             async with asyncio.timeout(TCP_LIFETIME_S):
                 await self._queries(reader, writer, str(peer[0]))
@@ -203,7 +208,7 @@ class GuestResolver:
     async def _answer(self, data: bytes, source: str, *, tcp: bool) -> bytes | None:
         """The reply's wire form, or None to send nothing. The guest's policy is looked up for
         each query (a TCP connection outlives a policy change)."""
-        guest = self._guests(source)
+        guest = self._policy(source)
         if guest is None:
             return None
         try:
@@ -214,8 +219,10 @@ class GuestResolver:
             return None  # a response is never answered (no loops between resolvers)
         try:
             response = await self._respond(query, guest)
-        except Exception:
-            log.exception("guest resolver: a query failed")
+        except Exception as error:
+            # The error's text may hold the name or its addresses: only at debug level.
+            log.warning("guest resolver: a query failed (%s): SERVFAIL", type(error).__name__)
+            log.debug("guest resolver: the failure", exc_info=True)
             response = _reply(query, dns.rcode.SERVFAIL)
         limit = 65535 if tcp else _udp_limit(query)
         try:
