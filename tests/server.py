@@ -89,6 +89,8 @@ class ServerProcess:
     # The node port (--node-listen: NodeService over mutual TLS), a port of its own: the default
     # 50053 would be one port for every server of the session.
     node_port: int = field(default_factory=free_port)
+    # The exposure listener (--exposure-listen), likewise: the default 8090 would be shared.
+    exposure_port: int = field(default_factory=free_port)
     # False: --insecure-no-auth. True: tokens required; `admin_token` is the first one.
     auth: bool = False
     # For a server started with --tls-cert: how the health check connects.
@@ -124,6 +126,7 @@ class ServerProcess:
             str(self.data_dir),
             "--node-listen",
             f"127.0.0.1:{self.node_port}",
+            *(() if "--exposure-listen" in self.flags else ("--exposure-listen", f"127.0.0.1:{self.exposure_port}")),
             *TEST_FLAGS,
             *(() if self.auth else ("--insecure-no-auth",)),
             *(() if self.store is None else ("--store", self.store)),

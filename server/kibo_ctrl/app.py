@@ -9,7 +9,7 @@ import os
 import resource
 import signal
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,11 +22,13 @@ from . import routes, tokens
 from .api import data_plane
 from .api.auth import Authenticator
 from .api.control_plane import Api
+from .api.exposures import Exposures, ExposureSettings, Gone
 from .api.fairness import WATCHES_PER_TENANT
 from .api.node_api import NodeAdminApi, NodeApi
 from .api.node_certs import NodeCertificates, certified_node
 from .domain.access import DEFAULT_TENANT, Role, TokenRecord
 from .domain.clock import SYSTEM_CLOCK, Clock
+from .domain.errors import NotFound, PermissionDenied, StoreError, Unauthenticated, Unavailable
 from .domain.model import Backend, Node, Workspace
 from .domain.nodes import AllocationRatios, DiskStatus, NodeResources, capacity
 from .domain.reports import StorageReleased
@@ -58,6 +60,7 @@ from .telemetry.metrics import Metrics
 from .telemetry.runtime import MeteredRuntime
 from .telemetry.tracing import Observers, Tracing
 from .transport.connect import application
+from .transport.exposure_proxy import ExposureProxy, ExposureRefused, ExposureTarget
 from .transport.grpc import EXCLUSIVE_PORT, STREAMS_PER_CONNECTION, bind, service_handler
 from .transport.http import SERVERS, HttpLimits, HttpServer, open_file_limit
 from .transport.http_guard import BodyLimits, guard
@@ -84,6 +87,8 @@ SIM_NODE_VCPUS = 4096
 SIM_NODE_MEMORY_MIB = 16 * 1024 * 1024
 # The node port's default (--node-listen): NodeService over mutual TLS for `kibo-ctrl node`.
 NODE_PORT = 50053
+# The exposure listener's default port (Config.exposure_listen).
+EXPOSURE_PORT = 8090
 
 
 @dataclass(frozen=True)
@@ -138,6 +143,14 @@ class Config:
     # server without auth).
     node_listen: str = ""
     insecure_node_link: bool = False
+    # Exposures (URLs to guest ports, api/exposures.py) on a listener of their own, never the
+    # API's (a guest's pages must not share its origin): HOST:PORT; "": the host of
+    # http_listen (else of listen), port EXPOSURE_PORT (0 when that port is 0), and a port
+    # taken is a warning, not a failure; "off": no exposures served by this process.
+    exposure_listen: str = ""
+    # URLs are `{port}-{workspace}.{exposure_domain}`: "localhost" needs no DNS (*.localhost
+    # is loopback to browsers and curl); a real domain needs a wildcard DNS record.
+    exposure_domain: str = "localhost"
     # The process runtime (--runtime process): personality, isolation, limits, guest.
     backend: Backend = Backend.FIRECRACKER
     sandbox: str = "auto"
@@ -162,6 +175,16 @@ class Config:
     def node_mtls(self) -> bool:
         """Whether the node link is mutual TLS (the default with auth on)."""
         return self.auth and not self.insecure_node_link
+
+    @property
+    def exposure_address(self) -> str:
+        """Where exposures are served (see exposure_listen); "" for none."""
+        if self.exposure_listen == "off":
+            return ""
+        if self.exposure_listen:
+            return self.exposure_listen
+        host, _, port = (self.http_listen or self.listen).rpartition(":")
+        return f"{host}:{0 if port == '0' else EXPOSURE_PORT}"
 
     @property
     def node_address(self) -> str:
@@ -276,6 +299,11 @@ class App:
         self.data_plane = data_plane.DataPlane(self.store, self.guests, config.data_dir)
         # Revoke, stop and delete end the data-plane calls running under the old credential.
         self.hub.listen(self.data_plane.on_changes)
+        # URLs to guest ports: answered through the data plane's hops; a commit that ends one
+        # cuts its connections (api/exposures.py).
+        self.exposures = Exposures(self.store, self.guests, self._exposure_settings())
+        self.api.exposures = self.exposures
+        self.hub.listen(self.exposures.on_changes)
         self.metrics.data_plane_sessions.set_function(lambda: self.data_plane.sessions.count)
 
         def loops() -> list[Coroutine[Any, Any, None]]:
@@ -294,6 +322,16 @@ class App:
         else:
             self._tasks.extend(asyncio.create_task(coroutine) for coroutine in loops())
         await self._serve()
+
+    def _exposure_settings(self) -> ExposureSettings:
+        """How exposure URLs look; the listener's port is filled in once it is bound."""
+        config = self.config
+        _, _, port = config.exposure_address.rpartition(":")
+        return ExposureSettings(
+            domain=config.exposure_domain,
+            scheme="https" if config.tls is not None else "http",
+            listen_port=int(port) if port.isdigit() else 0,
+        )
 
     def _guest_tls(self) -> GuestTls | None:
         """The control plane's side of the guest hop's mutual TLS: it presents the cluster CA's
@@ -499,9 +537,38 @@ class App:
                 await self.server.stop(None)
                 await self._stop_node_server()
                 raise
+        await self._serve_exposures()
         # SERVING only once both listeners accept calls.
         for name in ["", *(service.full_name for service in services)]:
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+
+    async def _serve_exposures(self) -> None:
+        """The exposure listener (transport/exposure_proxy.py), a port of its own. Its default
+        address is a convenience: taken, it is a warning; an address asked for must work."""
+        self.exposure_proxy: ExposureProxy | None = None
+        address = self.config.exposure_address
+        if not address:
+            return
+        try:
+            proxy = ExposureProxy(
+                _ExposureRouter(self.exposures), address, self.config.tls, observer=self.metrics.exposure_observer()
+            )
+        except OSError as error:
+            if self.config.exposure_listen:
+                await self._stop_listeners()
+                raise
+            log.warning("exposures are not served: cannot listen on %s (%s); pass --exposure-listen", address, error)
+            return
+        await proxy.start()
+        self.exposure_proxy = proxy
+        self.exposures.settings = replace(self.exposures.settings, listen_port=proxy.port)
+        log.info("exposures served on %s (URLs like %s)", address, self.exposures.settings.url("ws-...", 8000))
+
+    async def _stop_listeners(self) -> None:
+        await self.server.stop(None)
+        if self.http is not None:
+            await self.http.stop()
+        await self._stop_node_server()
 
     async def _serve_nodes(self, options: list[tuple[str, Any]], node_api: NodeApi, observer: RpcObserver) -> int:
         """The node port: NodeService to clients with a certificate of the cluster CA's, each
@@ -557,6 +624,9 @@ class App:
             stopping.append(self.node_server.stop(self.config.shutdown_grace_s))
         if self.http is not None:
             stopping.append(self.http.stop())
+        proxy: ExposureProxy | None = getattr(self, "exposure_proxy", None)
+        if proxy is not None:
+            stopping.append(proxy.stop())
         await asyncio.gather(*stopping)
         for agent in self._agents:
             await agent.stop()
@@ -572,6 +642,29 @@ class App:
         await self.store.close()
         if self.tracing is not None:
             self.tracing.shutdown()  # flushes the spans still batched
+
+
+class _ExposureRouter:
+    """The exposure listener's router (transport/exposure_proxy.py) over api/exposures.py:
+    its domain errors as the HTTP statuses the listener answers."""
+
+    def __init__(self, exposures: Exposures) -> None:
+        self._exposures = exposures
+
+    async def route(self, host: str, token: str | None) -> ExposureTarget:
+        try:
+            found = await self._exposures.route(host, token)
+        except Gone as error:
+            raise ExposureRefused(410, error.message) from None
+        except NotFound as error:
+            raise ExposureRefused(404, error.message) from None
+        except Unauthenticated as error:
+            raise ExposureRefused(401, error.message) from None
+        except PermissionDenied as error:
+            raise ExposureRefused(403, error.message) from None
+        except (Unavailable, StoreError) as error:
+            raise ExposureRefused(503, str(error)) from None
+        return ExposureTarget(found.workspace_id, found.port, host, found.open, found.revoked)
 
 
 def runtime_of(capabilities: list[str]) -> str:

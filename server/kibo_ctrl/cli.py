@@ -265,6 +265,24 @@ def serve(
             show_default=False,
         ),
     ] = "",
+    exposure_listen: Annotated[
+        str,
+        typer.Option(
+            help="Where exposures (URLs to ports in workspaces: kibo workspace expose) are served, HOST:PORT, "
+            "a listener of their own so a guest's pages never share the API's origin; 'off' for none. Default: "
+            "the host of --http-listen, port 8090 (port 0 when --http-listen's is 0; a port in use is then a "
+            "warning).",
+            show_default=False,
+        ),
+    ] = "",
+    exposure_domain: Annotated[
+        str,
+        typer.Option(
+            help="Exposure URLs are http://{port}-{workspace}.{domain}:{port of --exposure-listen}/. 'localhost' "
+            "works with no DNS (browsers and curl resolve *.localhost to loopback); a real domain needs a "
+            "wildcard DNS record to this host.",
+        ),
+    ] = "localhost",
     insecure_node_link: Annotated[
         bool,
         typer.Option(
@@ -359,6 +377,8 @@ def serve(
         supervisor=supervisor.value,
         auth=not insecure_no_auth,
         node_listen=node_listen,
+        exposure_listen=exposure_listen,
+        exposure_domain=_exposure_domain(exposure_domain),
         insecure_node_link=insecure_node_link or insecure_no_auth,
         rate_limit_rps=rate_limit_rps,
         max_watches_per_tenant=max_watches_per_tenant,
@@ -374,6 +394,21 @@ def serve(
     except (OSError, RuntimeError, ValueError, StoreError) as error:
         typer.echo(f"kibo-ctrl: {error}", err=True)
         raise typer.Exit(2) from None
+
+
+def _exposure_domain(domain: str) -> str:
+    """--exposure-domain as a lowercase DNS name (labels of letters, digits and hyphens)."""
+    name = domain.strip().lower().rstrip(".")
+    labels = name.split(".")
+    if (
+        not name
+        or len(name) > 200
+        or not all(
+            label and len(label) <= 63 and label.replace("-", "").isalnum() and label.isascii() for label in labels
+        )
+    ):
+        raise typer.BadParameter(f"{domain!r} is not a DNS name", param_hint="--exposure-domain")
+    return name
 
 
 def _tls(cert: Path | None, key: Path | None, client_ca: Path | None) -> Tls | None:

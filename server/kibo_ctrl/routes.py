@@ -44,6 +44,12 @@ def workspace_service(api: Api) -> Service:
             ),
             ServerStream("WatchWorkspace", ws.WatchWorkspaceRequest, ws.WatchWorkspaceResponse, api.watch_workspace),
             Unary("GetCapabilities", ws.GetCapabilitiesRequest, ws.GetCapabilitiesResponse, api.get_capabilities),
+            Unary(
+                "ListWorkspaceExposures",
+                ws.ListWorkspaceExposuresRequest,
+                ws.ListWorkspaceExposuresResponse,
+                api.list_workspace_exposures,
+            ),
             # The commands: each declared once, in the registry (api/commands.py).
             *(Unary(c.rpc, c.request, c.response, api.workspace_command(c)) for c in WORKSPACE_COMMANDS),
         ),

@@ -41,6 +41,9 @@ OPERATIONS: tuple[Op, ...] = (
     Op.REVOKE_DATA_PLANE_ACCESS,
     # Beyond the spec's table: an operator's move of a STOPPED workspace's disks (issue 26).
     Op.MOVE,
+    # Exposures (issue 28; the spec's data plane): URLs to a running guest's ports.
+    Op.CREATE_EXPOSURE,
+    Op.DELETE_EXPOSURE,
 )
 STATES: tuple[S, ...] = tuple(s for s in S if s is not S.UNSPECIFIED)
 LIFECYCLE: tuple[Op, ...] = (Op.CREATE, Op.START, Op.STOP, Op.FORCE_STOP, Op.DELETE)
@@ -81,6 +84,8 @@ SITUATIONS: tuple[Situation, ...] = (
             Op.SET_EXPIRATION,
             Op.CLEAR_EXPIRATION,
             Op.REVOKE_DATA_PLANE_ACCESS,
+            Op.CREATE_EXPOSURE,
+            Op.DELETE_EXPOSURE,
         ),
         ForceStop.ACCEPT,
     ),
@@ -95,6 +100,8 @@ SITUATIONS: tuple[Situation, ...] = (
             Op.SET_EXPIRATION,
             Op.CLEAR_EXPIRATION,
             Op.REVOKE_DATA_PLANE_ACCESS,
+            Op.CREATE_EXPOSURE,
+            Op.DELETE_EXPOSURE,
         ),
     ),
     # STOPPING: delete; force stop when the graceful stop is stuck (supersedes it).
@@ -286,6 +293,9 @@ def spec_allows(op: Op, facts: Facts) -> bool:
         Op.BIND_VOLUME: frozenset({S.STOPPED}),
         Op.UNBIND_VOLUME: frozenset({S.STOPPED}),
         Op.MOVE: frozenset({S.STOPPED}),
+        # "Exposures are revoked by a stop": made and ended only while the guest runs.
+        Op.CREATE_EXPOSURE: frozenset({S.AVAILABLE}),
+        Op.DELETE_EXPOSURE: frozenset({S.AVAILABLE}),
     }
     return state in where[op]
 

@@ -29,6 +29,7 @@ PAIRS: dict[type[IntEnum], tuple[EnumTypeWrapper, str]] = {
     model.StopCause: (workspace_pb2.StopCause, "STOP_CAUSE_"),
     model.StopDurability: (workspace_pb2.StopDurability, "STOP_DURABILITY_"),
     model.NetworkEgress: (workspace_pb2.NetworkEgress, "NETWORK_EGRESS_"),
+    model.ExposureAccess: (workspace_pb2.ExposureAccess, "EXPOSURE_ACCESS_"),
     model.CommandState: (command_pb2.CommandState, "COMMAND_STATE_"),
     model.CommandKind: (command_pb2.CommandKind, "COMMAND_KIND_"),
     model.Phase: (obs_pb2.InstancePhase, "INSTANCE_PHASE_"),

@@ -164,6 +164,22 @@ WORKSPACE_COMMANDS: tuple[WorkspaceCommand[Any, Any], ...] = (
         (CommandKind.UNBIND_VOLUME,),
     ),
     WorkspaceCommand(
+        "CreateWorkspaceExposure",
+        ws.CreateWorkspaceExposureRequest,
+        ws.CreateWorkspaceExposureResponse,
+        parse.create_exposure,
+        Service.create_workspace_exposure,
+        (CommandKind.CREATE_EXPOSURE,),
+    ),
+    WorkspaceCommand(
+        "DeleteWorkspaceExposure",
+        ws.DeleteWorkspaceExposureRequest,
+        ws.DeleteWorkspaceExposureResponse,
+        parse.delete_exposure,
+        Service.delete_workspace_exposure,
+        (CommandKind.DELETE_EXPOSURE,),
+    ),
+    WorkspaceCommand(
         "RevokeWorkspaceDataPlaneAccess",
         ws.RevokeWorkspaceDataPlaneAccessRequest,
         ws.RevokeWorkspaceDataPlaneAccessResponse,

@@ -29,7 +29,7 @@ from kibo.ctrl.v1 import (
 
 from ..domain import cleanup, validation
 from ..domain.access import Caller
-from ..domain.errors import InvalidArgument, NotFound, Unavailable
+from ..domain.errors import InvalidArgument, NotFound, Unavailable, Unimplemented
 from ..domain.model import Command, Instance, Workspace
 from ..engine.hub import Hub, Signal
 from ..engine.service import CommandRequest, Service
@@ -37,6 +37,7 @@ from ..runtime.base import MachineObserver
 from ..store.base import Changes, ListedWorkspace, Reader, Store, WorkspaceQuery, WorkspaceSlice
 from . import parse, render
 from .commands import VolumeCommand, WorkspaceCommand, respond
+from .exposures import Exposures
 from .fairness import WATCHES_PER_TENANT, TenantSlots, TenantStreams
 
 Req = TypeVar("Req", bound=Message)
@@ -108,6 +109,9 @@ class Api:
         self._encoded_bytes = 0
         self._watch_encoded: dict[str, tuple[int, render.Encoded[ws_pb2.WatchWorkspaceResponse]]] = {}
         self._latest: dict[str, Workspace] = {}
+        # URLs to guest ports (api/exposures.py): set by the app, which makes them over the
+        # data plane's hops; None: none (ListWorkspaceExposures answers an empty list).
+        self.exposures: Exposures | None = None
         hub.listen(self._on_changes)
 
     def _encode(self, workspace: Workspace) -> bytes:
@@ -159,8 +163,13 @@ class Api:
         """The RPC handler of a registry entry (api/commands.py) for a workspace command."""
 
         async def handle(message: Req, caller: Caller) -> Resp:
-            workspace, done = await self._command(caller, command, message)
-            return respond(command.response, workspace=render.workspace(workspace), command=render.command(done))
+            request = self._parse(caller, command, message)
+            workspace, done = await self._command(request, command)
+            fields: dict[str, Message] = {"workspace": render.workspace(workspace), "command": render.command(done)}
+            if command.rpc == "CreateWorkspaceExposure" and self.exposures is not None:
+                # Its exposure, with the token when this very request made it.
+                fields.update(self.exposures.answer(workspace, done, request))
+            return respond(command.response, **fields)
 
         return handle
 
@@ -187,10 +196,7 @@ class Api:
         validation.command_id(request.command_id)
         return request
 
-    async def _command(
-        self, caller: Caller, entry: WorkspaceCommand[Req, Resp], message: Req
-    ) -> tuple[Workspace, Command]:
-        request = self._parse(caller, entry, message)
+    async def _command(self, request: CommandRequest, entry: WorkspaceCommand[Req, Resp]) -> tuple[Workspace, Command]:
         workspace, command = await self._store.transact(self._service.execute, entry.handle, request)
         if command.terminal or self._settle <= 0 or not entry.settles:
             return workspace, command
@@ -221,6 +227,13 @@ class Api:
         return await self._store.read(both)
 
     # -- queries -----------------------------------------------------------------------
+
+    async def list_workspace_exposures(
+        self, request: ws_pb2.ListWorkspaceExposuresRequest, caller: Caller
+    ) -> ws_pb2.ListWorkspaceExposuresResponse:
+        if self.exposures is None:
+            raise Unimplemented("this server serves no exposures")
+        return await self.exposures.list_workspace_exposures(request, caller)
 
     def _on_changes(self, changes: Changes) -> None:
         # Published commits keep the remembered records current (rows are never removed).

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import secrets
 import time
 from collections.abc import Mapping
 from dataclasses import replace
@@ -15,9 +16,9 @@ from kibo.ctrl.v1 import workspace_service_pb2 as ws_pb2
 
 from ..domain import nodes, validation
 from ..domain.errors import InvalidArgument
-from ..domain.model import Binding, CommandKind, ExpirationAction, Resources
+from ..domain.model import Binding, CommandKind, ExpirationAction, ExposureAccess, Resources
 from ..domain.validation import DEFAULT_RESOURCES
-from ..engine.service import CommandRequest, CreateSpec
+from ..engine.service import CommandRequest, CreateSpec, ExposureRequest
 
 _MAX_TIME = 253402300799  # 9999-12-31, the largest valid Timestamp
 
@@ -103,9 +104,7 @@ def create(request: ws_pb2.CreateWorkspaceRequest) -> CommandRequest:
         labels=validation.label_map(spec.labels, "spec.labels"),
         annotations=validation.annotation_map(spec.annotations),
         bindings=bindings,
-        network_policy=validation.network_policy(
-            spec.network_policy.egress, spec.network_policy.allowed_cidrs, "spec.network_policy"
-        ),
+        network_policy=validation.network_policy(spec.network_policy, "spec.network_policy"),
         data_volume_gib=spec.data_volume_gib or validation.DEFAULT_DATA_VOLUME_GIB,
         expire_time=expire_time,
         expire_action=expire_action,
@@ -216,7 +215,57 @@ def set_network_policy(request: ws_pb2.SetWorkspaceNetworkPolicyRequest) -> Comm
         "SetWorkspaceNetworkPolicy",
         request,
         workspace_id=workspace_id(request.workspace_id),
-        network_policy=validation.network_policy(policy.egress, policy.allowed_cidrs),
+        network_policy=validation.network_policy(policy),
+    )
+
+
+# The longest an exposure may be asked to last (a year); 0: until revoked.
+MAX_EXPOSURE_SECONDS = 366 * 24 * 3600
+
+
+def create_exposure(request: ws_pb2.CreateWorkspaceExposureRequest) -> CommandRequest:
+    """Its ID and token are made here, before the transaction: a resent command (the same
+    command ID) answers the exposure its first try made, without a token (only the first
+    answer carries it: the store keeps its digest)."""
+    if not 1 <= request.port <= 65535:
+        raise InvalidArgument(f"port {request.port} is not 1..65535", field="port")
+    try:
+        access = ExposureAccess(request.access) if request.access else ExposureAccess.TOKEN
+    except ValueError:
+        raise InvalidArgument(f"unknown access value {request.access}", field="access") from None
+    if not 0 <= request.expire_in_seconds <= MAX_EXPOSURE_SECONDS:
+        raise InvalidArgument(
+            f"expire_in_seconds must be 0 (until revoked) to {MAX_EXPOSURE_SECONDS}", field="expire_in_seconds"
+        )
+    token = exposure_token() if access is ExposureAccess.TOKEN else ""
+    return _base(
+        CommandKind.CREATE_EXPOSURE,
+        "CreateWorkspaceExposure",
+        request,
+        workspace_id=workspace_id(request.workspace_id),
+        exposure=ExposureRequest(
+            exposure_id=f"ex-{secrets.token_hex(10)}",
+            port=request.port,
+            access=access,
+            expire_in_seconds=request.expire_in_seconds,
+            token_sha256=hashlib.sha256(token.encode()).hexdigest() if token else "",
+        ),
+        exposure_token=token,
+    )
+
+
+def exposure_token() -> str:
+    """An exposure's bearer token: 256 random bits."""
+    return f"kex1_{secrets.token_urlsafe(32)}"
+
+
+def delete_exposure(request: ws_pb2.DeleteWorkspaceExposureRequest) -> CommandRequest:
+    return _base(
+        CommandKind.DELETE_EXPOSURE,
+        "DeleteWorkspaceExposure",
+        request,
+        workspace_id=workspace_id(request.workspace_id),
+        exposure=ExposureRequest(exposure_id=validation.resource_id(request.exposure_id, "exposure_id", "ex-")),
     )
 
 

@@ -72,8 +72,14 @@ def workspace(record: Workspace) -> workspace_pb2.Workspace:
         memory_mib=record.resources.memory_mib,
         writable_layer_gib=record.resources.writable_layer_gib,
     )
+    rule = record.network_policy
     policy = workspace_pb2.NetworkPolicy(
-        egress=int(record.network_policy.egress), allowed_cidrs=record.network_policy.allowed_cidrs
+        egress=int(rule.egress),
+        allowed_cidrs=rule.allowed_cidrs,
+        denied_cidrs=rule.denied_cidrs,
+        allowed_domains=rule.allowed_domains,
+        denied_domains=rule.denied_domains,
+        allowed_ports=rule.allowed_ports,
     )
     bindings = [
         workspace_pb2.VolumeBinding(

@@ -51,6 +51,9 @@ class CommandKind(IntEnum):
     DELETE_VOLUME = 15
     # An operator's: the workspace's disks to another node (engine/moves.py).
     MOVE = 16
+    # A URL to a guest port, and its revocation (api/exposures.py).
+    CREATE_EXPOSURE = 17
+    DELETE_EXPOSURE = 18
 
 
 class ExpirationAction(IntEnum):
@@ -214,8 +217,17 @@ class Binding(msgspec.Struct):
 
 
 class NetworkPolicy(msgspec.Struct):
+    """What a guest may reach, enforced by its node (runtime/process/network/). Precedence:
+    what no policy opens (the node, the control plane, link-local, other guests) > denied >
+    allowed > egress. Domain rules are domain/domains.py's (exact, or `*.` + a domain)."""
+
     egress: NetworkEgress = NetworkEgress.ALLOW_ALL
     allowed_cidrs: list[str] = msgspec.field(default_factory=list)
+    denied_cidrs: list[str] = msgspec.field(default_factory=list)
+    allowed_domains: list[str] = msgspec.field(default_factory=list)
+    denied_domains: list[str] = msgspec.field(default_factory=list)
+    # TCP/UDP destination ports the allowed CIDRs and domains are limited to; empty: any.
+    allowed_ports: list[int] = msgspec.field(default_factory=list)
 
 
 class Expiration(msgspec.Struct):
@@ -271,6 +283,33 @@ class StaleCopy(msgspec.Struct):
     volume_ids: list[str] = msgspec.field(default_factory=list)
 
 
+# Valid exposures one workspace may have at a time.
+MAX_EXPOSURES = 32
+
+
+class ExposureAccess(IntEnum):
+    UNSPECIFIED = 0
+    TOKEN = 1
+    PUBLIC = 2
+
+
+class Exposure(msgspec.Struct):
+    """A URL to a guest port, valid while the workspace is AVAILABLE in the execution
+    (`generation`) and data-plane revision it was made in: a stop, force stop, revoke,
+    delete or new start ends it in the same commit, as it ends a data-plane credential."""
+
+    id: str
+    port: int
+    access: ExposureAccess
+    generation: int
+    revision: int
+    create_time: float
+    command_id: str
+    expire_time: float | None = None
+    # sha256 of the token (access TOKEN); the token itself is shown once, at creation.
+    token_sha256: str = ""
+
+
 class Workspace(msgspec.Struct):
     id: str
     seq: int
@@ -317,6 +356,22 @@ class Workspace(msgspec.Struct):
     stale_copies: list[StaleCopy] = msgspec.field(default_factory=list)
     # Derived at every save (domain/conditions.py); stored for their transition times.
     conditions: list[Condition] = msgspec.field(default_factory=list)
+    # URLs to guest ports (at most MAX_EXPOSURES); only those of the current execution and
+    # data-plane revision are valid (`valid_exposures`).
+    exposures: list[Exposure] = msgspec.field(default_factory=list)
+
+    def valid_exposures(self, now: float) -> list[Exposure]:
+        """The exposures a request may use now: AVAILABLE, not being deleted, made in this
+        execution and data-plane revision, not expired."""
+        if self.state is not WorkspaceState.AVAILABLE or self.deletion_started or self.deleted:
+            return []
+        return [
+            e
+            for e in self.exposures
+            if e.generation == self.generation
+            and e.revision == self.data_plane_revision
+            and (e.expire_time is None or e.expire_time > now)
+        ]
 
 
 class CommandError(msgspec.Struct):
@@ -377,6 +432,10 @@ class Instance(msgspec.Struct):
     restart_count: int = 0
     holds: list[Component] = msgspec.field(default_factory=list)
     observe_time: float | None = None
+    # The policy its node enforces; `network_revision` counts live changes (SetWorkspaceNetworkPolicy
+    # while AVAILABLE): a node applies a newer one without a restart (engine/node_agent.py).
+    network_policy: NetworkPolicy | None = None
+    network_revision: int = 0
     # The step a stall or failure fault was armed for, etc. live in the runtime, not here.
 
     @property

@@ -56,6 +56,9 @@ _AVAILABLE_OPS: Mapping[Op, Guard] = {
     Op.CLEAR_EXPIRATION: Guard.ALWAYS,
     Op.REVOKE_DATA_PLANE_ACCESS: Guard.ALWAYS,
     Op.SET_LABELS: Guard.ALWAYS,
+    # URLs to guest ports: only to a running guest (a stop ends them all).
+    Op.CREATE_EXPOSURE: Guard.ALWAYS,
+    Op.DELETE_EXPOSURE: Guard.ALWAYS,
 }
 
 # state -> operation -> guard. An operation missing from a state's row is a CONFLICT.

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
+from . import domains
 from .errors import InvalidArgument, ReservedCommandId
 from .model import NetworkEgress, NetworkPolicy, Resources, WorkspaceState
 from .rules import RESERVED_PREFIXES
@@ -36,6 +38,8 @@ MAX_ANNOTATIONS_BYTES = 64 * 1024
 # A network policy's CIDRs (each is parsed by ipaddress, ~3 us: 280,000 of them in one 4 MiB
 # request held the event loop for 1.2 s, and were stored).
 MAX_CIDRS = 256
+# Domain rules and ports in one network policy, each list.
+MAX_POLICY_ENTRIES = 64
 # The volumes a create binds (each is looked up in the store, in the create's transaction).
 MAX_VOLUMES = 32
 # How much of a request's value an error message quotes.
@@ -148,19 +152,57 @@ def annotation_map(values: Mapping[str, str]) -> dict[str, str]:
     return dict(values)
 
 
-def network_policy(egress: int, cidrs: Sequence[str], field: str = "network_policy") -> NetworkPolicy:
+def network_policy(policy: Any, field: str = "network_policy") -> NetworkPolicy:
+    """A NetworkPolicy message's fields checked (egress, CIDRs, domains, ports), each list
+    bounded before it is read."""
+    egress = int(policy.egress)
     try:
         mode = NetworkEgress(egress) if egress else NetworkEgress.ALLOW_ALL
     except ValueError:
         raise InvalidArgument(f"unknown egress value {egress}", field=f"{field}.egress") from None
-    if cidrs and mode is not NetworkEgress.ALLOW_LISTED:
-        raise InvalidArgument("allowed_cidrs needs NETWORK_EGRESS_ALLOW_LISTED", field=f"{field}.allowed_cidrs")
-    if len(cidrs) > MAX_CIDRS:
-        raise InvalidArgument(f"at most {MAX_CIDRS} allowed_cidrs", field=f"{field}.allowed_cidrs")
-    for cidr in cidrs:
-        if not _is_network(cidr):
-            raise InvalidArgument(f"{quote(cidr)} is not a CIDR", field=f"{field}.allowed_cidrs")
-    return NetworkPolicy(egress=mode, allowed_cidrs=list(cidrs))
+    lists = {
+        "allowed_cidrs": policy.allowed_cidrs,
+        "denied_cidrs": policy.denied_cidrs,
+        "allowed_domains": policy.allowed_domains,
+        "denied_domains": policy.denied_domains,
+        "allowed_ports": policy.allowed_ports,
+    }
+    for name, values in lists.items():
+        bound = MAX_CIDRS if name.endswith("cidrs") else MAX_POLICY_ENTRIES
+        if len(values) > bound:
+            raise InvalidArgument(f"at most {bound} {name}", field=f"{field}.{name}")
+        if not values:
+            continue
+        if name.startswith("allowed") and mode is not NetworkEgress.ALLOW_LISTED:
+            raise InvalidArgument(f"{name} needs NETWORK_EGRESS_ALLOW_LISTED", field=f"{field}.{name}")
+        if name.startswith("denied") and mode is NetworkEgress.DENY_ALL:
+            raise InvalidArgument(
+                f"{name} needs NETWORK_EGRESS_ALLOW_ALL or _ALLOW_LISTED (DENY_ALL denies everything)",
+                field=f"{field}.{name}",
+            )
+    for name in ("allowed_cidrs", "denied_cidrs"):
+        for cidr in lists[name]:
+            if not _is_network(cidr):
+                raise InvalidArgument(f"{quote(cidr)} is not a CIDR", field=f"{field}.{name}")
+    rules: dict[str, list[str]] = {}
+    for name in ("allowed_domains", "denied_domains"):
+        rules[name] = []
+        for text in lists[name]:
+            try:
+                rules[name].append(domains.normalize_rule(text[: domains.MAX_RULE_CHARS + 1]))
+            except ValueError as error:
+                raise InvalidArgument(f"{quote(text)}: {error}", field=f"{field}.{name}") from None
+    for port in lists["allowed_ports"]:
+        if not 1 <= port <= 65535:
+            raise InvalidArgument(f"port {port} is not 1..65535", field=f"{field}.allowed_ports")
+    return NetworkPolicy(
+        egress=mode,
+        allowed_cidrs=list(policy.allowed_cidrs),
+        denied_cidrs=list(policy.denied_cidrs),
+        allowed_domains=list(dict.fromkeys(rules["allowed_domains"])),
+        denied_domains=list(dict.fromkeys(rules["denied_domains"])),
+        allowed_ports=sorted(set(policy.allowed_ports)),
+    )
 
 
 def _is_network(cidr: str) -> bool:

@@ -36,7 +36,7 @@ from ..domain.reports import (
     Stopped,
     StorageReleased,
 )
-from ..runtime.base import DestroyError, LaunchError, RestartError, Runtime, SyncError
+from ..runtime.base import DestroyError, LaunchError, NetworkControl, RestartError, Runtime, SyncError
 from .node_link import (
     MAX_BATCH_REPORTS,
     ControlPlaneLink,
@@ -95,6 +95,11 @@ class NodeAgent:
         self._storage: dict[str, asyncio.Task[None]] = {}
         # Deleted volumes whose files this node's storage pool may hold.
         self._volumes: dict[str, asyncio.Task[None]] = {}
+        # Live network policy changes (SetWorkspaceNetworkPolicy while AVAILABLE): per instance
+        # the newest revision and policy wanted, and the one task applying them in order.
+        self._network_wanted: dict[str, Instance] = {}
+        self._network_applied: dict[str, int] = {}
+        self._network_tasks: dict[str, asyncio.Task[None]] = {}
         self._adopted = False
         self.lease_seconds = 0.0
         # Set once the first snapshot is taken in (tests and `kibo-ctrl node` wait for it).
@@ -110,6 +115,7 @@ class NodeAgent:
     async def stop(self) -> None:
         tasks = [t.task for t in self._tasks.values()] + list(self._storage.values()) + list(self._volumes.values())
         tasks += self._senders.values()
+        tasks += self._network_tasks.values()
         for task in tasks:
             task.cancel()
         for task in tasks:
@@ -169,6 +175,7 @@ class NodeAgent:
             self._consider_volume(item)
 
     def _consider(self, instance: Instance) -> None:
+        self._consider_network(instance)
         if instance.step == instance.done_step or instance.step <= self._started.get(instance.id, 0):
             return
         current = self._tasks.get(instance.id)
@@ -177,6 +184,49 @@ class NodeAgent:
         self._started[instance.id] = instance.step
         task = asyncio.create_task(self._act(instance), name=f"node-agent {instance.id} step {instance.step}")
         self._tasks[instance.id] = _Task(instance.step, task)
+
+    def _consider_network(self, instance: Instance) -> None:
+        """A newer live network policy for a running instance: applied by the runtime without a
+        restart (after a restart of this process, the feed's snapshot applies the newest again:
+        applying is idempotent)."""
+        if instance.network_policy is None or instance.network_revision <= self._network_applied.get(instance.id, 0):
+            return
+        if not isinstance(self.runtime, NetworkControl) or instance.desired is not Desired.RUNNING:
+            return
+        self._network_wanted[instance.id] = instance
+        if instance.id not in self._network_tasks:
+            task = asyncio.create_task(self._apply_network(instance.id), name=f"node-agent {instance.id} network")
+            self._network_tasks[instance.id] = task
+
+    async def _apply_network(self, instance_id: str) -> None:
+        runtime = self.runtime
+        assert isinstance(runtime, NetworkControl)
+        delay = 0.2
+        try:
+            while (wanted := self._network_wanted.get(instance_id)) is not None:
+                if wanted.network_revision <= self._network_applied.get(instance_id, 0):
+                    del self._network_wanted[instance_id]
+                    continue
+                assert wanted.network_policy is not None
+                try:
+                    await runtime.set_network_policy(instance_id, wanted.network_policy)
+                except Exception as error:  # the runtime's failure: logged, tried again
+                    log.warning(
+                        "node %s: applying network policy revision %d to %s failed (%s): retrying in %.1f s",
+                        self.node.id,
+                        wanted.network_revision,
+                        instance_id,
+                        error,
+                        delay,
+                    )
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, RETRY_MAX_S)
+                    continue
+                self._network_applied[instance_id] = max(
+                    self._network_applied.get(instance_id, 0), wanted.network_revision
+                )
+        finally:
+            self._network_tasks.pop(instance_id, None)
 
     async def _act(self, instance: Instance) -> None:
         step = instance.step

@@ -25,6 +25,7 @@ from ..domain.errors import (
     RevisionMismatch,
 )
 from ..domain.model import (
+    MAX_EXPOSURES,
     Binding,
     Command,
     CommandKind,
@@ -33,6 +34,8 @@ from ..domain.model import (
     EventType,
     Expiration,
     ExpirationAction,
+    Exposure,
+    ExposureAccess,
     NetworkPolicy,
     Phase,
     Resources,
@@ -84,6 +87,23 @@ class CommandRequest:
     tenant: str = "default"
     # MoveWorkspace: the node to hold the disks.
     target_node: str = ""
+    # CreateWorkspaceExposure / DeleteWorkspaceExposure.
+    exposure: ExposureRequest | None = None
+    # CreateWorkspaceExposure's token, for its answer only: never stored (its digest is).
+    exposure_token: str = field(default="", repr=False)
+
+
+@dataclass(frozen=True)
+class ExposureRequest:
+    """What CreateWorkspaceExposure asks (its ID and token made by the API before the
+    transaction: the token is answered once, only its digest is stored), or which exposure
+    DeleteWorkspaceExposure ends."""
+
+    exposure_id: str
+    port: int = 0
+    access: ExposureAccess = ExposureAccess.TOKEN
+    expire_in_seconds: int = 0
+    token_sha256: str = ""
 
 
 @dataclass(frozen=True)
@@ -358,6 +378,12 @@ class Service:
         when = "now" if workspace.state is WorkspaceState.AVAILABLE else "at the next start"
         command = self._immediate(tx, workspace, request, f"network policy changed, effective {when}")
         workspace.network_policy = request.network_policy
+        instance = tx.get_instance(workspace.instance_id) if workspace.instance_id else None
+        if instance is not None and workspace.state is WorkspaceState.AVAILABLE:
+            # Its node applies it live (engine/node_agent.py), without a restart.
+            instance.network_policy = request.network_policy
+            instance.network_revision += 1
+            tx.put_instance(instance)
         save(tx, workspace, None)
         return command
 
@@ -388,6 +414,50 @@ class Service:
         if volume is not None:
             volume.workspace_id = None
             tx.put_volume(volume)
+        save(tx, workspace, None)
+        return command
+
+    @on_workspace
+    def create_workspace_exposure(self, tx: Tx, workspace: Workspace, request: CommandRequest) -> Command:
+        wanted = request.exposure
+        assert wanted is not None
+        rules.check(request.kind, steps.rule_facts(workspace))
+        valid = workspace.valid_exposures(tx.now)
+        if any(e.port == wanted.port for e in valid):
+            raise Conflict(
+                f"port {wanted.port} of {workspace.id} is exposed already: delete that exposure first",
+                field="port",
+            )
+        if len(valid) >= MAX_EXPOSURES:
+            raise Conflict(f"{workspace.id} has {MAX_EXPOSURES} exposures, the most it may have", field="port")
+        command = self._immediate(tx, workspace, request, f"port {wanted.port} exposed")
+        workspace.exposures = [
+            *valid,
+            Exposure(
+                id=wanted.exposure_id,
+                port=wanted.port,
+                access=wanted.access,
+                generation=workspace.generation,
+                revision=workspace.data_plane_revision,
+                create_time=tx.now,
+                command_id=request.command_id,
+                expire_time=tx.now + wanted.expire_in_seconds if wanted.expire_in_seconds else None,
+                token_sha256=wanted.token_sha256,
+            ),
+        ]
+        save(tx, workspace, None)
+        return command
+
+    @on_workspace
+    def delete_workspace_exposure(self, tx: Tx, workspace: Workspace, request: CommandRequest) -> Command:
+        assert request.exposure is not None
+        exposure_id = request.exposure.exposure_id
+        rules.check(request.kind, steps.rule_facts(workspace))
+        valid = workspace.valid_exposures(tx.now)
+        if not any(e.id == exposure_id for e in valid):
+            raise NotFound(f"exposure {exposure_id} of {workspace.id} not found", field="exposure_id")
+        command = self._immediate(tx, workspace, request, f"exposure {exposure_id} deleted")
+        workspace.exposures = [e for e in valid if e.id != exposure_id]
         save(tx, workspace, None)
         return command
 

@@ -277,8 +277,10 @@ def end_release(workspace: Workspace) -> None:
 
 
 def revoke_credentials(workspace: Workspace) -> None:
-    """Every data-plane credential issued so far stops working (they carry the revision)."""
+    """Every data-plane credential issued so far stops working (they carry the revision), and
+    every exposure ends (the proxies cut their connections when they see this commit)."""
     workspace.data_plane_revision += 1
+    workspace.exposures = []
 
 
 def begin_release(tx: Tx, workspace: Workspace) -> None:

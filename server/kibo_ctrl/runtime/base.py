@@ -192,6 +192,14 @@ class GuestPorts(Protocol):
         ...
 
 
+@runtime_checkable
+class NetworkControl(Protocol):
+    async def set_network_policy(self, instance_id: str, policy: NetworkPolicy) -> None:
+        """Enforce `policy` on a running instance's guest now, without a restart (connections
+        the new policy forbids are cut); idempotent. Raises when it could not."""
+        ...
+
+
 class MachineObserver(Protocol):
     """Reads off this machine which parts of a workspace are present (cleanup status)."""
 

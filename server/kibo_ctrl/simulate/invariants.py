@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
-from ..domain.model import Command, Node, Workspace
+from ..domain.model import Command, Desired, Instance, Node, Workspace
 from ..domain.model import WorkspaceState as S
 from ..store.base import Reader, WorkspaceQuery
 
@@ -74,6 +74,7 @@ def check_store(
             broken.append(f"{workspace.id}: version went back from {seen.version[workspace.id]} to {workspace.version}")
         seen.version[workspace.id] = workspace.version
         instances = reader.list_instances(workspace.id)
+        broken.extend(_exposures(workspace, instances))
         holding = [i.id for i in instances if i.holds]
         if len(holding) > 1:
             broken.append(f"{workspace.id}: {len(holding)} instances hold parts at once: {holding}")
@@ -101,6 +102,22 @@ def check_store(
             broken.append(f"acknowledged command {tenant}/{command_id} is not in the store")
         elif (stored.workspace_id, stored.kind) != (command.workspace_id, command.kind):
             broken.append(f"acknowledged command {command_id} changed: {command} -> {stored}")
+    return broken
+
+
+def _exposures(workspace: Workspace, instances: list[Instance]) -> list[str]:
+    """No exposure outlives its execution: one that a request could use (expiry aside) is of
+    the workspace's running instance; a stopped or deleted workspace keeps none at all."""
+    broken: list[str] = []
+    current = next((i for i in instances if i.id == workspace.instance_id), None)
+    for exposure in workspace.valid_exposures(0.0):
+        if current is None or current.generation != exposure.generation or current.desired is not Desired.RUNNING:
+            broken.append(
+                f"{workspace.id}: exposure {exposure.id} of generation {exposure.generation} outlives its execution "
+                f"(instance {getattr(current, 'id', None)}, desired {getattr(current, 'desired', None)})"
+            )
+    if workspace.state in (S.STOPPED, S.DELETED) and workspace.exposures:
+        broken.append(f"{workspace.id} is {workspace.state.name} and keeps {len(workspace.exposures)} exposures")
     return broken
 
 

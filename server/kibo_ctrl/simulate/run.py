@@ -26,12 +26,13 @@ from ..domain.model import (
     Command,
     CommandKind,
     ExpirationAction,
+    ExposureAccess,
     NetworkEgress,
     NetworkPolicy,
     Resources,
     WorkspaceState,
 )
-from ..engine.service import CommandRequest, CreateSpec
+from ..engine.service import CommandRequest, CreateSpec, ExposureRequest
 from ..runtime.sim.disks import SimDisk
 from ..runtime.sim.simulator import Fault, SimBoard
 from ..store.base import Changes
@@ -40,7 +41,7 @@ from .cluster import ControlPlane, Shape
 from .loop import Deadlock, VirtualClock, VirtualTimeLoop
 from .moves import MoveWatch, check_leftovers, check_running
 from .store import MemoryDatabase
-from .workload import Act, Step, plan, with_moves
+from .workload import Act, Step, plan, with_exposures, with_moves
 
 SIZES = {1: (1, 512), 2: (2, 2048), 3: (4, 4096), 4: (8, 8192)}
 # Virtual seconds the final phase gives the system to settle, per round.
@@ -86,6 +87,8 @@ class _State:
     sent: list[_Sent] = field(default_factory=list)
     acknowledged: dict[tuple[str, str], Command] = field(default_factory=dict)
     counter: int = 0
+    # By workspace: the exposure IDs its creates asked for (a delete picks one).
+    exposures: dict[str, list[str]] = field(default_factory=dict)
 
 
 class _ErrorLog(logging.Handler):
@@ -331,6 +334,10 @@ class Simulation:
             node.step_s = self.shape.step_s * (1, 1, 10, 100, 1000)[step.size]
         elif act is Act.MOVE:
             await self._move(step.ref)
+        elif act is Act.EXPOSE:
+            target = self._workspace(step.ref)
+            if target is not None:
+                self._send(self._exposure_request(step, target))
 
     async def _restart(self) -> None:
         plane = self.plane
@@ -438,6 +445,31 @@ class Simulation:
         command_id = self._next_id(kind.name.lower())
         fingerprint = f"{kind.name} {workspace_id} {sorted(base.items())!r}"
         return CommandRequest(kind, command_id, fingerprint, workspace_id=workspace_id, tenant=tenant, **base)
+
+    def _exposure_request(self, step: Step, target: tuple[str, str]) -> CommandRequest:
+        """A create of port 8000 + size (expiring after 5 x size s when size is odd, public
+        when it is 4), or a delete of one of the exposures made on the workspace so far (or of
+        one that never existed: NotFound)."""
+        tenant, workspace_id = target
+        command_id = self._next_id(step.kind.name.lower())
+        if step.kind is CommandKind.CREATE_EXPOSURE:
+            exposure_id = self._next_id("ex")
+            self.state.exposures.setdefault(workspace_id, []).append(exposure_id)
+            public = step.size == 4
+            exposure = ExposureRequest(
+                exposure_id=exposure_id,
+                port=8000 + step.size,
+                access=ExposureAccess.PUBLIC if public else ExposureAccess.TOKEN,
+                expire_in_seconds=5 * step.size if step.size % 2 else 0,
+                token_sha256="" if public else f"sha-{exposure_id}",
+            )
+        else:
+            made = self.state.exposures.get(workspace_id) or [f"ex-never-{step.ref}"]
+            exposure = ExposureRequest(exposure_id=made[step.ref % len(made)])
+        fingerprint = f"{step.kind.name} {workspace_id} {exposure!r}"
+        return CommandRequest(
+            step.kind, command_id, fingerprint, workspace_id=workspace_id, tenant=tenant, exposure=exposure
+        )
 
     @staticmethod
     def _with_fingerprint(request: CommandRequest, extra: str) -> CommandRequest:
@@ -697,7 +729,9 @@ def full_plan(seed: int, steps: int, moves: bool = True) -> list[Step]:
     """The seed's `steps` steps, as they were before moves existed (workload.plan), and with
     `moves` the MOVE steps of the seed's own stream between them."""
     drawn = plan(random.Random(seed), steps)
-    return with_moves(drawn, random.Random(f"{seed}/moves")) if moves else drawn
+    if not moves:
+        return drawn
+    return with_exposures(with_moves(drawn, random.Random(f"{seed}/moves")), random.Random(f"{seed}/exposures"))
 
 
 def violation_kind(outcome: Outcome) -> str:

@@ -28,6 +28,7 @@ class Act(Enum):
     SLOW = "slow"  # a node's runtime steps take longer (or normal again)
     WAIT = "wait"  # time passes
     MOVE = "move"  # an operator's MoveWorkspace: a workspace (STOPPED ones first) to a node
+    EXPOSE = "expose"  # CreateWorkspaceExposure or DeleteWorkspaceExposure (`kind`) on a workspace
 
 
 @dataclass(frozen=True)
@@ -125,4 +126,22 @@ def with_moves(steps: list[Step], rng: random.Random) -> list[Step]:
         out.append(step)
         if rng.random() < MOVE_CHANCE:
             out.append(Step(Act.MOVE, rng.randrange(1 << 16), CommandKind.MOVE, after=rng.choice(AFTER)))
+    return out
+
+
+# Exposures (issue 28): made and deleted between the steps, drawn from the seed's own stream
+# (as moves are), so every seed's other steps stay what they were.
+EXPOSE_CHANCE = 0.06
+
+
+def with_exposures(steps: list[Step], rng: random.Random) -> list[Step]:
+    """`steps` with EXPOSE steps drawn from `rng` put between them (the others unchanged and
+    in their order): two creates for each delete; `size` picks the port and the expiry."""
+    out: list[Step] = []
+    for step in steps:
+        out.append(step)
+        if rng.random() < EXPOSE_CHANCE:
+            kind = rng.choice((CommandKind.CREATE_EXPOSURE, CommandKind.CREATE_EXPOSURE, CommandKind.DELETE_EXPOSURE))
+            size, after = rng.randrange(1, 5), rng.choice(AFTER)
+            out.append(Step(Act.EXPOSE, rng.randrange(1 << 16), kind, size=size, after=after))
     return out

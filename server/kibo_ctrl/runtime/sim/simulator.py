@@ -13,7 +13,16 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 
-from ...domain.model import EXECUTION_PARTS, Backend, Component, Instance, Phase, StopDurability, VolumeState
+from ...domain.model import (
+    EXECUTION_PARTS,
+    Backend,
+    Component,
+    Instance,
+    NetworkPolicy,
+    Phase,
+    StopDurability,
+    VolumeState,
+)
 from ...domain.moves import MOVE_CAPABILITY, MoveRefused, NodeUnreachable, StoredFile
 from ...domain.reports import ExitReason, GuestOomKill, GuestReset, GuestResponding, Report, VmmExited
 from ..base import DestroyError, LaunchError, LaunchSpec, RestartError, SyncError
@@ -66,6 +75,9 @@ class SimVm:
     alive: bool = True
     # False while the guest does not answer (hung; powered off under firecracker).
     responding: bool = True
+    # The network policy its node enforces (at launch, then each live change).
+    network: NetworkPolicy | None = None
+    network_changes: int = 0
 
 
 @dataclass
@@ -177,8 +189,17 @@ class SimNode:
             self.disk.write_run(workspace_id, name, instance.generation)
         await progress(Phase.LAUNCHING, created)
         await asyncio.sleep(self.step_s)
-        self.vms[instance.id] = SimVm(instance.id, workspace_id)
+        self.vms[instance.id] = SimVm(instance.id, workspace_id, network=spec.network_policy)
         return created
+
+    async def set_network_policy(self, instance_id: str, policy: NetworkPolicy) -> None:
+        """A live policy change (runtime.base.NetworkControl): one step, on a VMM that runs."""
+        await asyncio.sleep(self.step_s)
+        vm = self.vms.get(instance_id)
+        if vm is None or not vm.alive:
+            raise SimError(f"simulated: {instance_id} has no running VMM to apply a network policy to")
+        vm.network = policy
+        vm.network_changes += 1
 
     async def restart(self, instance: Instance) -> None:
         await asyncio.sleep(self.step_s)
