@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 
-from kibo_ctrl.transport.exposure_proxy import ExposureLimits, ExposureProxy, ExposureTarget, UpstreamStream
+from kibo_ctrl.transport.exposure_proxy import CHUNK, ExposureLimits, ExposureProxy, ExposureTarget, UpstreamStream
 
 MIB = 1 << 20
 HOST = "3000-ws-bench.localhost"
@@ -62,7 +62,7 @@ class _Upstream:
         self._reader, self._writer = reader, writer
 
     async def read(self) -> bytes:
-        return await self._reader.read(65536)
+        return await self._reader.read(CHUNK)
 
     async def write(self, data: bytes) -> None:
         self._writer.write(data)
@@ -85,7 +85,7 @@ class _Router:
         return ExposureTarget("ws-bench", 3000, host, self._open, self._revoked)
 
     async def _open(self) -> UpstreamStream:
-        reader, writer = await asyncio.open_connection("127.0.0.1", self._port)
+        reader, writer = await asyncio.open_connection("127.0.0.1", self._port, limit=CHUNK)
         return _Upstream(reader, writer)
 
 

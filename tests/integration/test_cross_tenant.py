@@ -186,6 +186,23 @@ CASES: dict[str, tuple[Case, ...]] = {
     "WorkspaceService/RevokeWorkspaceDataPlaneAccess": (
         Case("workspace", lambda i, w: ws.RevokeWorkspaceDataPlaneAccessRequest(metadata=meta(), workspace_id=i)),
     ),
+    "WorkspaceService/CreateWorkspaceExposure": (
+        Case(
+            "workspace",
+            lambda i, w: ws.CreateWorkspaceExposureRequest(metadata=meta(), workspace_id=i, port=8000),
+        ),
+    ),
+    "WorkspaceService/ListWorkspaceExposures": (
+        Case("workspace", lambda i, w: ws.ListWorkspaceExposuresRequest(workspace_id=i)),
+    ),
+    "WorkspaceService/DeleteWorkspaceExposure": (
+        Case(
+            "workspace",
+            lambda i, w: ws.DeleteWorkspaceExposureRequest(
+                metadata=meta(), workspace_id=i, exposure_id="ex-0123456789abcdef0123"
+            ),
+        ),
+    ),
     "WorkspaceObservationService/GetWorkspaceCleanup": (
         Case("workspace", lambda i, w: obs.GetWorkspaceCleanupRequest(workspace_id=i)),
     ),

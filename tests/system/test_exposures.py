@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -26,10 +27,12 @@ from kibo.ctrl.v1 import workspace_pb2 as wp
 from kibo.ctrl.v1 import workspace_service_pb2 as ws
 
 from tests.client import Client, S, error_of, meta
-from tests.server import ServerProcess
+from tests.nodes import list_nodes
+from tests.server import ServerProcess, free_port
 from tests.system.test_durability import eventually
+from tests.system.test_guest_ports import _node, _placed_on
 from tests.system.test_process_runtime import SMALL, DataPlane, _require_sandbox, reap, supervisors
-from tests.system.test_resource_model import PROCESS
+from tests.system.test_resource_model import PROCESS, process_server
 
 PORT = 8000
 
@@ -423,3 +426,42 @@ async def test_after_a_start_a_new_exposure_serves_and_the_old_one_is_gone(expos
         # The old token does not open the new exposure of the same port.
         assert (await http.get(url_host(new), headers={"X-Kibo-Exposure-Token": old.token}))[0] == 403
         await client.delete(workspace_id)
+
+
+# -- across machines: the workspace on a node agent, the URL on the control plane -------------
+
+
+@pytest.mark.timeout(180)
+async def test_an_exposure_of_a_workspace_on_a_node_agent_answers_through_the_control_plane(
+    server_factory: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
+    """The control plane (any replica: it reads the store) serves the URL; the bytes go
+    through the node's guest hop (NodeGuestService.OpenGuestPort, mutual TLS)."""
+    _require_sandbox()
+    with process_server(server_factory, "--node-timeout-ms", "3000") as server:
+        node = _node(server, tmp_path, "node-r", free_port()).start()
+        try:
+            async with Client.connect(server.address) as client:
+
+                async def joined() -> bool | None:
+                    return True if "node-r" in await list_nodes(server.address) else None
+
+                await eventually(joined, within=30, what="node-r joined")
+                local_id = next(n for n in await list_nodes(server.address) if n != "node-r")
+                there = await _placed_on(client, server, "node-r", [local_id])
+                await serve_web(client, there.workspace_id)
+                exposure = await expose(client, there.workspace_id)
+                http = Http(server)
+                status, _, body = await answered(http, exposure, **{"X-Kibo-Exposure-Token": exposure.token})
+                assert status == 200 and body.startswith("hello from the guest"), body
+                socket = await WebSocket.open(http, exposure)
+                assert await socket.echo("across machines") == "across machines"
+                started = time.monotonic()
+                await client.stop(there.workspace_id)
+                took = await socket.cut_within(5.0) + (time.monotonic() - started)
+                await closed(socket.writer)
+                print(f"through the node's hop: the open WebSocket was cut {1000 * took:.0f} ms after the stop")
+                assert (await http.get(url_host(exposure), headers={"X-Kibo-Exposure-Token": exposure.token}))[0] == 410
+                await client.delete(there.workspace_id)
+        finally:
+            node.stop()

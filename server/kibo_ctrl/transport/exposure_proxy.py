@@ -46,7 +46,7 @@ from .tls import Tls
 
 log = logging.getLogger(__name__)
 
-CHUNK = 64 * 1024
+CHUNK = 256 * 1024
 TOKEN_HEADER = b"x-kibo-exposure-token"
 TOKEN_COOKIE = b"kibo_exposure_token"
 TOKEN_QUERY = b"kibo_token"
