@@ -561,6 +561,7 @@ class App:
             return
         await proxy.start()
         self.exposure_proxy = proxy
+        self.api.add_capability("workspace.exposures")
         self.exposures.settings = replace(self.exposures.settings, listen_port=proxy.port)
         log.info("exposures served on %s (URLs like %s)", address, self.exposures.settings.url("ws-...", 8000))
 

@@ -365,6 +365,11 @@ class Api:
                 workspace, version = snapshot, snapshot.version
                 yield self._watch_response(workspace)
 
+    def add_capability(self, capability: str) -> None:
+        """One this server has beyond its runtimes' (e.g. `workspace.exposures`, once its
+        exposure listener serves)."""
+        self._capabilities = sorted({*self._capabilities, capability})
+
     async def get_capabilities(
         self, request: ws_pb2.GetCapabilitiesRequest, caller: Caller
     ) -> ws_pb2.GetCapabilitiesResponse:
