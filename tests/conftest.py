@@ -90,6 +90,12 @@ def server_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callabl
                 server.stop(10)
             except subprocess.TimeoutExpired:
                 server.kill()
+    # A guest network namespace, veth, nftables table, address claim or ip_forward flip of a
+    # server's data dir left behind (runtime/process/network/: its tests' teardown reaps them).
+    from kibo_ctrl.runtime.process.network import leftovers
+
+    left = {str(server.data_dir): found for server in started if (found := leftovers(server.data_dir))}
+    assert not left, f"guest networks left behind: {left}"
 
 
 @pytest.fixture(scope="session")

@@ -172,6 +172,10 @@ def reap(data_dir: Path) -> None:
                 time.sleep(0.01)
         with contextlib.suppress(OSError):
             parent.rmdir()
+    # Its guests' network slots, nftables table and address claim (runtime/process/network/).
+    from kibo_ctrl.runtime.process import network
+
+    network.reap(data_dir)
 
 
 @contextlib.contextmanager

@@ -9,12 +9,13 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
-from ..domain.model import Instance, Phase, StopDurability
+from ..domain.model import Instance, NetworkPolicy, Phase, StopDurability
 from ..runtime.base import (
     DestroyError,
     GuestLimitCounters,
     LaunchError,
     LaunchSpec,
+    NetworkControl,
     RestartError,
     Runtime,
     SyncError,
@@ -70,6 +71,12 @@ class MeteredRuntime:
 
     def adopt(self, instances: list[Instance]) -> None:
         self.inner.adopt(instances)
+
+    async def set_network_policy(self, instance_id: str, policy: NetworkPolicy) -> None:
+        """runtime/base.py `NetworkControl`, passed to the inner runtime when it has it (one
+        without it has no guest network to change: nothing to do)."""
+        if isinstance(self.inner, NetworkControl):
+            await self.inner.set_network_policy(instance_id, policy)
 
     @asynccontextmanager
     async def _timed(self, operation: str, workspace_id: str, instance_id: str = "") -> AsyncIterator[None]:

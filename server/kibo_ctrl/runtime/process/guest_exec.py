@@ -171,7 +171,11 @@ def main() -> None:
                 path = host_path + path[len(guest_path.rstrip("/")) :]
         cwd = spec["cwd"] if cwd == "/" else cwd
     else:
-        names = NAMESPACES if own_userns else NAMESPACES[1:]
+        names: tuple[str, ...] = NAMESPACES if own_userns else NAMESPACES[1:]
+        if spec.get("netns"):
+            # A guest network slot (runtime/process/network/) belongs to the host's user
+            # namespace, not the guest's: joined first, while this process may.
+            names = ("net", *(name for name in names if name != "net"))
         fds = [os.open(f"ns/{name}", os.O_RDONLY, dir_fd=proc) for name in names]
         root = os.open("root", os.O_RDONLY | os.O_DIRECTORY, dir_fd=proc)
         # Not dumpable: no guest process may ptrace or open /proc/<this> while it is privileged.

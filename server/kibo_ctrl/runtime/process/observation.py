@@ -2,7 +2,8 @@
 
 The process runtime's `MachineObserver` (runtime/base.py): a workspace's cleanup status
 (GetWorkspaceCleanup) takes what the machine shows over what the store remembers. It only
-reads (layer and volume directories, loop devices, state.json, /proc, cgroup directories),
+reads (layer and volume directories, loop devices, state.json, /proc, cgroup directories,
+guest network namespaces and veths),
 so it stands apart from runtime.py, whose operations change the machine.
 """
 
@@ -14,6 +15,7 @@ from typing import Protocol
 from ...domain.model import Component
 from . import storage
 from .cgroups import Cgroups
+from .network import GuestNetworks
 from .supervisor_handle import lock_held, parent_pid, read_json, running
 
 
@@ -21,6 +23,7 @@ class ObservedHost(Protocol):
     """What observing needs of the runtime (ProcessRuntime): its paths and its cgroups."""
 
     cgroups: Cgroups
+    networks: GuestNetworks | None
 
     def instance_dir(self, instance_id: str) -> Path: ...
 
@@ -64,6 +67,9 @@ def observe(
     for part in (Component.LAYER_MOUNT, Component.NETWORK, Component.VOLUME_ATTACHMENT):
         seen[part] = guest_alive
     seen[Component.LAYER_MOUNT] = guest_alive or layer_mounted
+    if host.networks is not None:
+        # The guest's slot (namespace, veth) outlives its processes until it is released.
+        seen[Component.NETWORK] = guest_alive or host.networks.present(instance_id)
     if host.cgroups.parents:
         seen[Component.RESERVATION] = any((parent / instance_id).is_dir() for parent in host.cgroups.parents)
     return seen

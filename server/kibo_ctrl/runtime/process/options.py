@@ -65,6 +65,14 @@ class ProcessOptions:
     # (cgroups.py). 0: the kernel's task limit less a reserve (cgroups.node_pids_budget).
     # (KIBO_NODE_PIDS_MAX: the operator's override, and the tests' way to a small node.)
     pids_budget: int = field(default_factory=lambda: int(os.environ.get("KIBO_NODE_PIDS_MAX") or 0))
+    # Guest networking (runtime/process/network/; bwrap as root only): `--guest-network CIDR`
+    # (the guests' address pool; "": the first free /20 of 10.200.0.0/14; "off": no guest
+    # network, loopback only as before), `--guest-deny CIDR` (repeatable: blocked under every
+    # policy), `--guest-dns ADDR[:PORT]` (repeatable: the resolver's upstreams; none: the
+    # host's /etc/resolv.conf).
+    guest_network: str = ""
+    guest_deny: tuple[str, ...] = ()
+    guest_dns: tuple[str, ...] = ()
 
 
 def host_capacity() -> tuple[int, int]:
@@ -112,6 +120,11 @@ def options_from(settings: ProcessSettings, data_dir: Path) -> ProcessOptions:
         guest_ids=IdRange(base=settings.guest_id_base),
         disk_allocation_ratio=settings.disk_allocation_ratio,
         supervisor=settings.supervisor,
+        # Settings that do not name them (yet) keep the defaults.
+        # (KIBO_GUEST_NETWORK: the benchmark's way to compare with `off`.)
+        guest_network=str(getattr(settings, "guest_network", "") or os.environ.get("KIBO_GUEST_NETWORK", "")),
+        guest_deny=tuple(getattr(settings, "guest_deny", ()) or ()),
+        guest_dns=tuple(getattr(settings, "guest_dns", ()) or ()),
     )
 
 

@@ -177,8 +177,11 @@ def seed_layers(host: ProvisionHost, images: list[dict[str, Any]]) -> None:
             sandbox.seed_layer(seed / "upper", host_usr=host.options.base_image is None, owner=guest_root(host))
 
 
-def guest_plan(host: ProvisionHost, instance: Instance, layout: Layout) -> sandbox.GuestPlan:
-    """What the guest's sandbox is made of, in host paths (sandbox.command builds on it)."""
+def guest_plan(
+    host: ProvisionHost, instance: Instance, layout: Layout, netns: str = "", gateway: str = ""
+) -> sandbox.GuestPlan:
+    """What the guest's sandbox is made of, in host paths (sandbox.command builds on it).
+    `netns`, `gateway`: the guest's network slot (runtime/process/network/; "": none)."""
     return sandbox.GuestPlan(
         root=layout.upper if host.options.base_image is None else host.instance_dir(instance.id) / "root",
         base=host.options.base_image,
@@ -188,6 +191,8 @@ def guest_plan(host: ProvisionHost, instance: Instance, layout: Layout) -> sandb
         hostname=instance.workspace_id,
         command=host.options.guest_command,
         env={"KIBO_WORKSPACE_ID": instance.workspace_id, "KIBO_INSTANCE_ID": instance.id},
+        netns=netns,
+        resolv_conf=f"nameserver {gateway}\noptions timeout:2 attempts:2\n" if gateway else "",
     )
 
 
@@ -262,6 +267,9 @@ def write_spec(host: ProvisionHost, instance: Instance, layout: Layout, plan: sa
         "oom_protect_entry": not host.options.guest_command,
         # Where the supervisor hands its ready guest ("": it keeps it): supervisor_handover.py.
         "node_supervisor": host.node_supervisor_name(),
+        # The guest's network namespace, entered before its user namespace ("": bwrap makes one).
+        "netns": plan.netns,
+        "resolv_conf": plan.resolv_conf,
     }
     _save_spec(directory, spec)
 

@@ -67,8 +67,12 @@ Rootless (the control plane is not root): guests' user namespaces map only this 
 uid/gid (sandbox.rootless), nothing is chowned, limits are rlimits and layers and volumes
 plain directories; a guest escape reaches this user, not root (SECURITY.md).
 
-Not (yet) done here: the guest has loopback networking only, whatever the network
-policy; the guest runs as uid 0 of its own user namespace (host uid `--guest-id-base`) without
+Guest networking (as root with bubblewrap; rootless and `--sandbox none`: loopback only, said
+once at start): each guest is put in a network namespace of its own slot with a veth, NAT and
+its policy in nftables, and a resolver for its domain rules (network/: `GuestNetworks`);
+`set_network_policy` changes a running guest's policy at once. `--guest-network off`: none.
+
+Not (yet) done here: the guest runs as uid 0 of its own user namespace (host uid `--guest-id-base`) without
 capabilities; the cgroup v2 path is written but was not
 exercised on the (cgroup v1) machine this was built on.
 """
@@ -86,7 +90,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from ...domain.model import Backend, Component, Instance, Phase, StopDurability
+from ...domain.model import Backend, Component, Instance, NetworkPolicy, Phase, StopDurability
 from ...domain.moves import MOVE_CAPABILITY
 from ...domain.nodes import DiskStatus
 from ...domain.reports import Report
@@ -101,7 +105,7 @@ from ..base import (
     RestartError,
     SyncError,
 )
-from . import adoption, guest_ports, observation, provision, safepath, sandbox, seccomp, storage
+from . import adoption, guest_ports, network, observation, provision, safepath, sandbox, seccomp, storage
 from .cgroups import Cgroups
 from .disk_guard import DiskGuard
 from .fork_client import ForkServer
@@ -112,7 +116,7 @@ from .node_supervision import NodeSupervision
 from .options import ProcessOptions as ProcessOptions  # app.py imports it from here
 from .options import SupervisorMode, launch_marker
 from .provision import release_sync, safe
-from .supervisor_handle import Process, Supervised, kill_supervisor, read_json
+from .supervisor_handle import Process, Supervised, kill_supervisor, lock_held, read_json
 
 log = logging.getLogger(__name__)
 
@@ -209,6 +213,18 @@ class ProcessRuntime:
                 self.node_supervision.name_for_launch()  # started now: launches do not wait for it
             elif mode is SupervisorMode.NODE:
                 log.warning("--supervisor node needs bwrap as root with cgroups: each instance keeps its supervisor")
+        # Guests' networks (network/): as root with bubblewrap only.
+        self.networks: network.GuestNetworks | None = None
+        if options.guest_network == "off":
+            log.info("guest network off (--guest-network off): guests have loopback only")
+        elif self.isolation != "bwrap" or self.rootless:
+            log.warning("no guest network (%s): guests have loopback only", self.isolation_name)
+        else:
+            self.networks = network.GuestNetworks(
+                self.data_dir,
+                network.NetworkOptions(options.guest_network, options.guest_deny, options.guest_dns),
+                lambda instance_id: lock_held(self.instance_dir(instance_id)),
+            )
         log.info(
             "process runtime: isolation %s (guest ids: host %d+%d), limits %s, base image %s, personality %s",
             self.isolation_name,
@@ -282,12 +298,16 @@ class ProcessRuntime:
             caps.append("runtime.process.unisolated")
         if self.backend is Backend.KIBOVM:
             caps.append("workspace.stop.guest_shutdown")
+        if self.networks is not None:
+            caps.append("network.egress")
         return caps
 
     # -- adoption ---------------------------------------------------------------------
 
     def adopt(self, instances: list[Instance]) -> None:
         adoption.adopt(self, self._supervised, instances)
+        if self.networks is not None:
+            self.networks.adopt()  # slots found on the machine: their live owners keep them
 
     def _attach(self, instance_id: str) -> Supervised | None:
         """The live supervisor of the instance, if one runs (see adoption.attach)."""
@@ -329,11 +349,12 @@ class ProcessRuntime:
             # A launch re-driven after a control-plane restart: the supervisor runs already.
             await self._await_ready(current, created)
             return created
-        plan = provision.guest_plan(self, instance, layout)
         try:
+            slot = await self._attach_network(spec)
+            plan = provision.guest_plan(self, instance, layout, *slot)
             await asyncio.to_thread(provision.write_spec, self, instance, layout, plan)
-        except (OSError, ValueError) as error:
-            await asyncio.to_thread(release_sync, self.instance_dir(instance.id))
+        except (OSError, ValueError, RuntimeError) as error:
+            await self._release(instance.id)
             raise LaunchError(f"preparing the instance failed: {error}", volumes_created=created) from None
         mark("spec-written")
         supervised = self._spawn(instance.id)
@@ -342,6 +363,31 @@ class ProcessRuntime:
         await self._await_ready(supervised, created)
         mark("ready")
         return created
+
+    async def _attach_network(self, spec: LaunchSpec) -> tuple[str, str]:
+        """The guest's network slot with its policy applied: (netns path, gateway); none: ("", "")."""
+        if self.networks is None:
+            return "", ""
+        slot = await asyncio.to_thread(self.networks.attach, spec.instance.id, spec.network_policy)
+        return slot.path, str(slot.gateway)
+
+    async def _release(self, instance_id: str) -> bool:
+        """What a stopped instance holds: its cgroup and leftovers (provision.release_sync),
+        then its network slot. False if a cgroup could not be removed."""
+        released = await asyncio.to_thread(release_sync, self.instance_dir(instance_id))
+        if self.networks is not None:
+            await asyncio.to_thread(self.networks.release, instance_id)
+        return released
+
+    async def set_network_policy(self, instance_id: str, policy: NetworkPolicy) -> None:
+        """runtime/base.py `NetworkControl`: the running guest's policy now, one nftables
+        transaction; connections it forbids are cut (network/rules.py)."""
+        if self.networks is None:
+            return  # loopback only (rootless, --sandbox none, --guest-network off): nothing to open or close
+        try:
+            await asyncio.to_thread(self.networks.set_policy, instance_id, policy)
+        except KeyError:
+            raise GuestRefused("unavailable", "the guest is not running") from None
 
     def _open_door(self, instance_id: str) -> None:
         self.doors.open(instance_id, self.instance_dir(instance_id), bool(self.cgroups.parents))
@@ -384,7 +430,7 @@ class ProcessRuntime:
             info = supervised.exit_info or {}
             why = info.get("error") or f"the supervisor exited ({info.get('reason') or 'killed'})"
             tail = await asyncio.to_thread(self._log_tail, supervised.dir)
-            await asyncio.to_thread(release_sync, supervised.dir)
+            await self._release(supervised.instance_id)
             raise LaunchError(f"the guest did not become ready: {why}{tail}", volumes_created=created)
         finally:
             supervised.quiet -= 1
@@ -447,7 +493,7 @@ class ProcessRuntime:
             spec = read_json(directory / "spec.json") or {}
             if info.get("reason") != "stopped":
                 await self._bounded_sync(spec, self.options.force_sync_s)
-            await asyncio.to_thread(release_sync, directory)
+            await self._release(instance.id)
             return StopDurability.UNCONFIRMED
         if not (info.get("reason") == "stopped" and info.get("synced")):
             # The VMM was already gone: what its guest handed the kernel can still be synced.
@@ -455,7 +501,7 @@ class ProcessRuntime:
             error = await asyncio.to_thread(storage.sync_instance, spec)
             if error:
                 raise SyncError(f"the filesystem sync failed: {error}; the instance was not stopped")
-        await asyncio.to_thread(release_sync, directory)
+        await self._release(instance.id)
         return StopDurability.CONFIRMED
 
     async def _bounded_sync(self, spec: dict[str, Any], seconds: float) -> None:
@@ -477,7 +523,7 @@ class ProcessRuntime:
                 supervised.quiet -= 1
             if not supervised.closed:
                 raise DestroyError(f"the supervisor of {instance.id} does not exit")
-        if not await asyncio.to_thread(release_sync, directory):
+        if not await self._release(instance.id):
             raise DestroyError(f"releasing {instance.id} failed: its cgroup cannot be removed")
         await asyncio.to_thread(storage.remove_tree, directory, True)
         self._supervised.pop(instance.id, None)
@@ -553,4 +599,6 @@ class ProcessRuntime:
             await asyncio.to_thread(self.pool.close)
         if self.disk_guard is not None:
             await asyncio.to_thread(self.disk_guard.close)
+        if self.networks is not None:
+            await asyncio.to_thread(self.networks.close)
         self.cgroups.close()

@@ -3,7 +3,9 @@
 Two isolation modes, picked once at start-up (`detect`):
 - `bwrap`: bubblewrap inside the guest's own user namespace (see idmap.py and
   supervisor.py): own user, PID, mount, UTS, IPC, cgroup and network namespaces (loopback
-  only). The guest is PID 2 (bwrap is PID 1 and dies with the supervisor). No process of
+  only; as root, the network namespace is the guest's slot of runtime/process/network/,
+  entered by the supervisor, which bwrap then keeps: `GuestPlan.netns`). The guest is PID 2
+  (bwrap is PID 1 and dies with the supervisor). No process of
   the guest holds a capability (all sets and the bounding set empty), no_new_privs is set,
   and the seccomp filter of seccomp.py applies to everything in it. /proc/sys, /proc/bus,
   /proc/fs, /proc/irq and /proc/sysrq-trigger are read-only, the entries of
@@ -90,6 +92,8 @@ exec kill -USR2 "$(cat "$RUN/agent.pid")"
 # The empty file masked /proc files are bound from (/run/kibo/bin/empty): a masked file
 # reads as empty. (/dev/null, bound under /proc's nodev, refused every open with EACCES.)
 EMPTY = "empty"
+# The guest's resolv.conf, staged with the scripts (the supervisor writes it from the spec).
+RESOLV_CONF = "resolv.conf"
 GUEST_SCRIPTS = {"agent": AGENT, "reboot": REBOOT, "poweroff": POWEROFF, EMPTY: ""}
 
 # Read-only in the guest, and hidden (an empty file or directory over them), like the OCI
@@ -139,6 +143,11 @@ class GuestPlan:
     hostname: str
     command: tuple[str, ...]  # the entry command; empty: the guest agent
     env: dict[str, str] = field(default_factory=dict)
+    # The guest's network namespace (/run/netns/..., runtime/process/network/): the supervisor
+    # puts the guest in it and bwrap makes none ("": a namespace of its own, loopback only).
+    netns: str = ""
+    # The guest's /etc/resolv.conf ("": its own file): naming its gateway, where the resolver is.
+    resolv_conf: str = ""
 
 
 @dataclass(frozen=True)
@@ -175,7 +184,7 @@ def command(mode: str, plan: GuestPlan) -> Command:
         argv = [
             "bwrap",
             "--unshare-pid",
-            "--unshare-net",
+            *(() if plan.netns else ("--unshare-net",)),
             "--unshare-uts",
             "--unshare-ipc",
             "--unshare-cgroup",
@@ -198,6 +207,9 @@ def command(mode: str, plan: GuestPlan) -> Command:
         for source, target in plan.binds:
             argv += ["--bind", str(source), target]
         argv += ["--bind", str(plan.run_dir), GUEST_RUN, "--ro-bind", str(plan.run_dir / "bin"), GUEST_BIN]
+        if plan.resolv_conf:
+            # Written by the supervisor beside the agent scripts (staged, host root's, read-only).
+            argv += ["--ro-bind", str(plan.run_dir / "bin" / RESOLV_CONF), "/etc/resolv.conf"]
         argv += ["--chdir", "/", "--clearenv"]
         for key, value in guest_env.items():
             argv += ["--setenv", key, value]
@@ -303,7 +315,7 @@ ETC_DEFAULTS = {
     "passwd": "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
     "group": "root:x:0:\nnogroup:x:65534:\n",
     "hosts": "127.0.0.1\tlocalhost\n::1\tlocalhost\n",
-    "nsswitch.conf": "passwd: files\ngroup: files\nhosts: files\n",
+    "nsswitch.conf": "passwd: files\ngroup: files\nhosts: files dns\n",
 }
 
 

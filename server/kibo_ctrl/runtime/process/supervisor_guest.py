@@ -24,6 +24,7 @@ import selectors
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -62,6 +63,7 @@ else:
     from supervisor_os import check as _check
 
 CLONE_NEWNS = 0x00020000
+CLONE_NEWNET = 0x40000000
 MS_REC = 0x4000
 MS_PRIVATE = 1 << 18
 MS_NOSUID = 2
@@ -99,6 +101,7 @@ class GuestLaunch:
         namespace: userns.GuestNamespace | None
         ready_watch: int
         ready_watch_id: int
+        netns_fd: int  # the guest's network namespace (in_guest_netns), once opened
 
         def mark(self, step: str) -> None: ...
         def log(self, message: str) -> None: ...
@@ -261,6 +264,11 @@ class GuestLaunch:
             fd = os.open(f"{scripts}/{name}", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o755)
             with os.fdopen(fd, "wb") as copy:
                 copy.write(script)
+        if self.spec.get("resolv_conf"):
+            # The guest's /etc/resolv.conf (sandbox.RESOLV_CONF): its gateway, where its resolver is.
+            fd = os.open(f"{scripts}/resolv.conf", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+            with os.fdopen(fd, "w") as resolv:
+                resolv.write(self.spec["resolv_conf"])
         staged = {os.path.join(self.spec["run_dir"], "bin"): scripts}
         # Each file too: the masked /proc files are bound from one (sandbox.EMPTY).
         staged.update(
@@ -287,13 +295,38 @@ class GuestLaunch:
         if self.spec.get("node_supervisor"):
             # How the guest ends, for the node supervisor (supervisor_handover.py).
             self.status_fd, status = os.pipe2(os.O_CLOEXEC)
-        self.early = guest_start.EarlyGuest(
-            list(self.spec["cgroup_procs"]),
-            list(self.spec.get("rlimits", [])),
-            self.namespace,
-            self.guest_output(),
-            status,
-        )
+        with self.in_guest_netns():
+            self.early = guest_start.EarlyGuest(
+                list(self.spec["cgroup_procs"]),
+                list(self.spec.get("rlimits", [])),
+                self.namespace,
+                self.guest_output(),
+                status,
+            )
+
+    @contextlib.contextmanager
+    def in_guest_netns(self) -> Iterator[None]:
+        """This (single-threaded) process in the guest's network namespace (spec "netns",
+        runtime/process/network/) while it forks the guest, which keeps it; then back in its
+        own, where the control plane reaches its socket. The fork is in the host's user
+        namespace still (it enters the guest's after): setns(CLONE_NEWNET) needs CAP_SYS_ADMIN
+        over the namespace's owner, the host's, which the guest never has."""
+        path = self.spec.get("netns") or ""
+        if not path:
+            yield
+            return
+        if getattr(self, "netns_fd", -1) < 0:
+            # Opened once, at the first fork (the path is a mount in the host's mount namespace).
+            self.netns_fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        own = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            _check(_libc.setns(self.netns_fd, CLONE_NEWNET), f"setns({path})")
+            try:
+                yield
+            finally:
+                _check(_libc.setns(own, CLONE_NEWNET), "setns(back to our network namespace)")
+        finally:
+            os.close(own)
 
     def _enter_cgroup(self) -> None:
         # In the child, between fork and exec (the supervisor is single-threaded here).
@@ -318,7 +351,8 @@ class GuestLaunch:
         self.oom_base = oom_kills(self.spec["oom_file"])
         self.limit_base = limit_hits(self.spec["oom_file"])
         self.mark("bwrap-fork")
-        self.guest = self._start_guest()
+        with self.in_guest_netns():  # (an early guest is in it already)
+            self.guest = self._start_guest()
         self.mark("bwrap-exec")
         with contextlib.suppress(OSError, ValueError):
             self.sandbox_start = start_time(self.guest.pid)

@@ -94,6 +94,7 @@ class GuestNetworks:
         self._by_address: dict[str, Held] = {}
         self._ready: list[slots.Slot] = []
         self._unknown = set(slots.existing(self.tag))  # found on the machine, owner not yet known
+        self._making: set[int] = set()  # being made by the filler
         self._closed = False
         self.network = pool.claim(self.tag, data_dir, options.network or None, self.prefix)
         self.nft = Nft()
@@ -119,7 +120,8 @@ class GuestNetworks:
     # -- the ready slots --------------------------------------------------------------------
 
     def _next_index(self) -> int:
-        taken = {h.slot.index for h in self._held.values()} | {s.index for s in self._ready} | self._unknown
+        taken = {h.slot.index for h in self._held.values()} | {s.index for s in self._ready}
+        taken |= self._unknown | self._making
         index = 0
         while index in taken:
             index += 1
@@ -128,12 +130,12 @@ class GuestNetworks:
     def _make_slot(self) -> slots.Slot:
         with self._lock:
             s = slots.slot(self.tag, self.network, self._next_index())
-            self._unknown.add(s.index)  # reserved while it is made
+            self._making.add(s.index)  # reserved while it is made
         try:
             slots.make(s)
         finally:
             with self._lock:
-                self._unknown.discard(s.index)
+                self._making.discard(s.index)
         return s
 
     def _fill(self) -> None:
@@ -157,10 +159,18 @@ class GuestNetworks:
             self._refill.clear()
 
     def _take_slot(self) -> slots.Slot:
+        """A ready slot (or a new one), reserved (`_making`) until `attach` holds it: the
+        filler must never pick its index meanwhile (it would remove it as a leftover)."""
         with self._lock:
             s = self._ready.pop(0) if self._ready else None
+            if s is not None:
+                self._making.add(s.index)
         self._refill.set()
-        return s if s is not None else self._make_slot()
+        if s is None:
+            s = self._make_slot()
+            with self._lock:
+                self._making.add(s.index)
+        return s
 
     # -- guests ---------------------------------------------------------------------------
 
@@ -179,14 +189,17 @@ class GuestNetworks:
                 rules.guest_chain(self.table, s.chain, parsed, gen, keep_domains=False)
                 + rules.guest_entry(self.table, s.veth, s.address, s.chain)
             )
-        except NftError:
+            held = Held(instance_id, s, parsed, gen, self._dns(parsed, s), {})
+            with self._lock:
+                self._held[instance_id] = held
+                self._by_address[str(s.address)] = held
+            self._record(held)
+        except BaseException:
             slots.remove(s)
             raise
-        held = Held(instance_id, s, parsed, gen, self._dns(parsed, s), {})
-        with self._lock:
-            self._held[instance_id] = held
-            self._by_address[str(s.address)] = held
-        self._record(held)
+        finally:
+            with self._lock:
+                self._making.discard(s.index)
         return s
 
     def set_policy(self, instance_id: str, policy: NetworkPolicy) -> None:
@@ -228,8 +241,9 @@ class GuestNetworks:
             held = self._held.get(instance_id)
         return held.slot if held is not None else None
 
-    def present(self, instance_id: str) -> bool | None:
-        """Whether the instance's slot is on the machine (None: it never had one here)."""
+    def present(self, instance_id: str) -> bool:
+        """Whether the instance's slot (its namespace or veth) is on the machine, found by the
+        slots' records: the machine, not this process's memory."""
         for record in self.records.glob("*.json"):
             with contextlib.suppress(OSError, ValueError, KeyError):
                 data = json.loads(record.read_text())
@@ -358,11 +372,15 @@ def reap(data_dir: Path) -> None:
     tag = tag_of(data_dir)
     for index in slots.existing(tag):
         slots.remove(slots.slot(tag, ipaddress.IPv4Network("0.0.0.0/0"), index))
-    with IPRoute() as ipr:
-        for link in ipr.get_links():
-            if (link.get_attr("IFLA_IFNAME") or "").startswith(slots.veth_prefix(tag)):
-                with contextlib.suppress(Exception):
-                    ipr.link("del", index=link["index"])
+
+    def veths() -> None:
+        with IPRoute() as ipr:
+            for link in ipr.get_links():
+                if (link.get_attr("IFLA_IFNAME") or "").startswith(slots.veth_prefix(tag)):
+                    with contextlib.suppress(Exception):
+                        ipr.link("del", index=link["index"])
+
+    slots.off_loop(veths)
     nft = Nft()
     try:
         with contextlib.suppress(NftError):
@@ -392,5 +410,8 @@ def leftovers(data_dir: Path) -> list[str]:
 
 
 def _links() -> list[str]:
-    with IPRoute() as ipr:
-        return [str(link.get_attr("IFLA_IFNAME") or "") for link in ipr.get_links()]
+    def names() -> list[str]:
+        with IPRoute() as ipr:
+            return [str(link.get_attr("IFLA_IFNAME") or "") for link in ipr.get_links()]
+
+    return slots.off_loop(names)

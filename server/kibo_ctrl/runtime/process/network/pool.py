@@ -21,6 +21,8 @@ from pathlib import Path
 
 from pyroute2 import IPRoute
 
+from .slots import off_loop
+
 CLAIMS_DIR = Path(os.environ.get("KIBO_NET_CLAIMS_DIR") or "/run/kibo/net")
 DEFAULT_SPACE = ipaddress.IPv4Network("10.200.0.0/14")
 DEFAULT_PREFIX = 20
@@ -84,7 +86,7 @@ def claim(tag: str, data_dir: Path, wanted: str | None, veth_prefix: str) -> ipa
     with _locked():
         path = CLAIMS_DIR / f"{tag}.json"
         others = _claims(tag)
-        routes = _routes(veth_prefix)
+        routes = off_loop(lambda: _routes(veth_prefix))
         if wanted:
             network = ipaddress.IPv4Network(wanted, strict=True)
             if network.prefixlen > 30:

@@ -12,21 +12,30 @@ thread that setns()s into it (setns moves only the calling thread)."""
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import contextlib
 import ctypes
 import ipaddress
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
-from pyroute2 import IPRoute, NetNS, netns
+from pyroute2 import IPRoute
 
 NETNS_DIR = Path("/run/netns")
 CLONE_NEWNET = 0x40000000
+MS_BIND = 4096
+MS_REC = 0x4000
+MS_SHARED = 1 << 20
+MNT_DETACH = 2
 GUEST_IFNAME = "eth0"
 
 _libc = ctypes.CDLL(None, use_errno=True)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -44,6 +53,17 @@ class Slot:
     @property
     def chain(self) -> str:
         return f"g{self.index}"
+
+
+def off_loop(work: Callable[[], T]) -> T:
+    """`work()`, in a thread of its own when this one runs an asyncio loop: pyroute2's
+    blocking calls run a loop of their own, which cannot nest in a running one."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return work()
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kibo-netlink") as pool:
+        return pool.submit(work).result()
 
 
 def netns_prefix(tag: str) -> str:
@@ -76,21 +96,13 @@ def existing(tag: str) -> list[int]:
     return sorted(found)
 
 
-def _in_netns(name: str, work: list[tuple[str, str]]) -> None:
-    """Write sysctls (path, value) inside the namespace, from a thread of its own."""
+def _in_thread(work: Callable[[], None]) -> None:
+    """`work()` in a thread of its own (whose network namespace it may change), its error raised here."""
     failure: list[BaseException] = []
 
     def run() -> None:
         try:
-            fd = os.open(NETNS_DIR / name, os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                if _libc.setns(fd, CLONE_NEWNET) != 0:
-                    raise OSError(ctypes.get_errno(), f"setns({name})")
-            finally:
-                os.close(fd)
-            for path, value in work:
-                with open(path, "w") as f:
-                    f.write(value)
+            work()
         except BaseException as error:
             failure.append(error)
 
@@ -101,45 +113,103 @@ def _in_netns(name: str, work: list[tuple[str, str]]) -> None:
         raise failure[0]
 
 
-def make(s: Slot) -> None:
-    """Create the slot (a leftover of the same name is removed first)."""
-    remove(s)
-    netns.create(s.netns)
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        error = ctypes.get_errno()
+        raise OSError(error, f"{what}: {os.strerror(error)}")
+
+
+def _share_netns_dir() -> None:
+    """/run/netns a shared mount (as iproute2 makes it): a namespace bound there shows in
+    every mount namespace copied from the host's, the supervisors' among them."""
+    NETNS_DIR.mkdir(parents=True, exist_ok=True)
+    directory = str(NETNS_DIR).encode()
+    if _libc.mount(b"", directory, b"none", MS_SHARED | MS_REC, None) != 0:
+        _check(_libc.mount(directory, directory, b"none", MS_BIND | MS_REC, None), "bind /run/netns")
+        _check(_libc.mount(b"", directory, b"none", MS_SHARED | MS_REC, None), "share /run/netns")
+
+
+def _create_netns(s: Slot) -> None:
+    """A new network namespace bound at /run/netns/<name>, IPv6 off: made by a thread that
+    unshares it (no fork: the control plane runs gRPC's threads, whose fork handlers a fork
+    would run)."""
+    _share_netns_dir()
+    path = NETNS_DIR / s.netns
+    os.close(os.open(path, os.O_RDONLY | os.O_CREAT | os.O_EXCL, 0))
+
+    def unshare() -> None:
+        _check(_libc.unshare(CLONE_NEWNET), "unshare(CLONE_NEWNET)")
+        _check(_libc.mount(b"/proc/thread-self/ns/net", str(path).encode(), b"none", MS_BIND, None), "bind netns")
+        for name in ("all", "default"):
+            with open(f"/proc/sys/net/ipv6/conf/{name}/disable_ipv6", "w") as f:
+                f.write("1")
+
     try:
-        _in_netns(
-            s.netns,
-            [
-                ("/proc/sys/net/ipv6/conf/all/disable_ipv6", "1"),
-                ("/proc/sys/net/ipv6/conf/default/disable_ipv6", "1"),
-            ],
-        )
-        with IPRoute() as ipr:
-            ipr.link("add", ifname=s.veth, kind="veth", peer={"ifname": GUEST_IFNAME, "net_ns_fd": s.netns})
-            host = ipr.link_lookup(ifname=s.veth)[0]
-            ipr.addr("add", index=host, address=str(s.gateway), prefixlen=31)
-            ipr.link("set", index=host, state="up")
-        with NetNS(s.netns) as ns:
+        _in_thread(unshare)
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise
+
+
+def _configure_guest_side(s: Slot) -> None:
+    """In the namespace: eth0's address, lo and eth0 up, the default route via the gateway."""
+
+    def configure() -> None:
+        fd = os.open(NETNS_DIR / s.netns, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            _check(_libc.setns(fd, CLONE_NEWNET), f"setns({s.netns})")
+        finally:
+            os.close(fd)
+        with IPRoute() as ns:
             guest = ns.link_lookup(ifname=GUEST_IFNAME)[0]
             loopback = ns.link_lookup(ifname="lo")[0]
             ns.addr("add", index=guest, address=str(s.address), prefixlen=31)
             ns.link("set", index=guest, state="up")
             ns.link("set", index=loopback, state="up")
             ns.route("add", dst="0.0.0.0/0", gateway=str(s.gateway))
+
+    _in_thread(configure)
+
+
+def make(s: Slot) -> None:
+    """Create the slot (a leftover of the same name is removed first)."""
+    off_loop(lambda: _make(s))
+
+
+def _make(s: Slot) -> None:
+    _remove(s)
+    _create_netns(s)
+    try:
+        with IPRoute() as ipr:
+            fd = os.open(NETNS_DIR / s.netns, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                ipr.link("add", ifname=s.veth, kind="veth", peer={"ifname": GUEST_IFNAME, "net_ns_fd": fd})
+            finally:
+                os.close(fd)
+            host = ipr.link_lookup(ifname=s.veth)[0]
+            ipr.addr("add", index=host, address=str(s.gateway), prefixlen=31)
+            ipr.link("set", index=host, state="up")
+        _configure_guest_side(s)
     except BaseException:
-        remove(s)
+        _remove(s)
         raise
 
 
 def remove(s: Slot) -> None:
     """The slot's veth and namespace go (idempotent). The veth pair dies with the namespace,
     but only once nothing holds it: deleted first, so the name is free at once."""
+    off_loop(lambda: _remove(s))
+
+
+def _remove(s: Slot) -> None:
     with IPRoute() as ipr:
         for index in ipr.link_lookup(ifname=s.veth):
             with contextlib.suppress(Exception):
                 ipr.link("del", index=index)
-    if (NETNS_DIR / s.netns).exists():
-        with contextlib.suppress(FileNotFoundError):
-            netns.remove(s.netns)
+    path = NETNS_DIR / s.netns
+    if path.exists():
+        _libc.umount2(str(path).encode(), MNT_DETACH)
+        path.unlink(missing_ok=True)
 
 
 def present(s: Slot) -> bool:
