@@ -20,8 +20,8 @@ from .session import CommandIdOpt, OutputOpt, command_id_or_new, connect, fail, 
 WorkspaceId = Annotated[str, typer.Argument(help="The workspace ID (ws-...).", show_default=False)]
 TOKEN_HEADER = "X-Kibo-Exposure-Token"
 TOKEN_PARAMETER = "kibo_token"
-# The request's expire_in_seconds is an int32.
-MAX_EXPIRE_SECONDS = 2**31 - 1
+# The longest the server lets an exposure last (366 days).
+MAX_EXPIRE_SECONDS = 366 * 24 * 3600
 
 
 def access(exposure: workspace_pb2.Exposure) -> str:
@@ -42,7 +42,7 @@ def expire_seconds(text: str | None) -> int:
     except typer.BadParameter as error:
         raise fail(str(error.message), ExitCode.USAGE) from None
     if not 1 <= math.ceil(seconds) <= MAX_EXPIRE_SECONDS:
-        raise fail(f"--expire-in {text}: give at least 1s and at most 68 years", ExitCode.USAGE)
+        raise fail(f"--expire-in {text}: give 1s to 366d", ExitCode.USAGE)
     return math.ceil(seconds)
 
 
@@ -126,7 +126,9 @@ def exposures(workspace_id: WorkspaceId, fmt: OutputOpt = Format.text) -> None:
 @handle
 def unexpose(
     workspace_id: WorkspaceId,
-    exposure_id: Annotated[str, typer.Argument(help="The exposure's ID (see kibo workspace exposures).")],
+    exposure_id: Annotated[
+        str, typer.Argument(help="The exposure's ID (ex-..., see kibo workspace exposures).", show_default=False)
+    ],
     command_id: CommandIdOpt = None,
     fmt: OutputOpt = Format.text,
 ) -> None:

@@ -63,13 +63,28 @@ func TestVolumeBindingNetworkPolicyRevokeAndInstances(t *testing.T) {
 	if b := binding(unbound.GetWorkspace(), volume.GetVolumeId()); b != nil {
 		t.Fatalf("still bound: %v", b)
 	}
-	policy := &ctrlv1.NetworkPolicy{Egress: ctrlv1.NetworkEgress_NETWORK_EGRESS_ALLOW_LISTED, AllowedCidrs: []string{"10.0.0.0/8"}}
+	policy := &ctrlv1.NetworkPolicy{
+		Egress:         ctrlv1.NetworkEgress_NETWORK_EGRESS_ALLOW_LISTED,
+		AllowedCidrs:   []string{"10.0.0.0/8"},
+		DeniedCidrs:    []string{"10.9.0.0/16"},
+		AllowedDomains: []string{"api.github.com", "*.pypi.org"},
+		DeniedDomains:  []string{"evil.pypi.org"},
+		AllowedPorts:   []uint32{443, 22},
+	}
 	set, err := client.SetWorkspaceNetworkPolicy(ctx, &ctrlv1.SetWorkspaceNetworkPolicyRequest{WorkspaceId: id, NetworkPolicy: policy})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := set.GetWorkspace().GetSpec().GetNetworkPolicy(); got.GetEgress() != policy.Egress || len(got.GetAllowedCidrs()) != 1 {
+	got := set.GetWorkspace().GetSpec().GetNetworkPolicy()
+	if got.GetEgress() != policy.Egress || len(got.GetAllowedCidrs()) != 1 || len(got.GetDeniedCidrs()) != 1 ||
+		strings.Join(got.GetAllowedDomains(), ",") != "api.github.com,*.pypi.org" ||
+		strings.Join(got.GetDeniedDomains(), ",") != "evil.pypi.org" || len(got.GetAllowedPorts()) != 2 {
 		t.Fatalf("policy: %v", got)
+	}
+	// A combination the server refuses (a denied CIDR under DENY_ALL) is an InvalidArgumentError.
+	refused := &ctrlv1.NetworkPolicy{Egress: ctrlv1.NetworkEgress_NETWORK_EGRESS_DENY_ALL, DeniedCidrs: []string{"10.0.0.0/8"}}
+	if _, err := client.SetWorkspaceNetworkPolicy(ctx, &ctrlv1.SetWorkspaceNetworkPolicyRequest{WorkspaceId: id, NetworkPolicy: refused}); !errors.As(err, &kibotos.InvalidArgumentError{}) {
+		t.Fatalf("denied CIDRs under DENY_ALL: want InvalidArgumentError, got %v", err)
 	}
 	if _, err := client.DeleteVolume(ctx, &ctrlv1.DeleteVolumeRequest{VolumeId: volume.GetVolumeId()}); err != nil {
 		t.Fatal(err)
@@ -80,6 +95,60 @@ func TestVolumeBindingNetworkPolicyRevokeAndInstances(t *testing.T) {
 	}
 	if _, err := client.GetWorkspaceCleanup(ctx, id); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// Exposures: a token exposure's token comes once, with its create; the list shows both
+// exposures without tokens; a delete and a stop end them.
+func TestWorkspaceExposures(t *testing.T) {
+	ctx := testContext(t)
+	client := connect(t)
+	id := available(ctx, t, client).GetWorkspaceId()
+	created, err := client.CreateWorkspaceExposure(ctx, &ctrlv1.CreateWorkspaceExposureRequest{WorkspaceId: id, Port: 8080})
+	if err != nil {
+		t.Fatal(err)
+	}
+	exposure := created.GetExposure()
+	if exposure.GetAccess() != ctrlv1.ExposureAccess_EXPOSURE_ACCESS_TOKEN || exposure.GetToken() == "" ||
+		!strings.Contains(exposure.GetUrl(), "8080-"+id+".") || exposure.GetExpireTime() != nil {
+		t.Fatalf("token exposure: %v", exposure)
+	}
+	public, err := client.CreateWorkspaceExposure(ctx, &ctrlv1.CreateWorkspaceExposureRequest{
+		WorkspaceId: id, Port: 3000, Access: ctrlv1.ExposureAccess_EXPOSURE_ACCESS_PUBLIC, ExpireInSeconds: 3600,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := public.GetExposure(); p.GetToken() != "" || p.GetExpireTime() == nil || p.GetAccess() != ctrlv1.ExposureAccess_EXPOSURE_ACCESS_PUBLIC {
+		t.Fatalf("public exposure: %v", p)
+	}
+	if _, err := client.CreateWorkspaceExposure(ctx, &ctrlv1.CreateWorkspaceExposureRequest{WorkspaceId: id, Port: 70000}); !errors.As(err, &kibotos.InvalidArgumentError{}) {
+		t.Fatalf("port 70000: want InvalidArgumentError, got %v", err)
+	}
+	listed, err := client.ListWorkspaceExposures(ctx, id)
+	if err != nil || len(listed) != 2 {
+		t.Fatalf("listed: %v %v", listed, err)
+	}
+	for _, e := range listed {
+		if e.GetToken() != "" {
+			t.Fatalf("a listed exposure shows its token: %v", e)
+		}
+	}
+	deleted, err := client.DeleteWorkspaceExposure(ctx, &ctrlv1.DeleteWorkspaceExposureRequest{WorkspaceId: id, ExposureId: exposure.GetExposureId()})
+	if err != nil || deleted.GetCommand().GetState() != ctrlv1.CommandState_COMMAND_STATE_SUCCEEDED {
+		t.Fatalf("delete: %v %v", deleted.GetCommand().GetState(), err)
+	}
+	if listed, err = client.ListWorkspaceExposures(ctx, id); err != nil || len(listed) != 1 || listed[0].GetPort() != 3000 {
+		t.Fatalf("after the delete: %v %v", listed, err)
+	}
+	if _, err := client.StopWorkspace(ctx, &ctrlv1.StopWorkspaceRequest{WorkspaceId: id}); err != nil {
+		t.Fatal(err)
+	}
+	if listed, err = client.ListWorkspaceExposures(ctx, id); err != nil || len(listed) != 0 {
+		t.Fatalf("after a stop: %v %v", listed, err)
+	}
+	if _, err := client.CreateWorkspaceExposure(ctx, &ctrlv1.CreateWorkspaceExposureRequest{WorkspaceId: id, Port: 8080}); !errors.As(err, &kibotos.ConflictError{}) {
+		t.Fatalf("expose on STOPPED: want ConflictError, got %v", err)
 	}
 }
 
