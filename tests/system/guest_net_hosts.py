@@ -25,8 +25,9 @@ def ip(*args: str) -> None:
     subprocess.run(["ip", *args], check=True, capture_output=True)
 
 
-def socket_in(netns: str | None, address: str, port: int) -> socket.socket:
-    """A listening TCP socket on address:port, made in the named namespace (None: here)."""
+def socket_in(netns: str | None, address: str, port: int, kind: int = socket.SOCK_STREAM) -> socket.socket:
+    """A listening TCP socket (or a bound UDP one: `kind`) on address:port, made in the named
+    namespace (None: here)."""
     made: list[socket.socket | BaseException] = []
 
     def make() -> None:
@@ -38,10 +39,11 @@ def socket_in(netns: str | None, address: str, port: int) -> socket.socket:
                         raise OSError(ctypes.get_errno(), "setns")
                 finally:
                     os.close(fd)
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock = socket.socket(socket.AF_INET, kind)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind((address, port))
-            sock.listen(64)
+            if kind == socket.SOCK_STREAM:
+                sock.listen(64)
             made.append(sock)
         except BaseException as error:
             made.append(error)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import ipaddress
 import json
 import os
 import socket
@@ -287,3 +288,45 @@ async def test_the_probe_reaches_a_listener_it_may(net: Net, guests: dict[str, t
     async with Client.connect(net.server.address) as client:
         for policy in ("allow_all", "listed_all"):
             assert await probe(client, guests[policy][1], net.web.address, net.web_a) == "open"
+
+
+# -- anti-spoof ---------------------------------------------------------------------------------
+
+SEND_FROM = """
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind((sys.argv[1], 0))
+for _ in range(5):
+    s.sendto(sys.argv[4].encode(), (sys.argv[2], int(sys.argv[3])))
+"""
+
+
+def test_a_guest_packet_with_another_source_address_is_dropped(
+    net: Net, guests: dict[str, tuple[wp.Workspace, str]]
+) -> None:
+    """A guest cannot change its address (its namespace is the host's user namespace's, it
+    holds no capability there); should one ever send with another guest's address (the
+    resolver knows guests by source), the host drops it. Sent here as root in the ALLOW_ALL
+    guest's namespace: with its own address the datagrams arrive, with another one they don't."""
+    workspace, _ = guests["allow_all"]
+    netns = netns_of(net.server.data_dir, workspace.workspace_id)
+    own = address_of(netns)
+    other = str(ipaddress.IPv4Address(own) + 2)  # the next slot's guest address, in the pool
+    receiver = socket_in(net.web.netns, net.web.address, 0, socket.SOCK_DGRAM)
+    receiver.settimeout(2)
+    port = receiver.getsockname()[1]
+    try:
+        subprocess.run(["ip", "-n", netns, "addr", "add", f"{other}/32", "dev", "eth0"], check=True)
+        for source, tag in ((own, "own"), (other, "spoofed")):
+            subprocess.run(
+                ["ip", "netns", "exec", netns, "python3", "-c", SEND_FROM, source, net.web.address, str(port), tag],
+                check=True,
+            )
+        got = set()
+        with contextlib.suppress(TimeoutError):
+            while True:
+                got.add(receiver.recv(64).decode())
+        assert got == {"own"}, got
+    finally:
+        receiver.close()
+        subprocess.run(["ip", "-n", netns, "addr", "del", f"{other}/32", "dev", "eth0"], check=False)

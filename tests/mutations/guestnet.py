@@ -1,0 +1,81 @@
+"""Mutations of guest networking (issue 28, runtime/process/network/): the host's own ports
+out of a guest's reach (the input chain), the destinations no policy opens (the always-blocked
+set), a guest's one source address (anti-spoof), each guest under its own policy (the per-guest
+chain), a policy's default drop, and a live change cutting what it forbids (the ct mark gen)."""
+
+from tests.mutations.base import Mutation
+
+_T = "tests/system/test_guest_network.py::"
+_RULES = "server/kibo_ctrl/runtime/process/network/rules.py"
+_POLICIES = ("allow_all", "deny_all", "listed_all")
+
+MUTATIONS = [
+    Mutation(
+        claim=(
+            "A guest reaches none of the host's own listeners (PostgreSQL, the node port, anything on 0.0.0.0) "
+            "by its gateway or the host's addresses, under every policy: the input chain drops all but the resolver"
+        ),
+        code=_RULES,
+        find='        f"{rule} guest_input drop",\n',
+        replace='        f"{rule} guest_input accept",\n',
+        tests=tuple(f"{_T}test_never_reached[{p}-{t}]" for p in _POLICIES for t in ("host_veth", "host_primary")),
+    ),
+    Mutation(
+        claim=(
+            "169.254.0.0/16 (a cloud's metadata service), loopback, multicast and the operator's --guest-deny "
+            "stay closed under every policy, ALLOW_ALL and an allow-list of 0.0.0.0/0 included"
+        ),
+        code=_RULES,
+        find='        f"{rule} forward {guest} ip daddr @blocked meta l4proto tcp reject with tcp reset",\n'
+        '        f"{rule} forward {guest} ip daddr @blocked reject with icmpx type admin-prohibited",\n',
+        replace="",
+        tests=(f"{_T}test_never_reached[allow_all-metadata]", f"{_T}test_never_reached[listed_all-metadata]"),
+    ),
+    Mutation(
+        claim="A guest's packets with any source address but its own are dropped by the host (anti-spoof)",
+        code=_RULES,
+        find='        f"{rule} pre_raw {guest} iifname . ip saddr != @guest_addrs drop",\n',
+        replace="",
+        tests=(f"{_T}test_a_guest_packet_with_another_source_address_is_dropped",),
+    ),
+    Mutation(
+        claim="Each guest's traffic is judged by its own policy's chain (the interface -> chain map)",
+        code=_RULES,
+        find='        f"{rule} forward {guest} iifname vmap @guests",\n',
+        replace='        f"{rule} forward {guest} accept",\n',
+        tests=(
+            f"{_T}test_deny_all_blocks_the_target",
+            f"{_T}test_allow_listed_admits_only_the_listed_address_and_port",
+        ),
+    ),
+    Mutation(
+        claim=(
+            "What a policy does not allow is refused (DENY_ALL, and under ALLOW_LISTED every address and port "
+            "not listed)"
+        ),
+        code=_RULES,
+        find="    lines += reject\n",
+        replace='    lines.append(f"{rule} accept")\n',
+        tests=(
+            f"{_T}test_deny_all_blocks_the_target",
+            f"{_T}test_allow_listed_admits_only_the_listed_address_and_port",
+        ),
+    ),
+    Mutation(
+        claim=(
+            "A policy changed while AVAILABLE applies at once, without a restart, and cuts the open connections it "
+            "no longer allows"
+        ),
+        code=_RULES,
+        find='    lines.append(f"{rule} ct state established,related ct mark {gen} accept")\n',
+        replace='    lines.append(f"{rule} ct state established,related accept")\n',
+        tests=(f"{_T}test_a_live_policy_change_applies_without_a_restart_and_cuts_what_it_forbids",),
+    ),
+    Mutation(
+        claim="Another guest is out of reach under every policy (only replies go toward a guest)",
+        code=_RULES,
+        find="""        f'{rule} forward oifname "{prefix}*" drop',\n""",
+        replace="",
+        tests=(f"{_T}test_never_reached[allow_all-other_guest]",),
+    ),
+]
