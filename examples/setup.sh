@@ -22,6 +22,7 @@ PACKAGES=(
   golang-google-protobuf-dev
   libseccomp2
   nghttp2-client
+  nftables
   postgresql
   protobuf-compiler
   protoc-gen-go
