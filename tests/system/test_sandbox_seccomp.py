@@ -474,8 +474,18 @@ PROGRAMS = [
 @pytest.fixture(scope="module")
 def seccomp_server(server_factory: Callable[..., ServerProcess]) -> Iterator[ServerProcess]:
     # The default supervisor (the node supervisor holds the ready guests): what users run.
-    with sandbox_server(server_factory, "--backend", "firecracker", "--supervisor", "auto") as server:
+    # Without guest networking (--guest-network off, runtime/process/network/: its own tests are
+    # test_guest_network.py): the sandbox's own namespace, loopback only.
+    os.environ["KIBO_GUEST_NETWORK"] = "off"
+    try:
+        server_cm = sandbox_server(server_factory, "--backend", "firecracker", "--supervisor", "auto")
+        server = server_cm.__enter__()
+    finally:
+        del os.environ["KIBO_GUEST_NETWORK"]
+    try:
         yield server
+    finally:
+        server_cm.__exit__(None, None, None)
 
 
 @pytest.fixture(scope="module")
