@@ -28,7 +28,7 @@ from kibo.ctrl.v1 import workspace_service_pb2 as ws
 
 from tests.client import SUCCEEDED, Client, S, meta
 from tests.server import ServerProcess
-from tests.system.guest_net_hosts import Host, socket_in, target_host
+from tests.system.guest_net_hosts import Host, Listener, socket_in, target_host
 from tests.system.test_process_runtime import SMALL, DataPlane, sandbox_server
 
 pytestmark = pytest.mark.timeout(120)
@@ -92,10 +92,11 @@ def net(server_factory: object) -> Iterator[Net]:
         metadata_lock(),
         target_host(f"ktm{os.getpid()}", "169.254.169.254", "169.254.169.253", 30) as metadata,
     ):
-        host_listener = socket_in(None, "0.0.0.0", 0)
+        # Greets like the targets' listeners: a probe that reached it would say "open".
+        host_listener = Listener(socket_in(None, "0.0.0.0", 0))
         try:
             with sandbox_server(server_factory) as server:  # type: ignore[arg-type]
-                yield Net(server, web, other, metadata, host_listener.getsockname()[1])
+                yield Net(server, web, other, metadata, host_listener.port)
         finally:
             host_listener.close()
 
@@ -274,9 +275,9 @@ async def neighbor_listener(net: Net) -> AsyncIterator[int]:
         workspace = await client.create(resources=SMALL, network_policy=ALLOW_ALL)
         netns = netns_of(net.server.data_dir, workspace.workspace_id)
         NEIGHBOR_ADDRESS[:] = [await asyncio.to_thread(address_of, netns)]
-        listener = socket_in(netns, "0.0.0.0", 0)
+        listener = Listener(socket_in(netns, "0.0.0.0", 0))
         try:
-            yield int(listener.getsockname()[1])
+            yield int(listener.port)
         finally:
             listener.close()
             await client.delete(workspace.workspace_id)
