@@ -6,8 +6,12 @@ and the combinations the server refuses caught as usage errors before any round 
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
+import threading
 import time
+from collections.abc import Iterator
 
 import kibotos
 import pytest
@@ -19,8 +23,31 @@ from kibo_cli.main import app
 from tests.server import ServerProcess
 from tests.system.test_cli import kibo, new_workspace, ok, runner
 
-# No server listens here: a command that reached it would exit UNAVAILABLE (8), not USAGE (2).
-NOWHERE = "127.0.0.1:1"
+
+class _Http1Listener:
+    """A port that answers HTTP/1.1 and counts connections: a command that reached it would
+    exit UNAVAILABLE (8) at once (the SDK does not retry a wrong port), not USAGE (2)."""
+
+    def __init__(self) -> None:
+        self.socket = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self.socket.getsockname()[1]}"
+        self.connections = 0
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                connection, _ = self.socket.accept()
+                self.connections += 1
+                with connection:
+                    connection.sendall(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n")
+
+
+@pytest.fixture(scope="module")
+def http1() -> Iterator[_Http1Listener]:
+    listener = _Http1Listener()
+    yield listener
+    listener.socket.close()
 
 
 def _exposures(server: ServerProcess, workspace_id: str) -> list[dict[str, object]]:
@@ -144,10 +171,21 @@ USAGE_ERRORS = {
 
 
 @pytest.mark.parametrize("args", list(USAGE_ERRORS.values()), ids=list(USAGE_ERRORS))
-def test_usage_errors_exit_2_before_any_round_trip(args: tuple[str, ...]) -> None:
+def test_usage_errors_exit_2_before_any_round_trip(http1: _Http1Listener, args: tuple[str, ...]) -> None:
     command, *rest = args
-    result = runner.invoke(app, ["--server", NOWHERE, "workspace", command, "ws-00000000000000000000", *rest])
+    before = http1.connections
+    result = runner.invoke(app, ["--server", http1.address, "workspace", command, "ws-00000000000000000000", *rest])
     assert result.exit_code == ExitCode.USAGE, result.output
+    assert http1.connections == before
+
+
+def test_the_usage_check_s_listener_is_reached_by_a_valid_command(http1: _Http1Listener) -> None:
+    """The check above can fail: a valid command reaches the listener and exits 8 (UNAVAILABLE)."""
+    before = http1.connections
+    valid = ("network-policy", "ws-00000000000000000000", "--egress", "deny-all")
+    result = runner.invoke(app, ["--server", http1.address, "workspace", *valid])
+    assert result.exit_code == ExitCode.UNAVAILABLE, result.output
+    assert http1.connections > before
 
 
 def test_the_server_refuses_what_the_cli_calls_a_usage_error(firecracker: ServerProcess) -> None:
