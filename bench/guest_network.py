@@ -4,7 +4,7 @@ kernel memory one guest network takes.
     python -m bench.guest_network [--workspaces 20] [--slots 100] [--dir DIR]
 
 A/B in the same run: two `kibo-ctrl serve --runtime process --sandbox bwrap` servers one after
-the other, B with KIBO_GUEST_NETWORK=off (`--guest-network off`: loopback only, as before),
+the other, B with `--guest-network off` (loopback only, as before),
 each creating --workspaces workspaces one at a time (create until AVAILABLE, as a client sees
 it; then deleted); medians and p90, and the ratio on / off. Then --slots network slots
 (runtime/process/network/slots.py: a namespace, a veth pair, addresses and a route) are made
@@ -38,15 +38,16 @@ def _port() -> int:
         return int(s.getsockname()[1])
 
 
-def _creates(base: Path, name: str, count: int, env: dict[str, str]) -> list[float]:
+def _creates(base: Path, name: str, count: int, flags: tuple[str, ...]) -> list[float]:
     """Seconds from CreateWorkspace to AVAILABLE, `count` workspaces one at a time."""
     address = f"127.0.0.1:{_port()}"
     data_dir = base / name
     serve = [sys.executable, "-m", "kibo_ctrl", "serve", "--listen", address, "--http-listen", ""]
     serve += ["--node-listen", "127.0.0.1:0", "--exposure-listen", f"127.0.0.1:{_port()}", "--insecure-no-auth"]
     serve += ["--runtime", "process", "--sandbox", "bwrap", "--data-dir", str(data_dir), "--log-level", "warning"]
+    serve += flags
     with open(base / f"{name}.log", "ab") as log:
-        server = subprocess.Popen(serve, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        server = subprocess.Popen(serve, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     took: list[float] = []
     try:
         with kibotos.Client(address) as client:
@@ -118,8 +119,8 @@ def main() -> None:
     args = parser.parse_args()
     base = Path(tempfile.mkdtemp(prefix="kibo-bench-net-", dir=args.dir))
     try:
-        on = _creates(base, "on", args.workspaces, {**os.environ})
-        off = _creates(base, "off", args.workspaces, {**os.environ, "KIBO_GUEST_NETWORK": "off"})
+        on = _creates(base, "on", args.workspaces, ())
+        off = _creates(base, "off", args.workspaces, ("--guest-network", "off"))
         print(f"create -> AVAILABLE, {args.workspaces} workspaces each, one at a time:")
         for name, values in (("network on ", on), ("network off", off)):
             print(f"  {name}: p50 {median(values) * 1000:7.1f} ms   p90 {percentile(values, 90) * 1000:7.1f} ms")

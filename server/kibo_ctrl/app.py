@@ -160,6 +160,11 @@ class Config:
     stop_grace_ms: float = 10_000.0
     guest_id_base: int = 100_000  # host uids/gids base..base+65535 are the guests'
     supervisor: str = "auto"  # who holds ready guests: node (one process for all) or instance; auto
+    # Guest networking (runtime/process/network/): the guests' CIDR ("": a free /20; "off":
+    # loopback only), CIDRs no guest may reach whatever its policy, the guests' resolver's upstreams.
+    guest_network: str = ""
+    guest_deny: tuple[str, ...] = ()
+    guest_dns: tuple[str, ...] = ()
     # GET /metrics on the HTTP listener: operator token (default), open, or off.
     metrics: MetricsAccess = MetricsAccess.OPERATOR
     # Traces: an OpenTelemetry TracerProvider (cli.py builds it from the OTEL_* variables); None: off.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import ipaddress
 import logging
 import os
 import shlex
@@ -11,7 +12,7 @@ import signal
 import ssl
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Annotated, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import typer
 from kibo_cli.help import command_of
@@ -27,6 +28,7 @@ from .domain.nodes import labels as check_labels
 from .domain.nodes import node_id as check_node_id
 from .engine.service import Quotas
 from .node_host import NodeConfig, NodeHost
+from .runtime.process.network.resolver import parse_upstream
 from .store.base import Store
 from .telemetry import logs, tracing
 from .telemetry.endpoint import MetricsAccess
@@ -90,6 +92,55 @@ def _ratios(cpu: float, memory: float, disk: float, storage_overcommit: float | 
 def default_data_dir() -> Path:
     base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
     return Path(base) / "kibo"
+
+
+GuestNetworkOpt = Annotated[
+    str,
+    typer.Option(
+        help="Process runtime (as root): the guests' addresses, a CIDR (a /31 each), or 'off' for loopback-only "
+        "guests. Default: a free /20 in 10.200.0.0/14 (no route of the host's, no other kibo runtime's).",
+        show_default=False,
+    ),
+]
+GuestDenyOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--guest-deny",
+        help="A CIDR no guest may reach, whatever its network policy (repeat); beside what none ever reaches: "
+        "this host, 169.254.0.0/16, other guests (and, on a node agent, the control plane's addresses).",
+        show_default=False,
+    ),
+]
+GuestDnsOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--guest-dns",
+        help="Where the guests' resolver asks, ADDR[:PORT] (repeat). Default: the nameservers of this host's "
+        "/etc/resolv.conf.",
+        show_default=False,
+    ),
+]
+
+
+def _guest_network_config(network: str, deny: list[str] | None, dns: list[str] | None) -> dict[str, Any]:
+    """--guest-network, --guest-deny and --guest-dns, checked, as the configs' fields."""
+    if network not in ("", "off"):
+        try:
+            ipaddress.IPv4Network(network, strict=False)
+        except ValueError:
+            why = f"{network!r} is not an IPv4 CIDR (or 'off')"
+            raise typer.BadParameter(why, param_hint="--guest-network") from None
+    for cidr in deny or ():
+        try:
+            ipaddress.ip_network(cidr, strict=False)
+        except ValueError:
+            raise typer.BadParameter(f"{cidr!r} is not a CIDR", param_hint="--guest-deny") from None
+    for upstream in dns or ():
+        try:
+            parse_upstream(upstream)
+        except ValueError as error:
+            raise typer.BadParameter(str(error), param_hint="--guest-dns") from None
+    return {"guest_network": network, "guest_deny": tuple(deny or ()), "guest_dns": tuple(dns or ())}
 
 
 @cli.command()
@@ -161,6 +212,9 @@ def serve(
             "guests as plain host processes and is NOT a security boundary."
         ),
     ] = "auto",
+    guest_network: GuestNetworkOpt = "",
+    guest_deny: GuestDenyOpt = None,
+    guest_dns: GuestDnsOpt = None,
     guest_id_base: Annotated[
         int,
         typer.Option(
@@ -375,6 +429,7 @@ def serve(
         guest_id_base=guest_id_base,
         allocation=_ratios(cpu_allocation_ratio, memory_allocation_ratio, disk_allocation_ratio, storage_overcommit),
         supervisor=supervisor.value,
+        **_guest_network_config(guest_network, guest_deny, guest_dns),
         auth=not insecure_no_auth,
         node_listen=node_listen,
         exposure_listen=exposure_listen,
@@ -632,6 +687,9 @@ def node(
     guest_id_base: Annotated[
         int, typer.Option(min=1, help="Process runtime: the guests' host id range start.")
     ] = 100_000,
+    guest_network: GuestNetworkOpt = "",
+    guest_deny: GuestDenyOpt = None,
+    guest_dns: GuestDnsOpt = None,
     storage_overcommit: StorageOvercommit = None,
     supervisor: Annotated[
         SupervisorMode, typer.Option(help="Process runtime: who holds ready guests (as kibo-ctrl serve).")
@@ -693,6 +751,7 @@ def node(
         guest_id_base=guest_id_base,
         allocation=_ratios(cpu_allocation_ratio, memory_allocation_ratio, disk_allocation_ratio, storage_overcommit),
         supervisor=supervisor.value,
+        **_guest_network_config(guest_network, guest_deny, guest_dns),
         data_plane_listen=data_plane_listen,
         data_plane_address=data_plane_address,
     )

@@ -11,7 +11,7 @@ import re
 import secrets
 import socket
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import grpc
@@ -69,6 +69,11 @@ class NodeConfig:
     # What vcpus and memory_mib (when 0) are made of, and the disk's ratio (domain/nodes.py).
     allocation: AllocationRatios = field(default_factory=AllocationRatios)
     supervisor: str = "auto"
+    # Guest networking (runtime/process/network/): the guests' CIDR ("": a free /20; "off":
+    # loopback only), CIDRs no guest may reach whatever its policy, the guests' resolver's upstreams.
+    guest_network: str = ""
+    guest_deny: tuple[str, ...] = ()
+    guest_dns: tuple[str, ...] = ()
     # Where this node serves its guests to the control plane (process runtime): the data
     # plane's last hop. Default: this host's address on the route to the control plane (the
     # loopback address when the control plane is on this host), port 50052; never every
@@ -125,6 +130,9 @@ class NodeHost:
         disk: Callable[[], DiskStatus] | None = None
         if config.runtime == "process":
             options = options_from(config, config.data_dir)
+            # No guest here may reach the control plane, whatever its policy (SECURITY.md).
+            control_plane = await asyncio.to_thread(control_plane_cidrs, config.control_plane)
+            options = replace(options, guest_deny=(*options.guest_deny, *control_plane))
             process = await asyncio.to_thread(ProcessRuntime, node_id, options)
             self._closables.append(process)
             runtime = process
@@ -256,6 +264,20 @@ def _advertised_host(config: NodeConfig, listen: str) -> str:
     if host not in ("", "0.0.0.0", "::"):
         return host
     return _route_host(config)
+
+
+def control_plane_cidrs(control_plane: str) -> tuple[str, ...]:
+    """The IPv4 addresses the replicas of --control-plane resolve to, as /32s (a name that does
+    not resolve now adds nothing: the node's join fails on it anyway)."""
+    found: list[str] = []
+    for target in targets(control_plane):
+        host = target.rpartition(":")[0].strip("[]") or target
+        try:
+            infos = socket.getaddrinfo(host, None, socket.AF_INET, socket.SOCK_STREAM)
+        except OSError:
+            continue
+        found += [f"{info[4][0]}/32" for info in infos if f"{info[4][0]}/32" not in found]
+    return tuple(found)
 
 
 def _route_host(config: NodeConfig) -> str:

@@ -476,16 +476,10 @@ def seccomp_server(server_factory: Callable[..., ServerProcess]) -> Iterator[Ser
     # The default supervisor (the node supervisor holds the ready guests): what users run.
     # Without guest networking (--guest-network off, runtime/process/network/: its own tests are
     # test_guest_network.py): the sandbox's own namespace, loopback only.
-    os.environ["KIBO_GUEST_NETWORK"] = "off"
-    try:
-        server_cm = sandbox_server(server_factory, "--backend", "firecracker", "--supervisor", "auto")
-        server = server_cm.__enter__()
-    finally:
-        del os.environ["KIBO_GUEST_NETWORK"]
-    try:
+    with sandbox_server(
+        server_factory, "--backend", "firecracker", "--supervisor", "auto", "--guest-network", "off"
+    ) as server:
         yield server
-    finally:
-        server_cm.__exit__(None, None, None)
 
 
 @pytest.fixture(scope="module")

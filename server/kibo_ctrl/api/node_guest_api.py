@@ -106,7 +106,9 @@ class NodeGuestApi:
         try:
             yield guest_pb2.GuestPortFrame(opened=guest_pb2.GuestPortOpened())
             while data := await stream.read():
-                yield guest_pb2.GuestPortFrame(data=data)
+                # A read may be larger than a frame (runtime/process/guest_ports.py CHUNK).
+                for offset in range(0, len(data), MAX_PORT_DATA):
+                    yield guest_pb2.GuestPortFrame(data=data[offset : offset + MAX_PORT_DATA])
             yield guest_pb2.GuestPortFrame(eof=guest_pb2.GuestPortEof())
             # The guest sent all it will: the call ends once the control plane has too.
             await pump

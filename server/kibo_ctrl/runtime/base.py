@@ -165,7 +165,7 @@ class GuestStream(Protocol):
     ConnectionError."""
 
     async def read(self) -> bytes:
-        """Up to 64 KiB; b"" once the guest side closed."""
+        """Up to 256 KiB; b"" once the guest side closed."""
         ...
 
     async def write(self, data: bytes) -> None:

@@ -105,6 +105,12 @@ class ProcessSettings(Protocol):
     def disk_allocation_ratio(self) -> float: ...
     @property
     def supervisor(self) -> str: ...
+    @property
+    def guest_network(self) -> str: ...
+    @property
+    def guest_deny(self) -> tuple[str, ...]: ...
+    @property
+    def guest_dns(self) -> tuple[str, ...]: ...
 
 
 def options_from(settings: ProcessSettings, data_dir: Path) -> ProcessOptions:
@@ -120,11 +126,9 @@ def options_from(settings: ProcessSettings, data_dir: Path) -> ProcessOptions:
         guest_ids=IdRange(base=settings.guest_id_base),
         disk_allocation_ratio=settings.disk_allocation_ratio,
         supervisor=settings.supervisor,
-        # Settings that do not name them (yet) keep the defaults.
-        # (KIBO_GUEST_NETWORK: the benchmark's way to compare with `off`.)
-        guest_network=str(getattr(settings, "guest_network", "") or os.environ.get("KIBO_GUEST_NETWORK", "")),
-        guest_deny=tuple(getattr(settings, "guest_deny", ()) or ()),
-        guest_dns=tuple(getattr(settings, "guest_dns", ()) or ()),
+        guest_network=settings.guest_network,
+        guest_deny=settings.guest_deny,
+        guest_dns=settings.guest_dns,
     )
 
 
