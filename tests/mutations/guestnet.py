@@ -71,4 +71,21 @@ MUTATIONS = [
         replace='    lines.append(f"{rule} ct state established,related accept")\n',
         tests=(f"{_T}test_a_live_policy_change_applies_without_a_restart_and_cuts_what_it_forbids",),
     ),
+    Mutation(
+        claim=(
+            "A domain rule admits the addresses the node's resolver answers for the name, and follows the name "
+            "to a new address (ALLOW_LISTED: nothing else is reached)"
+        ),
+        code="server/kibo_ctrl/runtime/process/network/__init__.py",
+        find="        if held is None or not addresses:\n            return\n",
+        replace="        return\n",
+        tests=(f"{_T}test_a_domain_rule_follows_its_name_to_a_new_address",),
+    ),
+    Mutation(
+        claim="Under ALLOW_LISTED a guest reaches an allowed domain's addresses only through its policy's set",
+        code=_RULES,
+        find='    lines.append(f"{rule} ip daddr @{chain}_dyn{port} {admit}")\n',
+        replace="",
+        tests=(f"{_T}test_a_domain_rule_follows_its_name_to_a_new_address",),
+    ),
 ]

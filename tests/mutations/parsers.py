@@ -35,8 +35,8 @@ MUTATIONS = [
     Mutation(
         claim=_LINEAR,
         code=_VALIDATION,
-        find="    if len(cidrs) > MAX_CIDRS:\n",
-        replace="    if False:\n",
+        find="        if len(values) > bound:\n",
+        replace="        if False:\n",
         tests=(f"{_COST}::test_create_and_set_labels_are_linear",),
     ),
     Mutation(

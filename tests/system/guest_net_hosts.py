@@ -136,3 +136,53 @@ def target_host(name: str, address: str, gateway: str, prefix: int = 24) -> Iter
             ip("link", "del", veth)
         with contextlib.suppress(subprocess.CalledProcessError):
             ip("netns", "del", name)
+
+
+class Names:
+    """A DNS server of the test's own on 127.0.0.1 (UDP): A records from `records`, which the
+    test changes as it goes, with a 1 s TTL; any other name is NXDOMAIN. Counts the queries."""
+
+    def __init__(self) -> None:
+        self.records: dict[str, str] = {}
+        self.queries: list[str] = []
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self._sock.bind(("127.0.0.1", 0))
+        self._sock.settimeout(0.1)
+        self.port = int(self._sock.getsockname()[1])
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        import dns.message
+        import dns.rcode
+        import dns.rdatatype
+        import dns.rrset
+
+        while not self._stop.is_set():
+            try:
+                data, peer = self._sock.recvfrom(4096)
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            try:
+                query = dns.message.from_wire(data)
+            except Exception:
+                continue
+            answer = dns.message.make_response(query)
+            question = query.question[0]
+            name = question.name.to_text(omit_final_dot=True).lower()
+            self.queries.append(name)
+            address = self.records.get(name)
+            if address is None:
+                answer.set_rcode(dns.rcode.NXDOMAIN)
+            elif question.rdtype == dns.rdatatype.A:
+                answer.answer.append(dns.rrset.from_text(question.name, 1, "IN", "A", address))
+            with contextlib.suppress(OSError):
+                self._sock.sendto(answer.to_wire(), peer)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self._sock.close()

@@ -28,7 +28,7 @@ from kibo.ctrl.v1 import workspace_service_pb2 as ws
 
 from tests.client import SUCCEEDED, Client, S, meta
 from tests.server import ServerProcess
-from tests.system.guest_net_hosts import Host, Listener, socket_in, target_host
+from tests.system.guest_net_hosts import Host, Listener, Names, socket_in, target_host
 from tests.system.test_process_runtime import SMALL, DataPlane, sandbox_server
 
 pytestmark = pytest.mark.timeout(120)
@@ -59,8 +59,10 @@ except OSError as e:
 class Net:
     """The module's server, target hosts and host-side listeners."""
 
-    def __init__(self, server: ServerProcess, web: Host, other: Host, metadata: Host, host_port: int) -> None:
-        self.server, self.web, self.other, self.metadata = server, web, other, metadata
+    def __init__(
+        self, server: ServerProcess, web: Host, other: Host, metadata: Host, host_port: int, names: Names
+    ) -> None:
+        self.server, self.web, self.other, self.metadata, self.names = server, web, other, metadata, names
         self.host_port = host_port  # a listener of the host on 0.0.0.0 (PostgreSQL-like)
         self.web_a, self.web_b = web.listen(), web.listen()
         self.other_a = other.listen(self.web_a)
@@ -94,11 +96,15 @@ def net(server_factory: object) -> Iterator[Net]:
     ):
         # Greets like the targets' listeners: a probe that reached it would say "open".
         host_listener = Listener(socket_in(None, "0.0.0.0", 0))
+        # The guests' resolver asks the test's own DNS server (domain rules).
+        names = Names()
         try:
-            with sandbox_server(server_factory) as server:  # type: ignore[arg-type]
-                yield Net(server, web, other, metadata, host_listener.port)
+            flags = ("--guest-dns", f"127.0.0.1:{names.port}")
+            with sandbox_server(server_factory, *flags) as server:  # type: ignore[arg-type]
+                yield Net(server, web, other, metadata, host_listener.port, names)
         finally:
             host_listener.close()
+            names.close()
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
@@ -234,6 +240,73 @@ async def eventually_probe(client: Client, credential: str, address: str, port: 
     while (await probe(client, credential, address, port) == "open") != want_open:
         assert time.monotonic() < deadline, f"{address}:{port} still {'closed' if want_open else 'open'}"
         await asyncio.sleep(0.2)
+
+
+# -- domain rules: the node's resolver admits what it answers for an allowed name ----------------
+
+# getaddrinfo (the guest's /etc/resolv.conf: its node's resolver) then a TCP connect to the
+# first address: "ADDRESS open|refused|...", or "noname" when the name does not resolve.
+PROBE_NAME = """
+import socket, sys
+try:
+    address = socket.getaddrinfo(sys.argv[1], int(sys.argv[2]), socket.AF_INET, socket.SOCK_STREAM)[0][4][0]
+except socket.gaierror:
+    print("noname")
+    raise SystemExit
+try:
+    s = socket.create_connection((address, int(sys.argv[2])), 2)
+    s.settimeout(2)
+    s.recv(16)
+    print(address, "open")
+except OSError as e:
+    print(address, "closed", e.errno)
+"""
+
+
+async def probe_name(client: Client, credential: str, name: str, port: int) -> str:
+    code, out, err = await DataPlane(client).exec(credential, "python3", "-c", PROBE_NAME, name, str(port))
+    assert code == 0, err
+    return out.decode().strip()
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_a_domain_rule_follows_its_name_to_a_new_address(net: Net) -> None:
+    """ALLOW_LISTED with the domain app.kibo.test only: its address (the test's DNS) is
+    reached, the other host is not (by address, or by a name not listed: refused by the
+    node's resolver); the test moves the name to the other host: the guest follows it there."""
+    names, port = net.names, net.web_a
+    assert net.other_a == port  # both hosts listen on the same port
+    names.records["app.kibo.test"] = net.web.address
+    names.records["elsewhere.kibo.test"] = net.other.address
+    listed = wp.NetworkPolicy(egress=wp.NETWORK_EGRESS_ALLOW_LISTED, allowed_domains=["app.kibo.test"])
+    async with Client.connect(net.server.address) as client:
+        workspace = await client.create(resources=SMALL, network_policy=listed)
+        assert workspace.state == S.WORKSPACE_STATE_AVAILABLE, workspace
+        credential = await DataPlane(client).credential(workspace.workspace_id)
+        assert await probe_name(client, credential, "app.kibo.test", port) == f"{net.web.address} open"
+        assert await probe(client, credential, net.other.address, port) != "open"
+        # A name not listed is refused by the resolver (the upstream is never asked for it).
+        asked = len(names.queries)
+        assert await probe_name(client, credential, "elsewhere.kibo.test", port) == "noname"
+        assert "elsewhere.kibo.test" not in names.queries[asked:]
+        # The name moves: the guest's next lookup admits and reaches the new address.
+        names.records["app.kibo.test"] = net.other.address
+        assert await probe_name(client, credential, "app.kibo.test", port) == f"{net.other.address} open"
+        await client.delete(workspace.workspace_id)
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_a_denied_domain_is_refused_under_allow_all(net: Net) -> None:
+    names = net.names
+    names.records["blocked.kibo.test"] = net.web.address
+    names.records["fine.kibo.test"] = net.web.address
+    policy = wp.NetworkPolicy(egress=wp.NETWORK_EGRESS_ALLOW_ALL, denied_domains=["blocked.kibo.test"])
+    async with Client.connect(net.server.address) as client:
+        workspace = await client.create(resources=SMALL, network_policy=policy)
+        credential = await DataPlane(client).credential(workspace.workspace_id)
+        assert await probe_name(client, credential, "fine.kibo.test", net.web_a) == f"{net.web.address} open"
+        assert await probe_name(client, credential, "blocked.kibo.test", net.web_a) == "noname"
+        await client.delete(workspace.workspace_id)
 
 
 # -- what no policy opens ---------------------------------------------------------------------

@@ -49,6 +49,11 @@ log = logging.getLogger(__name__)
 READY_SLOTS = 2  # made ahead, so a create does not wait for a namespace and a veth
 
 
+# The longest an allowed name's address stays admitted after an answer (its TTL, floored at
+# the resolver's 60 s, capped here).
+MAX_ALLOWANCE_S = 3600
+
+
 @dataclass(frozen=True)
 class NetworkOptions:
     """`--guest-network CIDR|off`, `--guest-deny CIDR` (repeatable), `--guest-dns ADDR[:PORT]`."""
@@ -308,6 +313,8 @@ class GuestNetworks:
         held = self._by_address.get(str(s.address))
         if held is None or not addresses:
             return
+        # At most an hour, whatever the upstream says: a name that moves is followed within it.
+        ttl = min(ttl, MAX_ALLOWANCE_S)
         now = time.monotonic()
         parsed = [ipaddress.IPv4Address(a) for a in addresses]
         fresh = [a for a in parsed if str(a) not in held.domains or held.domains[str(a)] < now]
