@@ -11,6 +11,7 @@ import asyncio
 import json
 import os
 import signal
+import subprocess
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -38,6 +39,7 @@ from kibo_ctrl.domain.model import (
 
 from tests.client import Client, S
 from tests.server import ServerProcess
+from tests.system.test_guest_network import netns_of
 from tests.system.test_process_runtime import (
     SMALL,
     _alive,
@@ -153,18 +155,31 @@ async def test_a_killed_supervisor_shows_released_at_once(oc: Client, os_server:
     assert rows[LAYER].status == PRESENT, rows[LAYER]
     assert all(d.is_dir() for d in cgroup_dirs(os_server, workspace))
 
-    # The guest dies with its supervisor; its namespaces and mounts go with it.
-    await cleanup_until(oc, workspace.workspace_id, lambda r: all(r[k].status == RELEASED for k in GUEST_PARTS))
+    # The guest dies with its supervisor; its namespaces and mounts go with it, but not its
+    # network: the slot (namespace, veth, rules) is the node's, held until the instance is
+    # released (a force stop or a delete), as the machine shows (issue 28).
+    mounts = [k for k in GUEST_PARTS if k != obs.CLEANUP_COMPONENT_NETWORK]
+    await cleanup_until(oc, workspace.workspace_id, lambda r: all(r[k].status == RELEASED for k in mounts))
     assert not _alive(guest)
+    rows = by_kind(await oc.cleanup(workspace.workspace_id))
+    assert rows[obs.CLEANUP_COMPONENT_NETWORK].status == PRESENT, rows[obs.CLEANUP_COMPONENT_NETWORK]
+    assert netns_of(os_server.data_dir, workspace.workspace_id) in _netns_names()
     # The store learns of it (FAILED, the instance keeps its parts on record); the OS view still wins.
     await oc.wait_for(workspace.workspace_id, S.WORKSPACE_STATE_FAILED)
     rows = by_kind(await oc.cleanup(workspace.workspace_id))
     assert rows[INSTANCE].status == RELEASED and rows[RESERVATION].status == PRESENT, rows
 
+    netns = netns_of(os_server.data_dir, workspace.workspace_id)
     await oc.delete(workspace.workspace_id)
     layer, volume = files(os_server, workspace)
     await cleanup_until(oc, workspace.workspace_id, lambda r: all(row.status == RELEASED for row in r.values()))
     assert not layer.exists() and not volume.exists()
+    assert netns not in _netns_names()
+
+
+def _netns_names() -> list[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
+    return [line.split()[0] for line in out.splitlines() if line.strip()]
 
 
 # -- with_observation, unit -------------------------------------------------------------------
