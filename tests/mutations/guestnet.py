@@ -98,4 +98,14 @@ MUTATIONS = [
         replace="        seen[Component.NETWORK] = guest_alive\n",
         tests=("tests/system/test_cleanup_os.py::test_a_killed_supervisor_shows_released_at_once",),
     ),
+    Mutation(
+        claim=(
+            "After a control-plane restart the runtime finds its guests' network slots on the machine: the guest "
+            "keeps its network and takes a new policy live"
+        ),
+        code="server/kibo_ctrl/runtime/process/runtime.py",
+        find="            self.networks.adopt()  # slots found on the machine: their live owners keep them\n",
+        replace="            pass\n",
+        tests=(f"{_T}test_after_a_control_plane_kill_the_guest_keeps_its_network_and_takes_a_new_policy",),
+    ),
 ]

@@ -18,7 +18,7 @@ import os
 import socket
 import subprocess
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -29,7 +29,7 @@ from kibo.ctrl.v1 import workspace_service_pb2 as ws
 from tests.client import SUCCEEDED, Client, S, meta
 from tests.server import ServerProcess
 from tests.system.guest_net_hosts import Host, Listener, Names, socket_in, target_host
-from tests.system.test_process_runtime import SMALL, DataPlane, sandbox_server
+from tests.system.test_process_runtime import SMALL, DataPlane, reap, sandbox_server
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -404,3 +404,43 @@ def test_a_guest_packet_with_another_source_address_is_dropped(
     finally:
         receiver.close()
         subprocess.run(["ip", "-n", netns, "addr", "del", f"{other}/32", "dev", "eth0"], check=False)
+
+
+# -- a control-plane restart ------------------------------------------------------------------------
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_after_a_control_plane_kill_the_guest_keeps_its_network_and_takes_a_new_policy(
+    net: Net, server_factory: Callable[..., ServerProcess]
+) -> None:
+    """kill -9 of `kibo-ctrl serve`: its guest runs on and still reaches the target (the slot,
+    rules and NAT are the kernel's); the restarted server finds the slot on the machine and a
+    live policy change applies to it; the delete releases it."""
+    server = server_factory("--runtime", "process", "--sandbox", "bwrap", "--settle-ms", "3000")
+    try:
+        async with Client.connect(server.address) as client:
+            workspace = await client.create(resources=SMALL, network_policy=ALLOW_ALL)
+            assert workspace.state == S.WORKSPACE_STATE_AVAILABLE, workspace
+            credential = await DataPlane(client).credential(workspace.workspace_id)
+            assert await probe(client, credential, net.web.address, net.web_a) == "open"
+        netns = netns_of(server.data_dir, workspace.workspace_id)
+        server.kill()
+        assert netns in _netns_names()  # the kernel's, not the process's
+        server.start()
+        async with Client.connect(server.address) as client:
+            credential = await DataPlane(client).credential(workspace.workspace_id)
+            assert await probe(client, credential, net.web.address, net.web_a) == "open"
+            await set_policy(client, workspace.workspace_id, DENY_ALL)
+            await eventually_probe(client, credential, net.web.address, net.web_a, want_open=False)
+            await client.delete(workspace.workspace_id)
+            await client.wait_for(workspace.workspace_id, S.WORKSPACE_STATE_DELETED, within=30)
+        assert netns not in _netns_names()
+        server.stop()
+    finally:
+        server.kill()
+        reap(server.data_dir)
+
+
+def _netns_names() -> list[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
+    return [line.split()[0] for line in out.splitlines() if line.strip()]
