@@ -10,6 +10,7 @@ _STEPS = "server/kibo_ctrl/engine/steps.py"
 _RULES = "server/kibo_ctrl/domain/rules.py"
 _T = "tests/system/test_exposures.py"
 _ENDED = f"{_T}::test_an_ended_exposure_cuts_its_open_websocket"
+_UNIT = "tests/unit/test_exposures_unit.py"
 
 MUTATIONS = [
     Mutation(
@@ -29,7 +30,7 @@ MUTATIONS = [
         code=_MODEL,
         find="            if e.generation == self.generation\n            and e.revision == self.data_plane_revision\n",
         replace="            if True\n",
-        tests=(f"{_ENDED}[revoke]",),
+        tests=(f"{_UNIT}::test_one_of_another_execution_or_revision_is_not",),
     ),
     Mutation(
         claim="An exposure answers only while its workspace is AVAILABLE: a stopped, failed (the guest's crash) "
@@ -38,7 +39,7 @@ MUTATIONS = [
         find="        if self.state is not WorkspaceState.AVAILABLE or self.deletion_started or self.deleted:\n"
         "            return []\n",
         replace="",
-        tests=(f"{_ENDED}[guest-crash]",),
+        tests=(f"{_UNIT}::test_none_is_valid_unless_the_workspace_is_available_and_not_being_deleted",),
     ),
     Mutation(
         claim="A commit that ends an exposure cuts the connections open through it at once (WebSocket "

@@ -390,11 +390,20 @@ async def test_an_ended_exposure_cuts_its_open_websocket(exposing: ServerProcess
         await answered(http, exposure, **{"X-Kibo-Exposure-Token": exposure.token})
         socket = await WebSocket.open(http, exposure)
         assert await socket.echo("before") == "before"
+        if how == "unexpose":
+            # Another exposure of the workspace, open too: only the deleted one's connection ends.
+            await serve_web(client, workspace.workspace_id, PORT + 1)
+            kept = await expose(client, workspace.workspace_id, PORT + 1)
+            await answered(http, kept, **{"X-Kibo-Exposure-Token": kept.token})
+            other = await WebSocket.open(http, kept)
         started = time.monotonic()
         expected = await _end(client, exposing, workspace, exposure, how)
         took = await socket.cut_within(5.0) + (time.monotonic() - started)
         await closed(socket.writer)
         print(f"{how}: the open WebSocket was cut {1000 * took:.0f} ms after the request")
+        if how == "unexpose":
+            assert await other.echo("still open") == "still open"
+            await closed(other.writer)
         if how == "guest-crash":
             # The guest's end went with it; the exposure ends when the node's report is folded.
             await client.wait_for(workspace.workspace_id, S.WORKSPACE_STATE_FAILED, within=30)
