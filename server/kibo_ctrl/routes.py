@@ -229,6 +229,6 @@ def node_guest_service(guests: NodeGuestApi) -> Service:
         ngu.DESCRIPTOR.services_by_name["NodeGuestService"],
         (
             ServerStream("RunGuestJob", ngu.RunGuestJobRequest, ngu.RunGuestJobResponse, guests.run_guest_job),
-            BidiStream("OpenGuestPort", ngu.GuestPortFrame, ngu.GuestPortFrame, guests.open_guest_port),
+            BidiStream("OpenGuestPort", ngu.OpenGuestPortRequest, ngu.OpenGuestPortResponse, guests.open_guest_port),
         ),
     )

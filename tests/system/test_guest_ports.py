@@ -258,7 +258,7 @@ def _guest_root(host: Any, workspace: Any) -> Path:
 
 
 async def _raw_call(
-    address: str, secret: str, *frames: guest_pb2.GuestPortFrame, end: bool = False
+    address: str, secret: str, *frames: guest_pb2.OpenGuestPortRequest, end: bool = False
 ) -> tuple[grpc.StatusCode, list[str]]:
     """OpenGuestPort with these frames, then (`end`) the end of the client's side: the status
     and the kinds of the frames the node answered. (A refusal before any frame is read is
@@ -330,20 +330,20 @@ async def test_guest_ports_in_process_and_through_a_nodes_hop(
 
                 # Hostile input on the hop: a clean refusal each, and the hop serves on.
                 address = f"127.0.0.1:{hop}"
-                opening = guest_pb2.GuestPortFrame(open=guest_pb2.GuestPortOpen(instance_id=instance, port=loop))
+                opening = guest_pb2.OpenGuestPortRequest(open=guest_pb2.GuestPortOpen(instance_id=instance, port=loop))
                 assert (await _raw_call(address, ""))[0] == grpc.StatusCode.UNAUTHENTICATED
                 assert (await _raw_call(address, "not-the-secret"))[0] == grpc.StatusCode.UNAUTHENTICATED
-                data_first = guest_pb2.GuestPortFrame(data=b"GET / HTTP/1.1\r\n\r\n")
+                data_first = guest_pb2.OpenGuestPortRequest(data=b"GET / HTTP/1.1\r\n\r\n")
                 assert (await _raw_call(address, secret, data_first))[0] == grpc.StatusCode.INVALID_ARGUMENT
                 assert (await _raw_call(address, secret, end=True))[0] == grpc.StatusCode.INVALID_ARGUMENT
                 for bad_id in ("", "x" * 10_000):
-                    bad = guest_pb2.GuestPortFrame(open=guest_pb2.GuestPortOpen(instance_id=bad_id, port=loop))
+                    bad = guest_pb2.OpenGuestPortRequest(open=guest_pb2.GuestPortOpen(instance_id=bad_id, port=loop))
                     assert (await _raw_call(address, secret, bad))[0] == grpc.StatusCode.INVALID_ARGUMENT
                 for foreign in (f"{here.workspace_id}-g{here.execution_generation}", "../../../proc/1", "ws-none-g1"):
                     assert await refusal(remote.open_guest_port(foreign, loop)) == "unavailable"
                 # A data frame over 64 KiB: the node cuts that connection (the guest sees it end).
                 seen = closed_count(_guest_root(node_host, there))
-                too_big = guest_pb2.GuestPortFrame(data=b"x" * (64 * 1024 + 1))
+                too_big = guest_pb2.OpenGuestPortRequest(data=b"x" * (64 * 1024 + 1))
                 code, kinds = await _raw_call(address, secret, opening, too_big)
                 assert code == grpc.StatusCode.OK and kinds[0] == "opened" and kinds[-1] == "eof", kinds
                 await guest_side_closed(_guest_root(node_host, there), seen)

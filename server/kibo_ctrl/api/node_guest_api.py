@@ -78,8 +78,8 @@ class NodeGuestApi:
             stop.set()
 
     async def open_guest_port(
-        self, frames: AsyncIterator[guest_pb2.GuestPortFrame], caller: Caller
-    ) -> AsyncGenerator[guest_pb2.GuestPortFrame, None]:
+        self, frames: AsyncIterator[guest_pb2.OpenGuestPortRequest], caller: Caller
+    ) -> AsyncGenerator[guest_pb2.OpenGuestPortResponse, None]:
         """One TCP connection into a guest (the proto's OpenGuestPort): `open` first, then
         `opened` or `refused`; data both ways, each side's `eof`; the call ends once both
         sides sent theirs, or at once when it is cancelled (the connection is cut)."""
@@ -104,12 +104,12 @@ class NodeGuestApi:
             return
         pump = asyncio.create_task(_to_guest(frames, stream))
         try:
-            yield guest_pb2.GuestPortFrame(opened=guest_pb2.GuestPortOpened())
+            yield guest_pb2.OpenGuestPortResponse(opened=guest_pb2.GuestPortOpened())
             while data := await stream.read():
                 # A read may be larger than a frame (runtime/process/guest_ports.py CHUNK).
                 for offset in range(0, len(data), MAX_PORT_DATA):
-                    yield guest_pb2.GuestPortFrame(data=data[offset : offset + MAX_PORT_DATA])
-            yield guest_pb2.GuestPortFrame(eof=guest_pb2.GuestPortEof())
+                    yield guest_pb2.OpenGuestPortResponse(data=data[offset : offset + MAX_PORT_DATA])
+            yield guest_pb2.OpenGuestPortResponse(eof=guest_pb2.GuestPortEof())
             # The guest sent all it will: the call ends once the control plane has too.
             await pump
         finally:
@@ -119,7 +119,7 @@ class NodeGuestApi:
             await stream.close()
 
 
-async def _to_guest(frames: AsyncIterator[guest_pb2.GuestPortFrame], stream: GuestStream) -> None:
+async def _to_guest(frames: AsyncIterator[guest_pb2.OpenGuestPortRequest], stream: GuestStream) -> None:
     """The control plane's frames to the guest until its eof (or the end of its frames); a
     frame that breaks the protocol, or a write the guest no longer takes, cuts the connection
     (the guest-to-client side then reads its end)."""
@@ -138,7 +138,7 @@ async def _to_guest(frames: AsyncIterator[guest_pb2.GuestPortFrame], stream: Gue
         await stream.close()
 
 
-def _refusal(refused: GuestRefused) -> guest_pb2.GuestPortFrame:
-    return guest_pb2.GuestPortFrame(
+def _refusal(refused: GuestRefused) -> guest_pb2.OpenGuestPortResponse:
+    return guest_pb2.OpenGuestPortResponse(
         refused=guest_pb2.GuestRefusal(status=refused.status, message=str(refused), errno=refused.errno)
     )

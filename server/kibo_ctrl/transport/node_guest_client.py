@@ -109,7 +109,9 @@ class RemoteGuests:
         GuestRefused as the node's runtime refuses, "unavailable" if the node does not answer."""
         call = self._stub.OpenGuestPort(metadata=self._metadata)
         try:
-            await call.write(guest_pb2.GuestPortFrame(open=guest_pb2.GuestPortOpen(instance_id=instance_id, port=port)))
+            await call.write(
+                guest_pb2.OpenGuestPortRequest(open=guest_pb2.GuestPortOpen(instance_id=instance_id, port=port))
+            )
             first = await call.read()
         except grpc.aio.AioRpcError as error:
             call.cancel()
@@ -154,7 +156,7 @@ class RemoteGuestStream:
         view = memoryview(data)
         try:
             for offset in range(0, len(view), PORT_CHUNK):
-                await self._call.write(guest_pb2.GuestPortFrame(data=bytes(view[offset : offset + PORT_CHUNK])))
+                await self._call.write(guest_pb2.OpenGuestPortRequest(data=bytes(view[offset : offset + PORT_CHUNK])))
         except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
             raise ConnectionResetError("the connection to the guest is closed") from None
 
@@ -163,7 +165,7 @@ class RemoteGuestStream:
             return
         self._sent_eof = True
         with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
-            await self._call.write(guest_pb2.GuestPortFrame(eof=guest_pb2.GuestPortEof()))
+            await self._call.write(guest_pb2.OpenGuestPortRequest(eof=guest_pb2.GuestPortEof()))
             await self._call.done_writing()
 
     async def close(self) -> None:

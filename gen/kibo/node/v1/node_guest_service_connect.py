@@ -21,7 +21,7 @@ from connectrpc.protocol import ProtocolType
 from connectrpc.server import ConnectASGIApplication, ConnectWSGIApplication, DEFAULT_READ_MAX_BYTES, Endpoint, EndpointSync
 from pyqwest import Client, SyncClient
 
-from .node_guest_service_pb2 import GuestPortFrame, RunGuestJobRequest, RunGuestJobResponse
+from .node_guest_service_pb2 import OpenGuestPortRequest, OpenGuestPortResponse, RunGuestJobRequest, RunGuestJobResponse
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Iterator, Mapping
@@ -51,7 +51,7 @@ class NodeGuestService(Protocol):
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
-    def open_guest_port(self, request: AsyncIterator[GuestPortFrame], ctx: RequestContext[GuestPortFrame, GuestPortFrame], /) -> AsyncIterator[GuestPortFrame]:
+    def open_guest_port(self, request: AsyncIterator[OpenGuestPortRequest], ctx: RequestContext[OpenGuestPortRequest, OpenGuestPortResponse], /) -> AsyncIterator[OpenGuestPortResponse]:
         """
         A TCP connection to a port on a running guest's loopback (an exposure's last hop), opened
         inside the guest's network namespace. The first client frame is `open`; the node answers
@@ -91,8 +91,8 @@ class NodeGuestServiceASGIApplication(ConnectASGIApplication[NodeGuestService]):
                     method=MethodInfo(
                         name="OpenGuestPort",
                         service_name="kibo.node.v1.NodeGuestService",
-                        input=GuestPortFrame,
-                        output=GuestPortFrame,
+                        input=OpenGuestPortRequest,
+                        output=OpenGuestPortResponse,
                         idempotency_level=IdempotencyLevel.UNKNOWN,
                         stream_type=StreamType.BIDI_STREAM,
                     ),
@@ -168,11 +168,11 @@ class NodeGuestServiceClient(ConnectClient):
         )
     def open_guest_port(
         self,
-        request: AsyncIterator[GuestPortFrame],
+        request: AsyncIterator[OpenGuestPortRequest],
         *,
         headers: Headers | Mapping[str, str] | None = None, 
         timeout_ms: int | None = None,
-    ) -> AsyncIterator[GuestPortFrame]:
+    ) -> AsyncIterator[OpenGuestPortResponse]:
         """
         A TCP connection to a port on a running guest's loopback (an exposure's last hop), opened
         inside the guest's network namespace. The first client frame is `open`; the node answers
@@ -186,8 +186,8 @@ class NodeGuestServiceClient(ConnectClient):
             method=MethodInfo(
                 name="OpenGuestPort",
                 service_name="kibo.node.v1.NodeGuestService",
-                input=GuestPortFrame,
-                output=GuestPortFrame,
+                input=OpenGuestPortRequest,
+                output=OpenGuestPortResponse,
                 idempotency_level=IdempotencyLevel.UNKNOWN,
                 stream_type=StreamType.BIDI_STREAM,
             ),
@@ -209,7 +209,7 @@ class NodeGuestServiceSync(Protocol):
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
-    def open_guest_port(self, request: Iterator[GuestPortFrame], ctx: RequestContext[GuestPortFrame, GuestPortFrame], /) -> Iterator[GuestPortFrame]:
+    def open_guest_port(self, request: Iterator[OpenGuestPortRequest], ctx: RequestContext[OpenGuestPortRequest, OpenGuestPortResponse], /) -> Iterator[OpenGuestPortResponse]:
         """
         A TCP connection to a port on a running guest's loopback (an exposure's last hop), opened
         inside the guest's network namespace. The first client frame is `open`; the node answers
@@ -247,8 +247,8 @@ class NodeGuestServiceWSGIApplication(ConnectWSGIApplication):
                     method=MethodInfo(
                         name="OpenGuestPort",
                         service_name="kibo.node.v1.NodeGuestService",
-                        input=GuestPortFrame,
-                        output=GuestPortFrame,
+                        input=OpenGuestPortRequest,
+                        output=OpenGuestPortResponse,
                         idempotency_level=IdempotencyLevel.UNKNOWN,
                         stream_type=StreamType.BIDI_STREAM,
                     ),
@@ -324,11 +324,11 @@ class NodeGuestServiceClientSync(ConnectClientSync):
         )
     def open_guest_port(
         self,
-        request: Iterator[GuestPortFrame],
+        request: Iterator[OpenGuestPortRequest],
         *,
         headers: Headers | Mapping[str, str] | None = None, 
         timeout_ms: int | None = None,
-    ) -> Iterator[GuestPortFrame]:
+    ) -> Iterator[OpenGuestPortResponse]:
         """
         A TCP connection to a port on a running guest's loopback (an exposure's last hop), opened
         inside the guest's network namespace. The first client frame is `open`; the node answers
@@ -342,8 +342,8 @@ class NodeGuestServiceClientSync(ConnectClientSync):
             method=MethodInfo(
                 name="OpenGuestPort",
                 service_name="kibo.node.v1.NodeGuestService",
-                input=GuestPortFrame,
-                output=GuestPortFrame,
+                input=OpenGuestPortRequest,
+                output=OpenGuestPortResponse,
                 idempotency_level=IdempotencyLevel.UNKNOWN,
                 stream_type=StreamType.BIDI_STREAM,
             ),

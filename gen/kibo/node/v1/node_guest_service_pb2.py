@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%kibo/node/v1/node_guest_service.proto\x12\x0ckibo.node.v1\"^\n\x12RunGuestJobRequest\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\x0b\n\x03job\x18\x02 \x01(\x0c\x12\r\n\x05stdin\x18\x03 \x01(\x0c\x12\x17\n\x0ftimeout_seconds\x18\x04 \x01(\x01\"+\n\x0bGuestOutput\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\"\x19\n\tGuestExit\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\">\n\x0cGuestRefusal\x12\x0e\n\x06status\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\r\n\x05\x65rrno\x18\x03 \x01(\t\"\xa3\x01\n\x13RunGuestJobResponse\x12+\n\x06output\x18\x01 \x01(\x0b\x32\x19.kibo.node.v1.GuestOutputH\x00\x12\'\n\x04\x65xit\x18\x02 \x01(\x0b\x32\x17.kibo.node.v1.GuestExitH\x00\x12-\n\x07refused\x18\x03 \x01(\x0b\x32\x1a.kibo.node.v1.GuestRefusalH\x00\x42\x07\n\x05\x65vent\"2\n\rGuestPortOpen\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\x0c\n\x04port\x18\x02 \x01(\r\"\x11\n\x0fGuestPortOpened\"\x0e\n\x0cGuestPortEof\"\xe1\x01\n\x0eGuestPortFrame\x12+\n\x04open\x18\x01 \x01(\x0b\x32\x1b.kibo.node.v1.GuestPortOpenH\x00\x12/\n\x06opened\x18\x02 \x01(\x0b\x32\x1d.kibo.node.v1.GuestPortOpenedH\x00\x12\x0e\n\x04\x64\x61ta\x18\x03 \x01(\x0cH\x00\x12)\n\x03\x65of\x18\x04 \x01(\x0b\x32\x1a.kibo.node.v1.GuestPortEofH\x00\x12-\n\x07refused\x18\x05 \x01(\x0b\x32\x1a.kibo.node.v1.GuestRefusalH\x00\x42\x07\n\x05\x66rame2\xb9\x01\n\x10NodeGuestService\x12T\n\x0bRunGuestJob\x12 .kibo.node.v1.RunGuestJobRequest\x1a!.kibo.node.v1.RunGuestJobResponse0\x01\x12O\n\rOpenGuestPort\x12\x1c.kibo.node.v1.GuestPortFrame\x1a\x1c.kibo.node.v1.GuestPortFrame(\x01\x30\x01\x42\x35Z3github.com/kibo-dev/kibo/gen/go/kibo/node/v1;nodev1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%kibo/node/v1/node_guest_service.proto\x12\x0ckibo.node.v1\"^\n\x12RunGuestJobRequest\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\x0b\n\x03job\x18\x02 \x01(\x0c\x12\r\n\x05stdin\x18\x03 \x01(\x0c\x12\x17\n\x0ftimeout_seconds\x18\x04 \x01(\x01\"+\n\x0bGuestOutput\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\"\x19\n\tGuestExit\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\">\n\x0cGuestRefusal\x12\x0e\n\x06status\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\r\n\x05\x65rrno\x18\x03 \x01(\t\"\xa3\x01\n\x13RunGuestJobResponse\x12+\n\x06output\x18\x01 \x01(\x0b\x32\x19.kibo.node.v1.GuestOutputH\x00\x12\'\n\x04\x65xit\x18\x02 \x01(\x0b\x32\x17.kibo.node.v1.GuestExitH\x00\x12-\n\x07refused\x18\x03 \x01(\x0b\x32\x1a.kibo.node.v1.GuestRefusalH\x00\x42\x07\n\x05\x65vent\"2\n\rGuestPortOpen\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\x0c\n\x04port\x18\x02 \x01(\r\"\x11\n\x0fGuestPortOpened\"\x0e\n\x0cGuestPortEof\"\x87\x01\n\x14OpenGuestPortRequest\x12+\n\x04open\x18\x01 \x01(\x0b\x32\x1b.kibo.node.v1.GuestPortOpenH\x00\x12\x0e\n\x04\x64\x61ta\x18\x03 \x01(\x0cH\x00\x12)\n\x03\x65of\x18\x04 \x01(\x0b\x32\x1a.kibo.node.v1.GuestPortEofH\x00\x42\x07\n\x05\x66rame\"\xbb\x01\n\x15OpenGuestPortResponse\x12/\n\x06opened\x18\x02 \x01(\x0b\x32\x1d.kibo.node.v1.GuestPortOpenedH\x00\x12\x0e\n\x04\x64\x61ta\x18\x03 \x01(\x0cH\x00\x12)\n\x03\x65of\x18\x04 \x01(\x0b\x32\x1a.kibo.node.v1.GuestPortEofH\x00\x12-\n\x07refused\x18\x05 \x01(\x0b\x32\x1a.kibo.node.v1.GuestRefusalH\x00\x42\x07\n\x05\x66rame2\xc6\x01\n\x10NodeGuestService\x12T\n\x0bRunGuestJob\x12 .kibo.node.v1.RunGuestJobRequest\x1a!.kibo.node.v1.RunGuestJobResponse0\x01\x12\\\n\rOpenGuestPort\x12\".kibo.node.v1.OpenGuestPortRequest\x1a#.kibo.node.v1.OpenGuestPortResponse(\x01\x30\x01\x42\x35Z3github.com/kibo-dev/kibo/gen/go/kibo/node/v1;nodev1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -48,8 +48,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GUESTPORTOPENED']._serialized_end=522
   _globals['_GUESTPORTEOF']._serialized_start=524
   _globals['_GUESTPORTEOF']._serialized_end=538
-  _globals['_GUESTPORTFRAME']._serialized_start=541
-  _globals['_GUESTPORTFRAME']._serialized_end=766
-  _globals['_NODEGUESTSERVICE']._serialized_start=769
-  _globals['_NODEGUESTSERVICE']._serialized_end=954
+  _globals['_OPENGUESTPORTREQUEST']._serialized_start=541
+  _globals['_OPENGUESTPORTREQUEST']._serialized_end=676
+  _globals['_OPENGUESTPORTRESPONSE']._serialized_start=679
+  _globals['_OPENGUESTPORTRESPONSE']._serialized_end=866
+  _globals['_NODEGUESTSERVICE']._serialized_start=869
+  _globals['_NODEGUESTSERVICE']._serialized_end=1067
 # @@protoc_insertion_point(module_scope)

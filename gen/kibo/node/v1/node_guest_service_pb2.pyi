@@ -67,16 +67,24 @@ class GuestPortEof(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
-class GuestPortFrame(_message.Message):
-    __slots__ = ("open", "opened", "data", "eof", "refused")
+class OpenGuestPortRequest(_message.Message):
+    __slots__ = ("open", "data", "eof")
     OPEN_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    EOF_FIELD_NUMBER: _ClassVar[int]
+    open: GuestPortOpen
+    data: bytes
+    eof: GuestPortEof
+    def __init__(self, open: _Optional[_Union[GuestPortOpen, _Mapping]] = ..., data: _Optional[bytes] = ..., eof: _Optional[_Union[GuestPortEof, _Mapping]] = ...) -> None: ...
+
+class OpenGuestPortResponse(_message.Message):
+    __slots__ = ("opened", "data", "eof", "refused")
     OPENED_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     EOF_FIELD_NUMBER: _ClassVar[int]
     REFUSED_FIELD_NUMBER: _ClassVar[int]
-    open: GuestPortOpen
     opened: GuestPortOpened
     data: bytes
     eof: GuestPortEof
     refused: GuestRefusal
-    def __init__(self, open: _Optional[_Union[GuestPortOpen, _Mapping]] = ..., opened: _Optional[_Union[GuestPortOpened, _Mapping]] = ..., data: _Optional[bytes] = ..., eof: _Optional[_Union[GuestPortEof, _Mapping]] = ..., refused: _Optional[_Union[GuestRefusal, _Mapping]] = ...) -> None: ...
+    def __init__(self, opened: _Optional[_Union[GuestPortOpened, _Mapping]] = ..., data: _Optional[bytes] = ..., eof: _Optional[_Union[GuestPortEof, _Mapping]] = ..., refused: _Optional[_Union[GuestRefusal, _Mapping]] = ...) -> None: ...

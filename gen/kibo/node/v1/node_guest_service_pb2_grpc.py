@@ -45,8 +45,8 @@ class NodeGuestServiceStub:
                 _registered_method=True)
         self.OpenGuestPort = channel.stream_stream(
                 '/kibo.node.v1.NodeGuestService/OpenGuestPort',
-                request_serializer=kibo_dot_node_dot_v1_dot_node__guest__service__pb2.GuestPortFrame.SerializeToString,
-                response_deserializer=kibo_dot_node_dot_v1_dot_node__guest__service__pb2.GuestPortFrame.FromString,
+                request_serializer=kibo_dot_node_dot_v1_dot_node__guest__service__pb2.OpenGuestPortRequest.SerializeToString,
+                response_deserializer=kibo_dot_node_dot_v1_dot_node__guest__service__pb2.OpenGuestPortResponse.FromString,
                 _registered_method=True)
 
 
@@ -87,8 +87,8 @@ def add_NodeGuestServiceServicer_to_server(servicer, server):
             ),
             'OpenGuestPort': grpc.stream_stream_rpc_method_handler(
                     servicer.OpenGuestPort,
-                    request_deserializer=kibo_dot_node_dot_v1_dot_node__guest__service__pb2.GuestPortFrame.FromString,
-                    response_serializer=kibo_dot_node_dot_v1_dot_node__guest__service__pb2.GuestPortFrame.SerializeToString,
+                    request_deserializer=kibo_dot_node_dot_v1_dot_node__guest__service__pb2.OpenGuestPortRequest.FromString,
+                    response_serializer=kibo_dot_node_dot_v1_dot_node__guest__service__pb2.OpenGuestPortResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -147,8 +147,8 @@ class NodeGuestService:
             request_iterator,
             target,
             '/kibo.node.v1.NodeGuestService/OpenGuestPort',
-            kibo_dot_node_dot_v1_dot_node__guest__service__pb2.GuestPortFrame.SerializeToString,
-            kibo_dot_node_dot_v1_dot_node__guest__service__pb2.GuestPortFrame.FromString,
+            kibo_dot_node_dot_v1_dot_node__guest__service__pb2.OpenGuestPortRequest.SerializeToString,
+            kibo_dot_node_dot_v1_dot_node__guest__service__pb2.OpenGuestPortResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -79,8 +79,8 @@ func (c *nodeGuestServiceClient) OpenGuestPort(ctx context.Context, opts ...grpc
 }
 
 type NodeGuestService_OpenGuestPortClient interface {
-	Send(*GuestPortFrame) error
-	Recv() (*GuestPortFrame, error)
+	Send(*OpenGuestPortRequest) error
+	Recv() (*OpenGuestPortResponse, error)
 	grpc.ClientStream
 }
 
@@ -88,12 +88,12 @@ type nodeGuestServiceOpenGuestPortClient struct {
 	grpc.ClientStream
 }
 
-func (x *nodeGuestServiceOpenGuestPortClient) Send(m *GuestPortFrame) error {
+func (x *nodeGuestServiceOpenGuestPortClient) Send(m *OpenGuestPortRequest) error {
 	return x.ClientStream.SendMsg(m)
 }
 
-func (x *nodeGuestServiceOpenGuestPortClient) Recv() (*GuestPortFrame, error) {
-	m := new(GuestPortFrame)
+func (x *nodeGuestServiceOpenGuestPortClient) Recv() (*OpenGuestPortResponse, error) {
+	m := new(OpenGuestPortResponse)
 	if err := x.ClientStream.RecvMsg(m); err != nil {
 		return nil, err
 	}
@@ -166,8 +166,8 @@ func _NodeGuestService_OpenGuestPort_Handler(srv interface{}, stream grpc.Server
 }
 
 type NodeGuestService_OpenGuestPortServer interface {
-	Send(*GuestPortFrame) error
-	Recv() (*GuestPortFrame, error)
+	Send(*OpenGuestPortResponse) error
+	Recv() (*OpenGuestPortRequest, error)
 	grpc.ServerStream
 }
 
@@ -175,12 +175,12 @@ type nodeGuestServiceOpenGuestPortServer struct {
 	grpc.ServerStream
 }
 
-func (x *nodeGuestServiceOpenGuestPortServer) Send(m *GuestPortFrame) error {
+func (x *nodeGuestServiceOpenGuestPortServer) Send(m *OpenGuestPortResponse) error {
 	return x.ServerStream.SendMsg(m)
 }
 
-func (x *nodeGuestServiceOpenGuestPortServer) Recv() (*GuestPortFrame, error) {
-	m := new(GuestPortFrame)
+func (x *nodeGuestServiceOpenGuestPortServer) Recv() (*OpenGuestPortRequest, error) {
+	m := new(OpenGuestPortRequest)
 	if err := x.ServerStream.RecvMsg(m); err != nil {
 		return nil, err
 	}
