@@ -57,6 +57,9 @@ T = TypeVar("T")
 PASSING = (StoreError, LinkDown)
 RETRY_FIRST_S = 0.05
 RETRY_MAX_S = 5.0
+# A live network policy change that fails is tried this many times more, then left to the
+# next launch (engine/node_agent.py _apply_network).
+NETWORK_TRIES = 5
 
 
 @dataclass
@@ -189,9 +192,16 @@ class NodeAgent:
         """A newer live network policy for a running instance: applied by the runtime without a
         restart (after a restart of this process, the feed's snapshot applies the newest again:
         applying is idempotent)."""
+        if instance.desired is not Desired.RUNNING:
+            # Stopping or gone: its next launch applies the workspace's policy as it is then.
+            self._network_wanted.pop(instance.id, None)
+            task = self._network_tasks.pop(instance.id, None)
+            if task is not None:
+                task.cancel()
+            return
         if instance.network_policy is None or instance.network_revision <= self._network_applied.get(instance.id, 0):
             return
-        if not isinstance(self.runtime, NetworkControl) or instance.desired is not Desired.RUNNING:
+        if not isinstance(self.runtime, NetworkControl):
             return
         self._network_wanted[instance.id] = instance
         if instance.id not in self._network_tasks:
@@ -201,7 +211,7 @@ class NodeAgent:
     async def _apply_network(self, instance_id: str) -> None:
         runtime = self.runtime
         assert isinstance(runtime, NetworkControl)
-        delay = 0.2
+        delay, tries = 0.2, 0
         try:
             while (wanted := self._network_wanted.get(instance_id)) is not None:
                 if wanted.network_revision <= self._network_applied.get(instance_id, 0):
@@ -210,7 +220,20 @@ class NodeAgent:
                 assert wanted.network_policy is not None
                 try:
                     await runtime.set_network_policy(instance_id, wanted.network_policy)
-                except Exception as error:  # the runtime's failure: logged, tried again
+                except Exception as error:  # the runtime's failure: logged, tried a few times more
+                    tries += 1
+                    if tries > NETWORK_TRIES:
+                        # E.g. its guest is gone (a VMM exit): a start applies the policy anew.
+                        log.warning(
+                            "node %s: network policy revision %d of %s not applied after %d tries (%s)",
+                            self.node.id,
+                            wanted.network_revision,
+                            instance_id,
+                            tries,
+                            error,
+                        )
+                        self._network_wanted.pop(instance_id, None)
+                        return
                     log.warning(
                         "node %s: applying network policy revision %d to %s failed (%s): retrying in %.1f s",
                         self.node.id,
@@ -222,6 +245,7 @@ class NodeAgent:
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, RETRY_MAX_S)
                     continue
+                tries = 0
                 self._network_applied[instance_id] = max(
                     self._network_applied.get(instance_id, 0), wanted.network_revision
                 )

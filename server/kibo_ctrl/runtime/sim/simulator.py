@@ -283,8 +283,14 @@ class SimStorage:
         self.node_id = node.node_id
 
     async def _cost(self, steps: float) -> None:
+        """`steps` of the node's step time, a step at a time: a node made slow (or fast
+        again: the simulation's calm at its end) takes its new pace at the next step, as a
+        long copy on a real disk would (a whole write slept at a slow node's pace outlived
+        the calm: seed 10014 found it)."""
         self._reachable()
-        await asyncio.sleep(self.node.step_s * steps)
+        while steps > 0:
+            await asyncio.sleep(self.node.step_s * min(steps, 1.0))
+            steps -= 1.0
         self._reachable()
 
     def _reachable(self) -> None:
