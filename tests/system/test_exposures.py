@@ -474,5 +474,7 @@ async def test_an_exposure_of_a_workspace_on_a_node_agent_answers_through_the_co
                 print(f"through the node's hop: the open WebSocket was cut {1000 * took:.0f} ms after the stop")
                 assert (await http.get(url_host(exposure), headers={"X-Kibo-Exposure-Token": exposure.token}))[0] == 410
                 await client.delete(there.workspace_id)
+                await client.wait_for(there.workspace_id, S.WORKSPACE_STATE_DELETED, within=30)
         finally:
-            node.stop()
+            node.kill()
+            reap(node.data_dir)  # what the node's runtime made (its cgroups, its network)
