@@ -28,6 +28,8 @@ import time
 
 from kibo_ctrl.transport.exposure_proxy import CHUNK, ExposureLimits, ExposureProxy, ExposureTarget, UpstreamStream
 
+from bench.server import free_port
+
 MIB = 1 << 20
 HOST = "3000-ws-bench.localhost"
 
@@ -247,7 +249,7 @@ def _guest(args: argparse.Namespace) -> None:
     from tests.system.test_process_runtime import reap
 
     base = Path(tempfile.mkdtemp(prefix="kibo-bench-exposure-"))
-    address, exposures = f"127.0.0.1:{_free_port()}", _free_port()
+    address, exposures = f"127.0.0.1:{free_port()}", free_port()
     serve = [sys.executable, "-m", "kibo_ctrl", "serve", "--listen", address, "--http-listen", ""]
     serve += ["--node-listen", "127.0.0.1:0", "--exposure-listen", f"127.0.0.1:{exposures}", "--insecure-no-auth"]
     serve += ["--runtime", "process", "--sandbox", "bwrap", "--data-dir", str(base / "data"), "--log-level", "warning"]
@@ -305,12 +307,6 @@ def _guest(args: argparse.Namespace) -> None:
         reap(base / "data")
         network.reap(base / "data")
         shutil.rmtree(base, ignore_errors=True)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 if __name__ == "__main__":

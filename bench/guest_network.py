@@ -19,7 +19,6 @@ import ipaddress
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,23 +28,18 @@ from pathlib import Path
 import kibotos
 from kibo.ctrl.v1 import workspace_pb2
 
+from bench.server import free_port
 from bench.stats import median, percentile, ratio
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class _Server:
     """One `kibo-ctrl serve --runtime process` of the A/B (its `flags`), until `stop`."""
 
     def __init__(self, base: Path, name: str, flags: tuple[str, ...]) -> None:
-        self.address = f"127.0.0.1:{_port()}"
+        self.address = f"127.0.0.1:{free_port()}"
         self.data_dir = base / name
         serve = [sys.executable, "-m", "kibo_ctrl", "serve", "--listen", self.address, "--http-listen", ""]
-        serve += ["--node-listen", "127.0.0.1:0", "--exposure-listen", f"127.0.0.1:{_port()}", "--insecure-no-auth"]
+        serve += ["--node-listen", "127.0.0.1:0", "--exposure-listen", f"127.0.0.1:{free_port()}", "--insecure-no-auth"]
         serve += ["--runtime", "process", "--sandbox", "bwrap", "--data-dir", str(self.data_dir)]
         serve += ["--log-level", "warning", *flags]
         with open(base / f"{name}.log", "ab") as log:

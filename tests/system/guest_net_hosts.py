@@ -186,3 +186,9 @@ class Names:
         self._stop.set()
         self._thread.join(5)
         self._sock.close()
+
+
+def netns_names() -> list[str]:
+    """The named network namespaces on the machine (`ip netns list`)."""
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
+    return [line.split()[0] for line in out.splitlines() if line.strip()]

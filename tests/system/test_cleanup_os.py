@@ -11,7 +11,6 @@ import asyncio
 import json
 import os
 import signal
-import subprocess
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -39,6 +38,7 @@ from kibo_ctrl.domain.model import (
 
 from tests.client import Client, S
 from tests.server import ServerProcess
+from tests.system.guest_net_hosts import netns_names
 from tests.system.test_guest_network import netns_of
 from tests.system.test_process_runtime import (
     SMALL,
@@ -163,7 +163,7 @@ async def test_a_killed_supervisor_shows_released_at_once(oc: Client, os_server:
     assert not _alive(guest)
     rows = by_kind(await oc.cleanup(workspace.workspace_id))
     assert rows[obs.CLEANUP_COMPONENT_NETWORK].status == PRESENT, rows[obs.CLEANUP_COMPONENT_NETWORK]
-    assert netns_of(os_server.data_dir, workspace.workspace_id) in _netns_names()
+    assert netns_of(os_server.data_dir, workspace.workspace_id) in netns_names()
     # The store learns of it (FAILED, the instance keeps its parts on record); the OS view still wins.
     await oc.wait_for(workspace.workspace_id, S.WORKSPACE_STATE_FAILED)
     rows = by_kind(await oc.cleanup(workspace.workspace_id))
@@ -174,12 +174,7 @@ async def test_a_killed_supervisor_shows_released_at_once(oc: Client, os_server:
     layer, volume = files(os_server, workspace)
     await cleanup_until(oc, workspace.workspace_id, lambda r: all(row.status == RELEASED for row in r.values()))
     assert not layer.exists() and not volume.exists()
-    assert netns not in _netns_names()
-
-
-def _netns_names() -> list[str]:
-    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
-    return [line.split()[0] for line in out.splitlines() if line.strip()]
+    assert netns not in netns_names()
 
 
 # -- with_observation, unit -------------------------------------------------------------------

@@ -28,7 +28,7 @@ from kibo.ctrl.v1 import workspace_service_pb2 as ws
 
 from tests.client import SUCCEEDED, Client, S, meta
 from tests.server import ServerProcess
-from tests.system.guest_net_hosts import Host, Listener, Names, socket_in, target_host
+from tests.system.guest_net_hosts import Host, Listener, Names, netns_names, socket_in, target_host
 from tests.system.test_process_runtime import SMALL, DataPlane, reap, sandbox_server
 
 pytestmark = pytest.mark.timeout(120)
@@ -425,7 +425,7 @@ async def test_after_a_control_plane_kill_the_guest_keeps_its_network_and_takes_
             assert await probe(client, credential, net.web.address, net.web_a) == "open"
         netns = netns_of(server.data_dir, workspace.workspace_id)
         server.kill()
-        assert netns in _netns_names()  # the kernel's, not the process's
+        assert netns in netns_names()  # the kernel's, not the process's
         server.start()
         async with Client.connect(server.address) as client:
             credential = await DataPlane(client).credential(workspace.workspace_id)
@@ -434,13 +434,8 @@ async def test_after_a_control_plane_kill_the_guest_keeps_its_network_and_takes_
             await eventually_probe(client, credential, net.web.address, net.web_a, want_open=False)
             await client.delete(workspace.workspace_id)
             await client.wait_for(workspace.workspace_id, S.WORKSPACE_STATE_DELETED, within=30)
-        assert netns not in _netns_names()
+        assert netns not in netns_names()
         server.stop()
     finally:
         server.kill()
         reap(server.data_dir)
-
-
-def _netns_names() -> list[str]:
-    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
-    return [line.split()[0] for line in out.splitlines() if line.strip()]
