@@ -257,7 +257,13 @@ def probe_bwrap(ids: IdRange, seccomp_filter: Path) -> str:
     from . import userns
 
     argv = ["bwrap", "--unshare-pid", "--unshare-net", "--die-with-parent", "--cap-drop", "ALL"]
-    argv += ["--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    # The programs' trees only, not the host's whole /: a recursive bind of / remounts every
+    # mount under it, and a guest network namespace's mount under /run/netns that goes
+    # meanwhile (another runtime's released slot) failed the probe, so the server refused to
+    # start (a CI run of the suite, two servers starting beside each other).
+    for tree in ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/etc"):
+        argv += ["--ro-bind-try", tree, tree]
+    argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
     base, count, gid_base = guest_id_map(ids)
     try:
         with userns.GuestNamespace(base, count, gid_base) as namespace, open(seccomp_filter, "rb") as program:
