@@ -136,7 +136,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         claim=FLOOD_CLAIM,
-        code="server/kibo_ctrl/runtime/process/guest_jobs.py",
+        code="server/kibo_ctrl/runtime/process/guest_access/jobs.py",
         find="asyncio.Queue(QUEUE_CHUNKS)",
         replace="asyncio.Queue()",
         tests=(

@@ -14,7 +14,7 @@ MUTATIONS = [
             "A guest port is connected to inside the guest's network namespace: the host's own ports on the "
             "same number are never reached"
         ),
-        code="server/kibo_ctrl/runtime/process/guest_ports.py",
+        code="server/kibo_ctrl/runtime/process/guest_access/ports.py",
         find="            _setns(netns)\n",
         replace="            pass\n",
         tests=(_HOP,),
@@ -24,7 +24,7 @@ MUTATIONS = [
             "A guest's pid reused by another process after the guest ended is never entered (its start time "
             "is checked through the same /proc handle)"
         ),
-        code="server/kibo_ctrl/runtime/process/guest_ports.py",
+        code="server/kibo_ctrl/runtime/process/guest_access/ports.py",
         find=" or int(fields[19]) != start:",
         replace=":",
         tests=(_FAKE,),
@@ -34,14 +34,14 @@ MUTATIONS = [
             "A guest without a network namespace of its own (--sandbox none) has no exposed ports: the host's "
             "are never reached"
         ),
-        code="server/kibo_ctrl/runtime/process/guest_ports.py",
+        code="server/kibo_ctrl/runtime/process/guest_access/ports.py",
         find='    if spec.get("isolation") != "bwrap":',
         replace="    if False:",
         tests=(_FAKE,),
     ),
     Mutation(
         claim="A guest port outside 1-65535 is refused as invalid, in process and through a node's hop",
-        code="server/kibo_ctrl/runtime/process/guest_ports.py",
+        code="server/kibo_ctrl/runtime/process/guest_access/ports.py",
         find="    if not 1 <= port <= 65535:",
         replace="    if False:",
         tests=(_HOP,),

@@ -45,7 +45,7 @@ MUTATIONS = [
     ),
     Mutation(
         claim="A guest's command sees its own cgroups as / (the guest's cgroup namespace)",
-        code="server/kibo_ctrl/runtime/process/guest_exec.py",
+        code="server/kibo_ctrl/runtime/process/guest_access/guest_exec.py",
         find='"pid", "cgroup", "mnt"',
         replace='"pid", "mnt"',
         tests=(_PROC,),

@@ -29,7 +29,8 @@ import pytest
 from kibo.node.v1 import node_guest_service_pb2 as guest_pb2
 from kibo.node.v1 import node_guest_service_pb2_grpc as guest_grpc
 from kibo_ctrl.runtime.base import GuestRefused, GuestStream
-from kibo_ctrl.runtime.process import guest_ports, safepath
+from kibo_ctrl.runtime.process import safepath
+from kibo_ctrl.runtime.process.guest_access import ports as guest_ports
 from kibo_ctrl.transport.node_guest_client import RemoteGuests
 
 from tests.client import Client, S

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from kibo_ctrl.runtime.base import Exit, GuestRefused, Output
-from kibo_ctrl.runtime.process import guest_jobs
+from kibo_ctrl.runtime.process.guest_access import jobs as guest_jobs
 
 
 class FakeJob:

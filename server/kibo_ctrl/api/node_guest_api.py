@@ -106,7 +106,7 @@ class NodeGuestApi:
         try:
             yield guest_pb2.OpenGuestPortResponse(opened=guest_pb2.GuestPortOpened())
             while data := await stream.read():
-                # A read may be larger than a frame (runtime/process/guest_ports.py CHUNK).
+                # A read may be larger than a frame (runtime/process/guest_access/ports.py CHUNK).
                 for offset in range(0, len(data), MAX_PORT_DATA):
                     yield guest_pb2.OpenGuestPortResponse(data=data[offset : offset + MAX_PORT_DATA])
             yield guest_pb2.OpenGuestPortResponse(eof=guest_pb2.GuestPortEof())

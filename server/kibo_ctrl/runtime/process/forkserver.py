@@ -70,7 +70,7 @@ else:  # run as a script (python forkserver.py): its sibling modules
     from guest_start import set_cmdline
 
 HERE = Path(__file__).parent
-SCRIPTS = {"supervisor": HERE / "supervisor.py", "guest_exec": HERE / "guest_exec.py"}
+SCRIPTS = {"supervisor": HERE / "supervisor.py", "guest_exec": HERE / "guest_access" / "guest_exec.py"}
 # The most fds one request carries (stdin, stdout, stderr and a status pipe, with room).
 MAX_FDS = 8
 MESSAGE = 1 << 16

@@ -105,11 +105,12 @@ from ..base import (
     RestartError,
     SyncError,
 )
-from . import adoption, guest_ports, network, observation, provision, safepath, sandbox, seccomp, storage
+from . import adoption, network, observation, provision, safepath, sandbox, seccomp, storage
 from .cgroups import Cgroups
 from .disk_guard import DiskGuard
 from .fork_client import ForkServer
-from .guest_jobs import run_guest_exec
+from .guest_access import ports as guest_ports
+from .guest_access.jobs import run_guest_exec
 from .image_pool import ImagePool
 from .job_doors import JobDoors
 from .node_supervision import NodeSupervision

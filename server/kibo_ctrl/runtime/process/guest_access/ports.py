@@ -33,7 +33,7 @@ import socket
 import threading
 from pathlib import Path
 
-from ..base import GuestRefused, GuestStream
+from ...base import GuestRefused, GuestStream
 
 CLONE_NEWNET = 0x40000000
 # What one read answers at most, and the reader's buffer (it pauses the socket past it): 256

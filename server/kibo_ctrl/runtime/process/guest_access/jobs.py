@@ -35,8 +35,8 @@ from collections.abc import AsyncGenerator, Callable
 from pathlib import Path
 from typing import Any
 
-from ..base import Exit, GuestRefused, JobStopped, Output
-from .fork_client import Child, Door, ForkServer
+from ...base import Exit, GuestRefused, JobStopped, Output
+from ..fork_client import Child, Door, ForkServer
 
 log = logging.getLogger(__name__)
 

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from kibo_ctrl.runtime.process import safepath, userns
 else:
-    sys.path.insert(0, str(Path(__file__).parent))  # run as a script: its sibling modules
+    sys.path.insert(0, str(Path(__file__).parent.parent))  # run as a script: the runtime's modules
     import safepath
     import userns
 
