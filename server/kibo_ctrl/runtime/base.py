@@ -6,6 +6,8 @@ app.py, which builds the runtimes, hands each capability to whoever uses it:
 
 - `GuestAccess`: commands and files inside a running guest (the data plane);
 - `GuestPorts`: TCP connections to ports inside a running guest (exposures);
+- `GuestProcesses`: processes started in a running guest and kept by the node (the data
+  plane's processes: background, PTY, input, signals; and its uploads);
 - `MachineObserver`: which parts of a workspace are on this machine (cleanup status);
 - `Closable`: connections to drop at shutdown;
 - `GuestLimitCounters`: how often guests ran into their limits (read by the metrics).
@@ -15,8 +17,8 @@ The simulator has none of them; the process runtime has them all."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from ..domain.model import (
@@ -189,6 +191,123 @@ class GuestPorts(Protocol):
         """A TCP connection to `port` on the guest's loopback, opened inside the guest's
         network namespace. GuestRefused("port-closed", "nothing listens on port P in the
         guest") when refused; GuestRefused("unavailable", ...) when the guest is not running."""
+        ...
+
+
+# -- guest processes ----------------------------------------------------------------------------
+
+# Per instance: processes running at once (uploads included), ended ones kept (with their
+# output's tail) for a later look, and the output kept per process for a reattach.
+MAX_GUEST_PROCESSES = 32
+MAX_ENDED_PROCESSES = 16
+PROCESS_REPLAY_BYTES = 128 * 1024
+# Per instance, uploads at once; an upload not written for this long is cancelled.
+MAX_UPLOADS = 4
+UPLOAD_IDLE_S = 60.0
+# Tags with this prefix are the data plane's own (uploads): a client's are refused.
+RESERVED_TAG_PREFIX = "kibo-"
+
+
+@dataclass(frozen=True)
+class ProcessSpec:
+    """A process to start in a guest (GuestProcesses.start_guest_process)."""
+
+    # The command (no shell); empty for an upload (`job`).
+    argv: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    cwd: str = "/"
+    # A guest user: a name in its /etc/passwd or a number; "" is root.
+    user: str = ""
+    # Unique among the instance's running processes; "" for none.
+    tag: str = ""
+    # A terminal of (rows, cols): stdin, stdout and stderr are its slave; output comes as "pty".
+    pty: tuple[int, int] | None = None
+    # Written to stdin first (then closed when close_stdin).
+    stdin: bytes = b""
+    close_stdin: bool = False
+    # The data-plane credential revision it was started under (end_guest_processes).
+    owner: int = 0
+    # An upload instead of a command: a file job of guest_exec ("write" or "untar", with its
+    # path, mode...) whose stdin is this process's input. Not listed; cancelled when idle.
+    job: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class ProcessInfo:
+    """A guest process as its node keeps it."""
+
+    # In the guest's PID namespace.
+    pid: int
+    tag: str
+    argv: tuple[str, ...]
+    pty: bool
+    running: bool
+    # Meaningful once not running (128 + N: killed by signal N).
+    exit_code: int
+    # Seconds since the epoch.
+    start_time: float
+    cwd: str
+    user: str
+    # Input bytes taken so far (an upload's offset).
+    received: int
+    upload: bool = False
+
+
+@dataclass(frozen=True)
+class Dropped:
+    """Output a follower missed (not kept, or dropped while it did not read): `count` bytes."""
+
+    count: int
+
+
+# A process: its pid in the guest, or its tag.
+Selector = int | str
+
+
+@runtime_checkable
+class GuestProcesses(Protocol):
+    """Processes started in running guests and kept by the node. Refusals are GuestRefused:
+    "not-found" (no such process), "conflict" (a tag in use, input after stdin closed or to an
+    ended process, an upload's offset not the one taken so far, a resize without a PTY),
+    "limit" (past MAX_GUEST_PROCESSES or MAX_UPLOADS), "invalid" (a user unknown to the guest),
+    "unavailable" (the guest is not running), "os-error" (its working directory)."""
+
+    async def start_guest_process(self, instance_id: str, spec: ProcessSpec) -> ProcessInfo:
+        """Start it: once this returns it runs (its pid is known)."""
+        ...
+
+    async def list_guest_processes(self, instance_id: str) -> list[ProcessInfo]:
+        """Running and kept ended ones, oldest first; uploads included (`upload`)."""
+        ...
+
+    def follow_guest_process(
+        self,
+        instance_id: str,
+        selector: Selector,
+        replay: bool = False,
+        stop: asyncio.Event | None = None,
+        hold: bool = False,
+    ) -> AsyncGenerator[Output | Dropped | Exit, None]:
+        """Its output from now (or from what is kept: `replay`), then its Exit. `hold`: the
+        process's output waits for this follower rather than being dropped for it (a
+        foreground start's: back-pressure to the guest, as an exec). JobStopped once `stop`
+        is set; closing the generator leaves the process running."""
+        ...
+
+    async def send_guest_process_input(
+        self, instance_id: str, selector: Selector, data: bytes, close: bool = False, offset: int | None = None
+    ) -> int:
+        """Write to its stdin (waits while it does not read), then close it if `close`; the
+        input bytes taken so far. `offset`: refused ("conflict") unless it is that count."""
+        ...
+
+    async def signal_guest_process(self, instance_id: str, selector: Selector, signum: int) -> None: ...
+
+    async def resize_guest_process(self, instance_id: str, selector: Selector, rows: int, cols: int) -> None: ...
+
+    async def end_guest_processes(self, instance_id: str, keep_owner: int | None = None) -> None:
+        """Kill the instance's processes (uploads too) not started under `keep_owner` (all
+        when None): a revoke's; idempotent, and nothing for an unknown instance."""
         ...
 
 

@@ -21,7 +21,7 @@ from connectrpc.protocol import ProtocolType
 from connectrpc.server import ConnectASGIApplication, ConnectWSGIApplication, DEFAULT_READ_MAX_BYTES, Endpoint, EndpointSync
 from pyqwest import Client, SyncClient
 
-from .data_plane_service_pb2 import ExecWorkspaceCommandRequest, ExecWorkspaceCommandResponse, IssueDataPlaneCredentialRequest, IssueDataPlaneCredentialResponse, ReadWorkspaceFileRequest, ReadWorkspaceFileResponse, WriteWorkspaceFileRequest, WriteWorkspaceFileResponse
+from .data_plane_service_pb2 import CancelWorkspaceUploadRequest, CancelWorkspaceUploadResponse, ConnectWorkspaceProcessRequest, ConnectWorkspaceProcessResponse, DownloadWorkspaceFileRequest, DownloadWorkspaceFileResponse, ExecWorkspaceCommandRequest, ExecWorkspaceCommandResponse, IssueDataPlaneCredentialRequest, IssueDataPlaneCredentialResponse, ListWorkspaceDirectoryRequest, ListWorkspaceDirectoryResponse, ListWorkspaceProcessesRequest, ListWorkspaceProcessesResponse, MakeWorkspaceDirectoryRequest, MakeWorkspaceDirectoryResponse, MoveWorkspacePathRequest, MoveWorkspacePathResponse, ReadWorkspaceFileRequest, ReadWorkspaceFileResponse, RemoveWorkspacePathRequest, RemoveWorkspacePathResponse, ResizeWorkspaceProcessRequest, ResizeWorkspaceProcessResponse, SendWorkspaceProcessInputRequest, SendWorkspaceProcessInputResponse, SignalWorkspaceProcessRequest, SignalWorkspaceProcessResponse, StartWorkspaceProcessRequest, StartWorkspaceProcessResponse, StartWorkspaceUploadRequest, StartWorkspaceUploadResponse, StatWorkspacePathRequest, StatWorkspacePathResponse, WatchWorkspaceDirectoryRequest, WatchWorkspaceDirectoryResponse, WriteWorkspaceFileRequest, WriteWorkspaceFileResponse, WriteWorkspaceUploadRequest, WriteWorkspaceUploadResponse
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Iterator, Mapping
@@ -68,6 +68,110 @@ class DataPlaneService(Protocol):
     async def write_workspace_file(self, request: WriteWorkspaceFileRequest, ctx: RequestContext[WriteWorkspaceFileRequest, WriteWorkspaceFileResponse], /) -> WriteWorkspaceFileResponse:
         """
         Writes (creates or replaces) a file under a mounted volume (e.g. /data).
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    def start_workspace_process(self, request: StartWorkspaceProcessRequest, ctx: RequestContext[StartWorkspaceProcessRequest, StartWorkspaceProcessResponse], /) -> AsyncIterator[StartWorkspaceProcessResponse]:
+        """
+        Starts a process. The first message is `started` (its pid and tag). A foreground process's
+        output follows, then `exit_code`; cancelling the call kills it. A background process's
+        stream ends after `started`: it runs on; ConnectWorkspaceProcess follows it.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    def connect_workspace_process(self, request: ConnectWorkspaceProcessRequest, ctx: RequestContext[ConnectWorkspaceProcessRequest, ConnectWorkspaceProcessResponse], /) -> AsyncIterator[ConnectWorkspaceProcessResponse]:
+        """
+        Follows a process (by pid or tag): its kept output first when `replay` (the last 128 KiB), then
+        its output as it comes, then `exit_code` (at once for one that has exited). Leaving the call
+        leaves the process running.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    async def list_workspace_processes(self, request: ListWorkspaceProcessesRequest, ctx: RequestContext[ListWorkspaceProcessesRequest, ListWorkspaceProcessesResponse], /) -> ListWorkspaceProcessesResponse:
+        """
+        The processes started through the data plane in this execution, running and ended.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    async def send_workspace_process_input(self, request: SendWorkspaceProcessInputRequest, ctx: RequestContext[SendWorkspaceProcessInputRequest, SendWorkspaceProcessInputResponse], /) -> SendWorkspaceProcessInputResponse:
+        """
+        Writes to a process's standard input (its terminal's input with a PTY: "\\x03" is Ctrl-C),
+        or closes it. Waits while the process does not read (back-pressure).
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    async def signal_workspace_process(self, request: SignalWorkspaceProcessRequest, ctx: RequestContext[SignalWorkspaceProcessRequest, SignalWorkspaceProcessResponse], /) -> SignalWorkspaceProcessResponse:
+        """
+        Sends a signal to a process (SIGTERM by default).
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    async def resize_workspace_process(self, request: ResizeWorkspaceProcessRequest, ctx: RequestContext[ResizeWorkspaceProcessRequest, ResizeWorkspaceProcessResponse], /) -> ResizeWorkspaceProcessResponse:
+        """
+        Resizes a process's terminal (it gets SIGWINCH). FAILED_PRECONDITION for one without a PTY.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    async def stat_workspace_path(self, request: StatWorkspacePathRequest, ctx: RequestContext[StatWorkspacePathRequest, StatWorkspacePathResponse], /) -> StatWorkspacePathResponse:
+        """
+        What is at a path (a symlink is described, not followed).
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    async def list_workspace_directory(self, request: ListWorkspaceDirectoryRequest, ctx: RequestContext[ListWorkspaceDirectoryRequest, ListWorkspaceDirectoryResponse], /) -> ListWorkspaceDirectoryResponse:
+        """
+        A directory's entries, `depth` levels down (1: its own entries), at most 10,000.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    async def make_workspace_directory(self, request: MakeWorkspaceDirectoryRequest, ctx: RequestContext[MakeWorkspaceDirectoryRequest, MakeWorkspaceDirectoryResponse], /) -> MakeWorkspaceDirectoryResponse:
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    async def move_workspace_path(self, request: MoveWorkspacePathRequest, ctx: RequestContext[MoveWorkspacePathRequest, MoveWorkspacePathResponse], /) -> MoveWorkspacePathResponse:
+        """
+        Renames a file or directory (replacing a file at the destination).
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    async def remove_workspace_path(self, request: RemoveWorkspacePathRequest, ctx: RequestContext[RemoveWorkspacePathRequest, RemoveWorkspacePathResponse], /) -> RemoveWorkspacePathResponse:
+        """
+        Removes a file, a symlink (not what it points to) or a directory (`recursive` for one not empty).
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    def download_workspace_file(self, request: DownloadWorkspaceFileRequest, ctx: RequestContext[DownloadWorkspaceFileRequest, DownloadWorkspaceFileResponse], /) -> AsyncIterator[DownloadWorkspaceFileResponse]:
+        """
+        Streams a file from `offset` (any size; the first message describes it), or a directory as a tar
+        stream (`archive`; symlinks kept as links). Flow-controlled: a client that reads slowly slows
+        the guest's reader, never the server's memory.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    async def start_workspace_upload(self, request: StartWorkspaceUploadRequest, ctx: RequestContext[StartWorkspaceUploadRequest, StartWorkspaceUploadResponse], /) -> StartWorkspaceUploadResponse:
+        """
+        Opens an upload of a file (or a tar stream unpacked into a directory: `archive`) of any size:
+        WriteWorkspaceUpload sends its parts in order, the last with `finish`, which puts the file in
+        place whole (never half-written). An upload not written for 60 s is cancelled.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    async def write_workspace_upload(self, request: WriteWorkspaceUploadRequest, ctx: RequestContext[WriteWorkspaceUploadRequest, WriteWorkspaceUploadResponse], /) -> WriteWorkspaceUploadResponse:
+        """
+        One part of an upload at `offset` (the bytes taken so far: a part sent twice is refused with
+        FAILED_PRECONDITION naming the offset to go on from). At most 2 MiB a part.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    async def cancel_workspace_upload(self, request: CancelWorkspaceUploadRequest, ctx: RequestContext[CancelWorkspaceUploadRequest, CancelWorkspaceUploadResponse], /) -> CancelWorkspaceUploadResponse:
+        """
+        Abandons an upload: nothing of it is left in the guest.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    def watch_workspace_directory(self, request: WatchWorkspaceDirectoryRequest, ctx: RequestContext[WatchWorkspaceDirectoryRequest, WatchWorkspaceDirectoryResponse], /) -> AsyncIterator[WatchWorkspaceDirectoryResponse]:
+        """
+        Streams changes under a directory (`recursive`: its subdirectories too, new ones included):
+        first `ready` once the watch is in place, then each event in the order the guest's kernel saw.
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -128,6 +232,182 @@ class DataPlaneServiceASGIApplication(ConnectASGIApplication[DataPlaneService]):
                         stream_type=StreamType.UNARY,
                     ),
                     function=svc.write_workspace_file,
+                ),
+                "/kibo.ctrl.v1.DataPlaneService/StartWorkspaceProcess": Endpoint.server_stream(
+                    method=MethodInfo(
+                        name="StartWorkspaceProcess",
+                        service_name="kibo.ctrl.v1.DataPlaneService",
+                        input=StartWorkspaceProcessRequest,
+                        output=StartWorkspaceProcessResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.SERVER_STREAM,
+                    ),
+                    function=svc.start_workspace_process,
+                ),
+                "/kibo.ctrl.v1.DataPlaneService/ConnectWorkspaceProcess": Endpoint.server_stream(
+                    method=MethodInfo(
+                        name="ConnectWorkspaceProcess",
+                        service_name="kibo.ctrl.v1.DataPlaneService",
+                        input=ConnectWorkspaceProcessRequest,
+                        output=ConnectWorkspaceProcessResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.SERVER_STREAM,
+                    ),
+                    function=svc.connect_workspace_process,
+                ),
+                "/kibo.ctrl.v1.DataPlaneService/ListWorkspaceProcesses": Endpoint.unary(
+                    method=MethodInfo(
+                        name="ListWorkspaceProcesses",
+                        service_name="kibo.ctrl.v1.DataPlaneService",
+                        input=ListWorkspaceProcessesRequest,
+                        output=ListWorkspaceProcessesResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=svc.list_workspace_processes,
+                ),
+                "/kibo.ctrl.v1.DataPlaneService/SendWorkspaceProcessInput": Endpoint.unary(
+                    method=MethodInfo(
+                        name="SendWorkspaceProcessInput",
+                        service_name="kibo.ctrl.v1.DataPlaneService",
+                        input=SendWorkspaceProcessInputRequest,
+                        output=SendWorkspaceProcessInputResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=svc.send_workspace_process_input,
+                ),
+                "/kibo.ctrl.v1.DataPlaneService/SignalWorkspaceProcess": Endpoint.unary(
+                    method=MethodInfo(
+                        name="SignalWorkspaceProcess",
+                        service_name="kibo.ctrl.v1.DataPlaneService",
+                        input=SignalWorkspaceProcessRequest,
+                        output=SignalWorkspaceProcessResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=svc.signal_workspace_process,
+                ),
+                "/kibo.ctrl.v1.DataPlaneService/ResizeWorkspaceProcess": Endpoint.unary(
+                    method=MethodInfo(
+                        name="ResizeWorkspaceProcess",
+                        service_name="kibo.ctrl.v1.DataPlaneService",
+                        input=ResizeWorkspaceProcessRequest,
+                        output=ResizeWorkspaceProcessResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=svc.resize_workspace_process,
+                ),
+                "/kibo.ctrl.v1.DataPlaneService/StatWorkspacePath": Endpoint.unary(
+                    method=MethodInfo(
+                        name="StatWorkspacePath",
+                        service_name="kibo.ctrl.v1.DataPlaneService",
+                        input=StatWorkspacePathRequest,
+                        output=StatWorkspacePathResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=svc.stat_workspace_path,
+                ),
+                "/kibo.ctrl.v1.DataPlaneService/ListWorkspaceDirectory": Endpoint.unary(
+                    method=MethodInfo(
+                        name="ListWorkspaceDirectory",
+                        service_name="kibo.ctrl.v1.DataPlaneService",
+                        input=ListWorkspaceDirectoryRequest,
+                        output=ListWorkspaceDirectoryResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=svc.list_workspace_directory,
+                ),
+                "/kibo.ctrl.v1.DataPlaneService/MakeWorkspaceDirectory": Endpoint.unary(
+                    method=MethodInfo(
+                        name="MakeWorkspaceDirectory",
+                        service_name="kibo.ctrl.v1.DataPlaneService",
+                        input=MakeWorkspaceDirectoryRequest,
+                        output=MakeWorkspaceDirectoryResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=svc.make_workspace_directory,
+                ),
+                "/kibo.ctrl.v1.DataPlaneService/MoveWorkspacePath": Endpoint.unary(
+                    method=MethodInfo(
+                        name="MoveWorkspacePath",
+                        service_name="kibo.ctrl.v1.DataPlaneService",
+                        input=MoveWorkspacePathRequest,
+                        output=MoveWorkspacePathResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=svc.move_workspace_path,
+                ),
+                "/kibo.ctrl.v1.DataPlaneService/RemoveWorkspacePath": Endpoint.unary(
+                    method=MethodInfo(
+                        name="RemoveWorkspacePath",
+                        service_name="kibo.ctrl.v1.DataPlaneService",
+                        input=RemoveWorkspacePathRequest,
+                        output=RemoveWorkspacePathResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=svc.remove_workspace_path,
+                ),
+                "/kibo.ctrl.v1.DataPlaneService/DownloadWorkspaceFile": Endpoint.server_stream(
+                    method=MethodInfo(
+                        name="DownloadWorkspaceFile",
+                        service_name="kibo.ctrl.v1.DataPlaneService",
+                        input=DownloadWorkspaceFileRequest,
+                        output=DownloadWorkspaceFileResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.SERVER_STREAM,
+                    ),
+                    function=svc.download_workspace_file,
+                ),
+                "/kibo.ctrl.v1.DataPlaneService/StartWorkspaceUpload": Endpoint.unary(
+                    method=MethodInfo(
+                        name="StartWorkspaceUpload",
+                        service_name="kibo.ctrl.v1.DataPlaneService",
+                        input=StartWorkspaceUploadRequest,
+                        output=StartWorkspaceUploadResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=svc.start_workspace_upload,
+                ),
+                "/kibo.ctrl.v1.DataPlaneService/WriteWorkspaceUpload": Endpoint.unary(
+                    method=MethodInfo(
+                        name="WriteWorkspaceUpload",
+                        service_name="kibo.ctrl.v1.DataPlaneService",
+                        input=WriteWorkspaceUploadRequest,
+                        output=WriteWorkspaceUploadResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=svc.write_workspace_upload,
+                ),
+                "/kibo.ctrl.v1.DataPlaneService/CancelWorkspaceUpload": Endpoint.unary(
+                    method=MethodInfo(
+                        name="CancelWorkspaceUpload",
+                        service_name="kibo.ctrl.v1.DataPlaneService",
+                        input=CancelWorkspaceUploadRequest,
+                        output=CancelWorkspaceUploadResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=svc.cancel_workspace_upload,
+                ),
+                "/kibo.ctrl.v1.DataPlaneService/WatchWorkspaceDirectory": Endpoint.server_stream(
+                    method=MethodInfo(
+                        name="WatchWorkspaceDirectory",
+                        service_name="kibo.ctrl.v1.DataPlaneService",
+                        input=WatchWorkspaceDirectoryRequest,
+                        output=WatchWorkspaceDirectoryResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.SERVER_STREAM,
+                    ),
+                    function=svc.watch_workspace_directory,
                 ),
             },
             interceptors=interceptors,
@@ -268,6 +548,382 @@ class DataPlaneServiceClient(ConnectClient):
             headers=headers,
             timeout_ms=timeout_ms,
         )
+    def start_workspace_process(
+        self,
+        request: StartWorkspaceProcessRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> AsyncIterator[StartWorkspaceProcessResponse]:
+        """
+        Starts a process. The first message is `started` (its pid and tag). A foreground process's
+        output follows, then `exit_code`; cancelling the call kills it. A background process's
+        stream ends after `started`: it runs on; ConnectWorkspaceProcess follows it.
+        """
+        return self.execute_server_stream(
+            request=request,
+            method=MethodInfo(
+                name="StartWorkspaceProcess",
+                service_name="kibo.ctrl.v1.DataPlaneService",
+                input=StartWorkspaceProcessRequest,
+                output=StartWorkspaceProcessResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.SERVER_STREAM,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    def connect_workspace_process(
+        self,
+        request: ConnectWorkspaceProcessRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> AsyncIterator[ConnectWorkspaceProcessResponse]:
+        """
+        Follows a process (by pid or tag): its kept output first when `replay` (the last 128 KiB), then
+        its output as it comes, then `exit_code` (at once for one that has exited). Leaving the call
+        leaves the process running.
+        """
+        return self.execute_server_stream(
+            request=request,
+            method=MethodInfo(
+                name="ConnectWorkspaceProcess",
+                service_name="kibo.ctrl.v1.DataPlaneService",
+                input=ConnectWorkspaceProcessRequest,
+                output=ConnectWorkspaceProcessResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.SERVER_STREAM,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    async def list_workspace_processes(
+        self,
+        request: ListWorkspaceProcessesRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> ListWorkspaceProcessesResponse:
+        """
+        The processes started through the data plane in this execution, running and ended.
+        """
+        return await self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="ListWorkspaceProcesses",
+                service_name="kibo.ctrl.v1.DataPlaneService",
+                input=ListWorkspaceProcessesRequest,
+                output=ListWorkspaceProcessesResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    async def send_workspace_process_input(
+        self,
+        request: SendWorkspaceProcessInputRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> SendWorkspaceProcessInputResponse:
+        """
+        Writes to a process's standard input (its terminal's input with a PTY: "\\x03" is Ctrl-C),
+        or closes it. Waits while the process does not read (back-pressure).
+        """
+        return await self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="SendWorkspaceProcessInput",
+                service_name="kibo.ctrl.v1.DataPlaneService",
+                input=SendWorkspaceProcessInputRequest,
+                output=SendWorkspaceProcessInputResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    async def signal_workspace_process(
+        self,
+        request: SignalWorkspaceProcessRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> SignalWorkspaceProcessResponse:
+        """
+        Sends a signal to a process (SIGTERM by default).
+        """
+        return await self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="SignalWorkspaceProcess",
+                service_name="kibo.ctrl.v1.DataPlaneService",
+                input=SignalWorkspaceProcessRequest,
+                output=SignalWorkspaceProcessResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    async def resize_workspace_process(
+        self,
+        request: ResizeWorkspaceProcessRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> ResizeWorkspaceProcessResponse:
+        """
+        Resizes a process's terminal (it gets SIGWINCH). FAILED_PRECONDITION for one without a PTY.
+        """
+        return await self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="ResizeWorkspaceProcess",
+                service_name="kibo.ctrl.v1.DataPlaneService",
+                input=ResizeWorkspaceProcessRequest,
+                output=ResizeWorkspaceProcessResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    async def stat_workspace_path(
+        self,
+        request: StatWorkspacePathRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> StatWorkspacePathResponse:
+        """
+        What is at a path (a symlink is described, not followed).
+        """
+        return await self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="StatWorkspacePath",
+                service_name="kibo.ctrl.v1.DataPlaneService",
+                input=StatWorkspacePathRequest,
+                output=StatWorkspacePathResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    async def list_workspace_directory(
+        self,
+        request: ListWorkspaceDirectoryRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> ListWorkspaceDirectoryResponse:
+        """
+        A directory's entries, `depth` levels down (1: its own entries), at most 10,000.
+        """
+        return await self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="ListWorkspaceDirectory",
+                service_name="kibo.ctrl.v1.DataPlaneService",
+                input=ListWorkspaceDirectoryRequest,
+                output=ListWorkspaceDirectoryResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    async def make_workspace_directory(
+        self,
+        request: MakeWorkspaceDirectoryRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> MakeWorkspaceDirectoryResponse:
+        return await self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="MakeWorkspaceDirectory",
+                service_name="kibo.ctrl.v1.DataPlaneService",
+                input=MakeWorkspaceDirectoryRequest,
+                output=MakeWorkspaceDirectoryResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    async def move_workspace_path(
+        self,
+        request: MoveWorkspacePathRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> MoveWorkspacePathResponse:
+        """
+        Renames a file or directory (replacing a file at the destination).
+        """
+        return await self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="MoveWorkspacePath",
+                service_name="kibo.ctrl.v1.DataPlaneService",
+                input=MoveWorkspacePathRequest,
+                output=MoveWorkspacePathResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    async def remove_workspace_path(
+        self,
+        request: RemoveWorkspacePathRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> RemoveWorkspacePathResponse:
+        """
+        Removes a file, a symlink (not what it points to) or a directory (`recursive` for one not empty).
+        """
+        return await self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="RemoveWorkspacePath",
+                service_name="kibo.ctrl.v1.DataPlaneService",
+                input=RemoveWorkspacePathRequest,
+                output=RemoveWorkspacePathResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    def download_workspace_file(
+        self,
+        request: DownloadWorkspaceFileRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> AsyncIterator[DownloadWorkspaceFileResponse]:
+        """
+        Streams a file from `offset` (any size; the first message describes it), or a directory as a tar
+        stream (`archive`; symlinks kept as links). Flow-controlled: a client that reads slowly slows
+        the guest's reader, never the server's memory.
+        """
+        return self.execute_server_stream(
+            request=request,
+            method=MethodInfo(
+                name="DownloadWorkspaceFile",
+                service_name="kibo.ctrl.v1.DataPlaneService",
+                input=DownloadWorkspaceFileRequest,
+                output=DownloadWorkspaceFileResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.SERVER_STREAM,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    async def start_workspace_upload(
+        self,
+        request: StartWorkspaceUploadRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> StartWorkspaceUploadResponse:
+        """
+        Opens an upload of a file (or a tar stream unpacked into a directory: `archive`) of any size:
+        WriteWorkspaceUpload sends its parts in order, the last with `finish`, which puts the file in
+        place whole (never half-written). An upload not written for 60 s is cancelled.
+        """
+        return await self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="StartWorkspaceUpload",
+                service_name="kibo.ctrl.v1.DataPlaneService",
+                input=StartWorkspaceUploadRequest,
+                output=StartWorkspaceUploadResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    async def write_workspace_upload(
+        self,
+        request: WriteWorkspaceUploadRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> WriteWorkspaceUploadResponse:
+        """
+        One part of an upload at `offset` (the bytes taken so far: a part sent twice is refused with
+        FAILED_PRECONDITION naming the offset to go on from). At most 2 MiB a part.
+        """
+        return await self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="WriteWorkspaceUpload",
+                service_name="kibo.ctrl.v1.DataPlaneService",
+                input=WriteWorkspaceUploadRequest,
+                output=WriteWorkspaceUploadResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    async def cancel_workspace_upload(
+        self,
+        request: CancelWorkspaceUploadRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> CancelWorkspaceUploadResponse:
+        """
+        Abandons an upload: nothing of it is left in the guest.
+        """
+        return await self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="CancelWorkspaceUpload",
+                service_name="kibo.ctrl.v1.DataPlaneService",
+                input=CancelWorkspaceUploadRequest,
+                output=CancelWorkspaceUploadResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    def watch_workspace_directory(
+        self,
+        request: WatchWorkspaceDirectoryRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> AsyncIterator[WatchWorkspaceDirectoryResponse]:
+        """
+        Streams changes under a directory (`recursive`: its subdirectories too, new ones included):
+        first `ready` once the watch is in place, then each event in the order the guest's kernel saw.
+        """
+        return self.execute_server_stream(
+            request=request,
+            method=MethodInfo(
+                name="WatchWorkspaceDirectory",
+                service_name="kibo.ctrl.v1.DataPlaneService",
+                input=WatchWorkspaceDirectoryRequest,
+                output=WatchWorkspaceDirectoryResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.SERVER_STREAM,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
 
 class DataPlaneServiceSync(Protocol):
     """
@@ -300,6 +956,110 @@ class DataPlaneServiceSync(Protocol):
     def write_workspace_file(self, request: WriteWorkspaceFileRequest, ctx: RequestContext[WriteWorkspaceFileRequest, WriteWorkspaceFileResponse], /) -> WriteWorkspaceFileResponse:
         """
         Writes (creates or replaces) a file under a mounted volume (e.g. /data).
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    def start_workspace_process(self, request: StartWorkspaceProcessRequest, ctx: RequestContext[StartWorkspaceProcessRequest, StartWorkspaceProcessResponse], /) -> Iterator[StartWorkspaceProcessResponse]:
+        """
+        Starts a process. The first message is `started` (its pid and tag). A foreground process's
+        output follows, then `exit_code`; cancelling the call kills it. A background process's
+        stream ends after `started`: it runs on; ConnectWorkspaceProcess follows it.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    def connect_workspace_process(self, request: ConnectWorkspaceProcessRequest, ctx: RequestContext[ConnectWorkspaceProcessRequest, ConnectWorkspaceProcessResponse], /) -> Iterator[ConnectWorkspaceProcessResponse]:
+        """
+        Follows a process (by pid or tag): its kept output first when `replay` (the last 128 KiB), then
+        its output as it comes, then `exit_code` (at once for one that has exited). Leaving the call
+        leaves the process running.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    def list_workspace_processes(self, request: ListWorkspaceProcessesRequest, ctx: RequestContext[ListWorkspaceProcessesRequest, ListWorkspaceProcessesResponse], /) -> ListWorkspaceProcessesResponse:
+        """
+        The processes started through the data plane in this execution, running and ended.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    def send_workspace_process_input(self, request: SendWorkspaceProcessInputRequest, ctx: RequestContext[SendWorkspaceProcessInputRequest, SendWorkspaceProcessInputResponse], /) -> SendWorkspaceProcessInputResponse:
+        """
+        Writes to a process's standard input (its terminal's input with a PTY: "\\x03" is Ctrl-C),
+        or closes it. Waits while the process does not read (back-pressure).
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    def signal_workspace_process(self, request: SignalWorkspaceProcessRequest, ctx: RequestContext[SignalWorkspaceProcessRequest, SignalWorkspaceProcessResponse], /) -> SignalWorkspaceProcessResponse:
+        """
+        Sends a signal to a process (SIGTERM by default).
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    def resize_workspace_process(self, request: ResizeWorkspaceProcessRequest, ctx: RequestContext[ResizeWorkspaceProcessRequest, ResizeWorkspaceProcessResponse], /) -> ResizeWorkspaceProcessResponse:
+        """
+        Resizes a process's terminal (it gets SIGWINCH). FAILED_PRECONDITION for one without a PTY.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    def stat_workspace_path(self, request: StatWorkspacePathRequest, ctx: RequestContext[StatWorkspacePathRequest, StatWorkspacePathResponse], /) -> StatWorkspacePathResponse:
+        """
+        What is at a path (a symlink is described, not followed).
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    def list_workspace_directory(self, request: ListWorkspaceDirectoryRequest, ctx: RequestContext[ListWorkspaceDirectoryRequest, ListWorkspaceDirectoryResponse], /) -> ListWorkspaceDirectoryResponse:
+        """
+        A directory's entries, `depth` levels down (1: its own entries), at most 10,000.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    def make_workspace_directory(self, request: MakeWorkspaceDirectoryRequest, ctx: RequestContext[MakeWorkspaceDirectoryRequest, MakeWorkspaceDirectoryResponse], /) -> MakeWorkspaceDirectoryResponse:
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    def move_workspace_path(self, request: MoveWorkspacePathRequest, ctx: RequestContext[MoveWorkspacePathRequest, MoveWorkspacePathResponse], /) -> MoveWorkspacePathResponse:
+        """
+        Renames a file or directory (replacing a file at the destination).
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    def remove_workspace_path(self, request: RemoveWorkspacePathRequest, ctx: RequestContext[RemoveWorkspacePathRequest, RemoveWorkspacePathResponse], /) -> RemoveWorkspacePathResponse:
+        """
+        Removes a file, a symlink (not what it points to) or a directory (`recursive` for one not empty).
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    def download_workspace_file(self, request: DownloadWorkspaceFileRequest, ctx: RequestContext[DownloadWorkspaceFileRequest, DownloadWorkspaceFileResponse], /) -> Iterator[DownloadWorkspaceFileResponse]:
+        """
+        Streams a file from `offset` (any size; the first message describes it), or a directory as a tar
+        stream (`archive`; symlinks kept as links). Flow-controlled: a client that reads slowly slows
+        the guest's reader, never the server's memory.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    def start_workspace_upload(self, request: StartWorkspaceUploadRequest, ctx: RequestContext[StartWorkspaceUploadRequest, StartWorkspaceUploadResponse], /) -> StartWorkspaceUploadResponse:
+        """
+        Opens an upload of a file (or a tar stream unpacked into a directory: `archive`) of any size:
+        WriteWorkspaceUpload sends its parts in order, the last with `finish`, which puts the file in
+        place whole (never half-written). An upload not written for 60 s is cancelled.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    def write_workspace_upload(self, request: WriteWorkspaceUploadRequest, ctx: RequestContext[WriteWorkspaceUploadRequest, WriteWorkspaceUploadResponse], /) -> WriteWorkspaceUploadResponse:
+        """
+        One part of an upload at `offset` (the bytes taken so far: a part sent twice is refused with
+        FAILED_PRECONDITION naming the offset to go on from). At most 2 MiB a part.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    def cancel_workspace_upload(self, request: CancelWorkspaceUploadRequest, ctx: RequestContext[CancelWorkspaceUploadRequest, CancelWorkspaceUploadResponse], /) -> CancelWorkspaceUploadResponse:
+        """
+        Abandons an upload: nothing of it is left in the guest.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    def watch_workspace_directory(self, request: WatchWorkspaceDirectoryRequest, ctx: RequestContext[WatchWorkspaceDirectoryRequest, WatchWorkspaceDirectoryResponse], /) -> Iterator[WatchWorkspaceDirectoryResponse]:
+        """
+        Streams changes under a directory (`recursive`: its subdirectories too, new ones included):
+        first `ready` once the watch is in place, then each event in the order the guest's kernel saw.
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -358,6 +1118,182 @@ class DataPlaneServiceWSGIApplication(ConnectWSGIApplication):
                         stream_type=StreamType.UNARY,
                     ),
                     function=service.write_workspace_file,
+                ),
+                "/kibo.ctrl.v1.DataPlaneService/StartWorkspaceProcess": EndpointSync.server_stream(
+                    method=MethodInfo(
+                        name="StartWorkspaceProcess",
+                        service_name="kibo.ctrl.v1.DataPlaneService",
+                        input=StartWorkspaceProcessRequest,
+                        output=StartWorkspaceProcessResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.SERVER_STREAM,
+                    ),
+                    function=service.start_workspace_process,
+                ),
+                "/kibo.ctrl.v1.DataPlaneService/ConnectWorkspaceProcess": EndpointSync.server_stream(
+                    method=MethodInfo(
+                        name="ConnectWorkspaceProcess",
+                        service_name="kibo.ctrl.v1.DataPlaneService",
+                        input=ConnectWorkspaceProcessRequest,
+                        output=ConnectWorkspaceProcessResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.SERVER_STREAM,
+                    ),
+                    function=service.connect_workspace_process,
+                ),
+                "/kibo.ctrl.v1.DataPlaneService/ListWorkspaceProcesses": EndpointSync.unary(
+                    method=MethodInfo(
+                        name="ListWorkspaceProcesses",
+                        service_name="kibo.ctrl.v1.DataPlaneService",
+                        input=ListWorkspaceProcessesRequest,
+                        output=ListWorkspaceProcessesResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=service.list_workspace_processes,
+                ),
+                "/kibo.ctrl.v1.DataPlaneService/SendWorkspaceProcessInput": EndpointSync.unary(
+                    method=MethodInfo(
+                        name="SendWorkspaceProcessInput",
+                        service_name="kibo.ctrl.v1.DataPlaneService",
+                        input=SendWorkspaceProcessInputRequest,
+                        output=SendWorkspaceProcessInputResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=service.send_workspace_process_input,
+                ),
+                "/kibo.ctrl.v1.DataPlaneService/SignalWorkspaceProcess": EndpointSync.unary(
+                    method=MethodInfo(
+                        name="SignalWorkspaceProcess",
+                        service_name="kibo.ctrl.v1.DataPlaneService",
+                        input=SignalWorkspaceProcessRequest,
+                        output=SignalWorkspaceProcessResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=service.signal_workspace_process,
+                ),
+                "/kibo.ctrl.v1.DataPlaneService/ResizeWorkspaceProcess": EndpointSync.unary(
+                    method=MethodInfo(
+                        name="ResizeWorkspaceProcess",
+                        service_name="kibo.ctrl.v1.DataPlaneService",
+                        input=ResizeWorkspaceProcessRequest,
+                        output=ResizeWorkspaceProcessResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=service.resize_workspace_process,
+                ),
+                "/kibo.ctrl.v1.DataPlaneService/StatWorkspacePath": EndpointSync.unary(
+                    method=MethodInfo(
+                        name="StatWorkspacePath",
+                        service_name="kibo.ctrl.v1.DataPlaneService",
+                        input=StatWorkspacePathRequest,
+                        output=StatWorkspacePathResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=service.stat_workspace_path,
+                ),
+                "/kibo.ctrl.v1.DataPlaneService/ListWorkspaceDirectory": EndpointSync.unary(
+                    method=MethodInfo(
+                        name="ListWorkspaceDirectory",
+                        service_name="kibo.ctrl.v1.DataPlaneService",
+                        input=ListWorkspaceDirectoryRequest,
+                        output=ListWorkspaceDirectoryResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=service.list_workspace_directory,
+                ),
+                "/kibo.ctrl.v1.DataPlaneService/MakeWorkspaceDirectory": EndpointSync.unary(
+                    method=MethodInfo(
+                        name="MakeWorkspaceDirectory",
+                        service_name="kibo.ctrl.v1.DataPlaneService",
+                        input=MakeWorkspaceDirectoryRequest,
+                        output=MakeWorkspaceDirectoryResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=service.make_workspace_directory,
+                ),
+                "/kibo.ctrl.v1.DataPlaneService/MoveWorkspacePath": EndpointSync.unary(
+                    method=MethodInfo(
+                        name="MoveWorkspacePath",
+                        service_name="kibo.ctrl.v1.DataPlaneService",
+                        input=MoveWorkspacePathRequest,
+                        output=MoveWorkspacePathResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=service.move_workspace_path,
+                ),
+                "/kibo.ctrl.v1.DataPlaneService/RemoveWorkspacePath": EndpointSync.unary(
+                    method=MethodInfo(
+                        name="RemoveWorkspacePath",
+                        service_name="kibo.ctrl.v1.DataPlaneService",
+                        input=RemoveWorkspacePathRequest,
+                        output=RemoveWorkspacePathResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=service.remove_workspace_path,
+                ),
+                "/kibo.ctrl.v1.DataPlaneService/DownloadWorkspaceFile": EndpointSync.server_stream(
+                    method=MethodInfo(
+                        name="DownloadWorkspaceFile",
+                        service_name="kibo.ctrl.v1.DataPlaneService",
+                        input=DownloadWorkspaceFileRequest,
+                        output=DownloadWorkspaceFileResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.SERVER_STREAM,
+                    ),
+                    function=service.download_workspace_file,
+                ),
+                "/kibo.ctrl.v1.DataPlaneService/StartWorkspaceUpload": EndpointSync.unary(
+                    method=MethodInfo(
+                        name="StartWorkspaceUpload",
+                        service_name="kibo.ctrl.v1.DataPlaneService",
+                        input=StartWorkspaceUploadRequest,
+                        output=StartWorkspaceUploadResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=service.start_workspace_upload,
+                ),
+                "/kibo.ctrl.v1.DataPlaneService/WriteWorkspaceUpload": EndpointSync.unary(
+                    method=MethodInfo(
+                        name="WriteWorkspaceUpload",
+                        service_name="kibo.ctrl.v1.DataPlaneService",
+                        input=WriteWorkspaceUploadRequest,
+                        output=WriteWorkspaceUploadResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=service.write_workspace_upload,
+                ),
+                "/kibo.ctrl.v1.DataPlaneService/CancelWorkspaceUpload": EndpointSync.unary(
+                    method=MethodInfo(
+                        name="CancelWorkspaceUpload",
+                        service_name="kibo.ctrl.v1.DataPlaneService",
+                        input=CancelWorkspaceUploadRequest,
+                        output=CancelWorkspaceUploadResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=service.cancel_workspace_upload,
+                ),
+                "/kibo.ctrl.v1.DataPlaneService/WatchWorkspaceDirectory": EndpointSync.server_stream(
+                    method=MethodInfo(
+                        name="WatchWorkspaceDirectory",
+                        service_name="kibo.ctrl.v1.DataPlaneService",
+                        input=WatchWorkspaceDirectoryRequest,
+                        output=WatchWorkspaceDirectoryResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.SERVER_STREAM,
+                    ),
+                    function=service.watch_workspace_directory,
                 ),
             },
             interceptors=interceptors,
@@ -494,6 +1430,382 @@ class DataPlaneServiceClientSync(ConnectClientSync):
                 output=WriteWorkspaceFileResponse,
                 idempotency_level=IdempotencyLevel.UNKNOWN,
                 stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    def start_workspace_process(
+        self,
+        request: StartWorkspaceProcessRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> Iterator[StartWorkspaceProcessResponse]:
+        """
+        Starts a process. The first message is `started` (its pid and tag). A foreground process's
+        output follows, then `exit_code`; cancelling the call kills it. A background process's
+        stream ends after `started`: it runs on; ConnectWorkspaceProcess follows it.
+        """
+        return self.execute_server_stream(
+            request=request,
+            method=MethodInfo(
+                name="StartWorkspaceProcess",
+                service_name="kibo.ctrl.v1.DataPlaneService",
+                input=StartWorkspaceProcessRequest,
+                output=StartWorkspaceProcessResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.SERVER_STREAM,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    def connect_workspace_process(
+        self,
+        request: ConnectWorkspaceProcessRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> Iterator[ConnectWorkspaceProcessResponse]:
+        """
+        Follows a process (by pid or tag): its kept output first when `replay` (the last 128 KiB), then
+        its output as it comes, then `exit_code` (at once for one that has exited). Leaving the call
+        leaves the process running.
+        """
+        return self.execute_server_stream(
+            request=request,
+            method=MethodInfo(
+                name="ConnectWorkspaceProcess",
+                service_name="kibo.ctrl.v1.DataPlaneService",
+                input=ConnectWorkspaceProcessRequest,
+                output=ConnectWorkspaceProcessResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.SERVER_STREAM,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    def list_workspace_processes(
+        self,
+        request: ListWorkspaceProcessesRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> ListWorkspaceProcessesResponse:
+        """
+        The processes started through the data plane in this execution, running and ended.
+        """
+        return self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="ListWorkspaceProcesses",
+                service_name="kibo.ctrl.v1.DataPlaneService",
+                input=ListWorkspaceProcessesRequest,
+                output=ListWorkspaceProcessesResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    def send_workspace_process_input(
+        self,
+        request: SendWorkspaceProcessInputRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> SendWorkspaceProcessInputResponse:
+        """
+        Writes to a process's standard input (its terminal's input with a PTY: "\\x03" is Ctrl-C),
+        or closes it. Waits while the process does not read (back-pressure).
+        """
+        return self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="SendWorkspaceProcessInput",
+                service_name="kibo.ctrl.v1.DataPlaneService",
+                input=SendWorkspaceProcessInputRequest,
+                output=SendWorkspaceProcessInputResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    def signal_workspace_process(
+        self,
+        request: SignalWorkspaceProcessRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> SignalWorkspaceProcessResponse:
+        """
+        Sends a signal to a process (SIGTERM by default).
+        """
+        return self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="SignalWorkspaceProcess",
+                service_name="kibo.ctrl.v1.DataPlaneService",
+                input=SignalWorkspaceProcessRequest,
+                output=SignalWorkspaceProcessResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    def resize_workspace_process(
+        self,
+        request: ResizeWorkspaceProcessRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> ResizeWorkspaceProcessResponse:
+        """
+        Resizes a process's terminal (it gets SIGWINCH). FAILED_PRECONDITION for one without a PTY.
+        """
+        return self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="ResizeWorkspaceProcess",
+                service_name="kibo.ctrl.v1.DataPlaneService",
+                input=ResizeWorkspaceProcessRequest,
+                output=ResizeWorkspaceProcessResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    def stat_workspace_path(
+        self,
+        request: StatWorkspacePathRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> StatWorkspacePathResponse:
+        """
+        What is at a path (a symlink is described, not followed).
+        """
+        return self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="StatWorkspacePath",
+                service_name="kibo.ctrl.v1.DataPlaneService",
+                input=StatWorkspacePathRequest,
+                output=StatWorkspacePathResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    def list_workspace_directory(
+        self,
+        request: ListWorkspaceDirectoryRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> ListWorkspaceDirectoryResponse:
+        """
+        A directory's entries, `depth` levels down (1: its own entries), at most 10,000.
+        """
+        return self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="ListWorkspaceDirectory",
+                service_name="kibo.ctrl.v1.DataPlaneService",
+                input=ListWorkspaceDirectoryRequest,
+                output=ListWorkspaceDirectoryResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    def make_workspace_directory(
+        self,
+        request: MakeWorkspaceDirectoryRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> MakeWorkspaceDirectoryResponse:
+        return self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="MakeWorkspaceDirectory",
+                service_name="kibo.ctrl.v1.DataPlaneService",
+                input=MakeWorkspaceDirectoryRequest,
+                output=MakeWorkspaceDirectoryResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    def move_workspace_path(
+        self,
+        request: MoveWorkspacePathRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> MoveWorkspacePathResponse:
+        """
+        Renames a file or directory (replacing a file at the destination).
+        """
+        return self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="MoveWorkspacePath",
+                service_name="kibo.ctrl.v1.DataPlaneService",
+                input=MoveWorkspacePathRequest,
+                output=MoveWorkspacePathResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    def remove_workspace_path(
+        self,
+        request: RemoveWorkspacePathRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> RemoveWorkspacePathResponse:
+        """
+        Removes a file, a symlink (not what it points to) or a directory (`recursive` for one not empty).
+        """
+        return self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="RemoveWorkspacePath",
+                service_name="kibo.ctrl.v1.DataPlaneService",
+                input=RemoveWorkspacePathRequest,
+                output=RemoveWorkspacePathResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    def download_workspace_file(
+        self,
+        request: DownloadWorkspaceFileRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> Iterator[DownloadWorkspaceFileResponse]:
+        """
+        Streams a file from `offset` (any size; the first message describes it), or a directory as a tar
+        stream (`archive`; symlinks kept as links). Flow-controlled: a client that reads slowly slows
+        the guest's reader, never the server's memory.
+        """
+        return self.execute_server_stream(
+            request=request,
+            method=MethodInfo(
+                name="DownloadWorkspaceFile",
+                service_name="kibo.ctrl.v1.DataPlaneService",
+                input=DownloadWorkspaceFileRequest,
+                output=DownloadWorkspaceFileResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.SERVER_STREAM,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    def start_workspace_upload(
+        self,
+        request: StartWorkspaceUploadRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> StartWorkspaceUploadResponse:
+        """
+        Opens an upload of a file (or a tar stream unpacked into a directory: `archive`) of any size:
+        WriteWorkspaceUpload sends its parts in order, the last with `finish`, which puts the file in
+        place whole (never half-written). An upload not written for 60 s is cancelled.
+        """
+        return self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="StartWorkspaceUpload",
+                service_name="kibo.ctrl.v1.DataPlaneService",
+                input=StartWorkspaceUploadRequest,
+                output=StartWorkspaceUploadResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    def write_workspace_upload(
+        self,
+        request: WriteWorkspaceUploadRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> WriteWorkspaceUploadResponse:
+        """
+        One part of an upload at `offset` (the bytes taken so far: a part sent twice is refused with
+        FAILED_PRECONDITION naming the offset to go on from). At most 2 MiB a part.
+        """
+        return self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="WriteWorkspaceUpload",
+                service_name="kibo.ctrl.v1.DataPlaneService",
+                input=WriteWorkspaceUploadRequest,
+                output=WriteWorkspaceUploadResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    def cancel_workspace_upload(
+        self,
+        request: CancelWorkspaceUploadRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> CancelWorkspaceUploadResponse:
+        """
+        Abandons an upload: nothing of it is left in the guest.
+        """
+        return self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="CancelWorkspaceUpload",
+                service_name="kibo.ctrl.v1.DataPlaneService",
+                input=CancelWorkspaceUploadRequest,
+                output=CancelWorkspaceUploadResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    def watch_workspace_directory(
+        self,
+        request: WatchWorkspaceDirectoryRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> Iterator[WatchWorkspaceDirectoryResponse]:
+        """
+        Streams changes under a directory (`recursive`: its subdirectories too, new ones included):
+        first `ready` once the watch is in place, then each event in the order the guest's kernel saw.
+        """
+        return self.execute_server_stream(
+            request=request,
+            method=MethodInfo(
+                name="WatchWorkspaceDirectory",
+                service_name="kibo.ctrl.v1.DataPlaneService",
+                input=WatchWorkspaceDirectoryRequest,
+                output=WatchWorkspaceDirectoryResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.SERVER_STREAM,
             ),
             headers=headers,
             timeout_ms=timeout_ms,

@@ -61,6 +61,86 @@ class DataPlaneServiceStub:
                 request_serializer=kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.WriteWorkspaceFileRequest.SerializeToString,
                 response_deserializer=kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.WriteWorkspaceFileResponse.FromString,
                 _registered_method=True)
+        self.StartWorkspaceProcess = channel.unary_stream(
+                '/kibo.ctrl.v1.DataPlaneService/StartWorkspaceProcess',
+                request_serializer=kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.StartWorkspaceProcessRequest.SerializeToString,
+                response_deserializer=kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.StartWorkspaceProcessResponse.FromString,
+                _registered_method=True)
+        self.ConnectWorkspaceProcess = channel.unary_stream(
+                '/kibo.ctrl.v1.DataPlaneService/ConnectWorkspaceProcess',
+                request_serializer=kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.ConnectWorkspaceProcessRequest.SerializeToString,
+                response_deserializer=kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.ConnectWorkspaceProcessResponse.FromString,
+                _registered_method=True)
+        self.ListWorkspaceProcesses = channel.unary_unary(
+                '/kibo.ctrl.v1.DataPlaneService/ListWorkspaceProcesses',
+                request_serializer=kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.ListWorkspaceProcessesRequest.SerializeToString,
+                response_deserializer=kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.ListWorkspaceProcessesResponse.FromString,
+                _registered_method=True)
+        self.SendWorkspaceProcessInput = channel.unary_unary(
+                '/kibo.ctrl.v1.DataPlaneService/SendWorkspaceProcessInput',
+                request_serializer=kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.SendWorkspaceProcessInputRequest.SerializeToString,
+                response_deserializer=kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.SendWorkspaceProcessInputResponse.FromString,
+                _registered_method=True)
+        self.SignalWorkspaceProcess = channel.unary_unary(
+                '/kibo.ctrl.v1.DataPlaneService/SignalWorkspaceProcess',
+                request_serializer=kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.SignalWorkspaceProcessRequest.SerializeToString,
+                response_deserializer=kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.SignalWorkspaceProcessResponse.FromString,
+                _registered_method=True)
+        self.ResizeWorkspaceProcess = channel.unary_unary(
+                '/kibo.ctrl.v1.DataPlaneService/ResizeWorkspaceProcess',
+                request_serializer=kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.ResizeWorkspaceProcessRequest.SerializeToString,
+                response_deserializer=kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.ResizeWorkspaceProcessResponse.FromString,
+                _registered_method=True)
+        self.StatWorkspacePath = channel.unary_unary(
+                '/kibo.ctrl.v1.DataPlaneService/StatWorkspacePath',
+                request_serializer=kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.StatWorkspacePathRequest.SerializeToString,
+                response_deserializer=kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.StatWorkspacePathResponse.FromString,
+                _registered_method=True)
+        self.ListWorkspaceDirectory = channel.unary_unary(
+                '/kibo.ctrl.v1.DataPlaneService/ListWorkspaceDirectory',
+                request_serializer=kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.ListWorkspaceDirectoryRequest.SerializeToString,
+                response_deserializer=kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.ListWorkspaceDirectoryResponse.FromString,
+                _registered_method=True)
+        self.MakeWorkspaceDirectory = channel.unary_unary(
+                '/kibo.ctrl.v1.DataPlaneService/MakeWorkspaceDirectory',
+                request_serializer=kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.MakeWorkspaceDirectoryRequest.SerializeToString,
+                response_deserializer=kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.MakeWorkspaceDirectoryResponse.FromString,
+                _registered_method=True)
+        self.MoveWorkspacePath = channel.unary_unary(
+                '/kibo.ctrl.v1.DataPlaneService/MoveWorkspacePath',
+                request_serializer=kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.MoveWorkspacePathRequest.SerializeToString,
+                response_deserializer=kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.MoveWorkspacePathResponse.FromString,
+                _registered_method=True)
+        self.RemoveWorkspacePath = channel.unary_unary(
+                '/kibo.ctrl.v1.DataPlaneService/RemoveWorkspacePath',
+                request_serializer=kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.RemoveWorkspacePathRequest.SerializeToString,
+                response_deserializer=kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.RemoveWorkspacePathResponse.FromString,
+                _registered_method=True)
+        self.DownloadWorkspaceFile = channel.unary_stream(
+                '/kibo.ctrl.v1.DataPlaneService/DownloadWorkspaceFile',
+                request_serializer=kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.DownloadWorkspaceFileRequest.SerializeToString,
+                response_deserializer=kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.DownloadWorkspaceFileResponse.FromString,
+                _registered_method=True)
+        self.StartWorkspaceUpload = channel.unary_unary(
+                '/kibo.ctrl.v1.DataPlaneService/StartWorkspaceUpload',
+                request_serializer=kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.StartWorkspaceUploadRequest.SerializeToString,
+                response_deserializer=kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.StartWorkspaceUploadResponse.FromString,
+                _registered_method=True)
+        self.WriteWorkspaceUpload = channel.unary_unary(
+                '/kibo.ctrl.v1.DataPlaneService/WriteWorkspaceUpload',
+                request_serializer=kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.WriteWorkspaceUploadRequest.SerializeToString,
+                response_deserializer=kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.WriteWorkspaceUploadResponse.FromString,
+                _registered_method=True)
+        self.CancelWorkspaceUpload = channel.unary_unary(
+                '/kibo.ctrl.v1.DataPlaneService/CancelWorkspaceUpload',
+                request_serializer=kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.CancelWorkspaceUploadRequest.SerializeToString,
+                response_deserializer=kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.CancelWorkspaceUploadResponse.FromString,
+                _registered_method=True)
+        self.WatchWorkspaceDirectory = channel.unary_stream(
+                '/kibo.ctrl.v1.DataPlaneService/WatchWorkspaceDirectory',
+                request_serializer=kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.WatchWorkspaceDirectoryRequest.SerializeToString,
+                response_deserializer=kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.WatchWorkspaceDirectoryResponse.FromString,
+                _registered_method=True)
 
 
 class DataPlaneServiceServicer:
@@ -101,6 +181,137 @@ class DataPlaneServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StartWorkspaceProcess(self, request, context):
+        """-- processes ------------------------------------------------------------------------------
+        Processes started here are kept by the workspace's node, by pid (in the guest) and tag, until
+        they exit and after (the last 16 ended, with their output's tail; at most 32 run at once). They end with their
+        execution: a stop, force stop, revoke or delete kills them, as a restart of the node's agent
+        does. Shapes that work over gRPC, Connect, gRPC-Web and JSON alike: output and watches are
+        server streams, input, resizes and signals unary calls (a browser terminal needs no more).
+
+        Starts a process. The first message is `started` (its pid and tag). A foreground process's
+        output follows, then `exit_code`; cancelling the call kills it. A background process's
+        stream ends after `started`: it runs on; ConnectWorkspaceProcess follows it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ConnectWorkspaceProcess(self, request, context):
+        """Follows a process (by pid or tag): its kept output first when `replay` (the last 128 KiB), then
+        its output as it comes, then `exit_code` (at once for one that has exited). Leaving the call
+        leaves the process running.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListWorkspaceProcesses(self, request, context):
+        """The processes started through the data plane in this execution, running and ended.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SendWorkspaceProcessInput(self, request, context):
+        """Writes to a process's standard input (its terminal's input with a PTY: "\x03" is Ctrl-C),
+        or closes it. Waits while the process does not read (back-pressure).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SignalWorkspaceProcess(self, request, context):
+        """Sends a signal to a process (SIGTERM by default).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResizeWorkspaceProcess(self, request, context):
+        """Resizes a process's terminal (it gets SIGWINCH). FAILED_PRECONDITION for one without a PTY.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def StatWorkspacePath(self, request, context):
+        """-- files, anywhere the guest's root reaches (its writable layer and its volumes) ------------
+
+        What is at a path (a symlink is described, not followed).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListWorkspaceDirectory(self, request, context):
+        """A directory's entries, `depth` levels down (1: its own entries), at most 10,000.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def MakeWorkspaceDirectory(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def MoveWorkspacePath(self, request, context):
+        """Renames a file or directory (replacing a file at the destination).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RemoveWorkspacePath(self, request, context):
+        """Removes a file, a symlink (not what it points to) or a directory (`recursive` for one not empty).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DownloadWorkspaceFile(self, request, context):
+        """Streams a file from `offset` (any size; the first message describes it), or a directory as a tar
+        stream (`archive`; symlinks kept as links). Flow-controlled: a client that reads slowly slows
+        the guest's reader, never the server's memory.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def StartWorkspaceUpload(self, request, context):
+        """Opens an upload of a file (or a tar stream unpacked into a directory: `archive`) of any size:
+        WriteWorkspaceUpload sends its parts in order, the last with `finish`, which puts the file in
+        place whole (never half-written). An upload not written for 60 s is cancelled.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WriteWorkspaceUpload(self, request, context):
+        """One part of an upload at `offset` (the bytes taken so far: a part sent twice is refused with
+        FAILED_PRECONDITION naming the offset to go on from). At most 2 MiB a part.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CancelWorkspaceUpload(self, request, context):
+        """Abandons an upload: nothing of it is left in the guest.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WatchWorkspaceDirectory(self, request, context):
+        """Streams changes under a directory (`recursive`: its subdirectories too, new ones included):
+        first `ready` once the watch is in place, then each event in the order the guest's kernel saw.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DataPlaneServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -123,6 +334,86 @@ def add_DataPlaneServiceServicer_to_server(servicer, server):
                     servicer.WriteWorkspaceFile,
                     request_deserializer=kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.WriteWorkspaceFileRequest.FromString,
                     response_serializer=kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.WriteWorkspaceFileResponse.SerializeToString,
+            ),
+            'StartWorkspaceProcess': grpc.unary_stream_rpc_method_handler(
+                    servicer.StartWorkspaceProcess,
+                    request_deserializer=kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.StartWorkspaceProcessRequest.FromString,
+                    response_serializer=kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.StartWorkspaceProcessResponse.SerializeToString,
+            ),
+            'ConnectWorkspaceProcess': grpc.unary_stream_rpc_method_handler(
+                    servicer.ConnectWorkspaceProcess,
+                    request_deserializer=kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.ConnectWorkspaceProcessRequest.FromString,
+                    response_serializer=kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.ConnectWorkspaceProcessResponse.SerializeToString,
+            ),
+            'ListWorkspaceProcesses': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListWorkspaceProcesses,
+                    request_deserializer=kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.ListWorkspaceProcessesRequest.FromString,
+                    response_serializer=kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.ListWorkspaceProcessesResponse.SerializeToString,
+            ),
+            'SendWorkspaceProcessInput': grpc.unary_unary_rpc_method_handler(
+                    servicer.SendWorkspaceProcessInput,
+                    request_deserializer=kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.SendWorkspaceProcessInputRequest.FromString,
+                    response_serializer=kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.SendWorkspaceProcessInputResponse.SerializeToString,
+            ),
+            'SignalWorkspaceProcess': grpc.unary_unary_rpc_method_handler(
+                    servicer.SignalWorkspaceProcess,
+                    request_deserializer=kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.SignalWorkspaceProcessRequest.FromString,
+                    response_serializer=kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.SignalWorkspaceProcessResponse.SerializeToString,
+            ),
+            'ResizeWorkspaceProcess': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResizeWorkspaceProcess,
+                    request_deserializer=kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.ResizeWorkspaceProcessRequest.FromString,
+                    response_serializer=kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.ResizeWorkspaceProcessResponse.SerializeToString,
+            ),
+            'StatWorkspacePath': grpc.unary_unary_rpc_method_handler(
+                    servicer.StatWorkspacePath,
+                    request_deserializer=kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.StatWorkspacePathRequest.FromString,
+                    response_serializer=kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.StatWorkspacePathResponse.SerializeToString,
+            ),
+            'ListWorkspaceDirectory': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListWorkspaceDirectory,
+                    request_deserializer=kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.ListWorkspaceDirectoryRequest.FromString,
+                    response_serializer=kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.ListWorkspaceDirectoryResponse.SerializeToString,
+            ),
+            'MakeWorkspaceDirectory': grpc.unary_unary_rpc_method_handler(
+                    servicer.MakeWorkspaceDirectory,
+                    request_deserializer=kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.MakeWorkspaceDirectoryRequest.FromString,
+                    response_serializer=kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.MakeWorkspaceDirectoryResponse.SerializeToString,
+            ),
+            'MoveWorkspacePath': grpc.unary_unary_rpc_method_handler(
+                    servicer.MoveWorkspacePath,
+                    request_deserializer=kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.MoveWorkspacePathRequest.FromString,
+                    response_serializer=kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.MoveWorkspacePathResponse.SerializeToString,
+            ),
+            'RemoveWorkspacePath': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveWorkspacePath,
+                    request_deserializer=kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.RemoveWorkspacePathRequest.FromString,
+                    response_serializer=kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.RemoveWorkspacePathResponse.SerializeToString,
+            ),
+            'DownloadWorkspaceFile': grpc.unary_stream_rpc_method_handler(
+                    servicer.DownloadWorkspaceFile,
+                    request_deserializer=kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.DownloadWorkspaceFileRequest.FromString,
+                    response_serializer=kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.DownloadWorkspaceFileResponse.SerializeToString,
+            ),
+            'StartWorkspaceUpload': grpc.unary_unary_rpc_method_handler(
+                    servicer.StartWorkspaceUpload,
+                    request_deserializer=kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.StartWorkspaceUploadRequest.FromString,
+                    response_serializer=kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.StartWorkspaceUploadResponse.SerializeToString,
+            ),
+            'WriteWorkspaceUpload': grpc.unary_unary_rpc_method_handler(
+                    servicer.WriteWorkspaceUpload,
+                    request_deserializer=kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.WriteWorkspaceUploadRequest.FromString,
+                    response_serializer=kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.WriteWorkspaceUploadResponse.SerializeToString,
+            ),
+            'CancelWorkspaceUpload': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelWorkspaceUpload,
+                    request_deserializer=kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.CancelWorkspaceUploadRequest.FromString,
+                    response_serializer=kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.CancelWorkspaceUploadResponse.SerializeToString,
+            ),
+            'WatchWorkspaceDirectory': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchWorkspaceDirectory,
+                    request_deserializer=kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.WatchWorkspaceDirectoryRequest.FromString,
+                    response_serializer=kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.WatchWorkspaceDirectoryResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -240,6 +531,438 @@ class DataPlaneService:
             '/kibo.ctrl.v1.DataPlaneService/WriteWorkspaceFile',
             kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.WriteWorkspaceFileRequest.SerializeToString,
             kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.WriteWorkspaceFileResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StartWorkspaceProcess(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/kibo.ctrl.v1.DataPlaneService/StartWorkspaceProcess',
+            kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.StartWorkspaceProcessRequest.SerializeToString,
+            kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.StartWorkspaceProcessResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ConnectWorkspaceProcess(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/kibo.ctrl.v1.DataPlaneService/ConnectWorkspaceProcess',
+            kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.ConnectWorkspaceProcessRequest.SerializeToString,
+            kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.ConnectWorkspaceProcessResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListWorkspaceProcesses(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kibo.ctrl.v1.DataPlaneService/ListWorkspaceProcesses',
+            kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.ListWorkspaceProcessesRequest.SerializeToString,
+            kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.ListWorkspaceProcessesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SendWorkspaceProcessInput(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kibo.ctrl.v1.DataPlaneService/SendWorkspaceProcessInput',
+            kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.SendWorkspaceProcessInputRequest.SerializeToString,
+            kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.SendWorkspaceProcessInputResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SignalWorkspaceProcess(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kibo.ctrl.v1.DataPlaneService/SignalWorkspaceProcess',
+            kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.SignalWorkspaceProcessRequest.SerializeToString,
+            kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.SignalWorkspaceProcessResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResizeWorkspaceProcess(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kibo.ctrl.v1.DataPlaneService/ResizeWorkspaceProcess',
+            kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.ResizeWorkspaceProcessRequest.SerializeToString,
+            kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.ResizeWorkspaceProcessResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StatWorkspacePath(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kibo.ctrl.v1.DataPlaneService/StatWorkspacePath',
+            kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.StatWorkspacePathRequest.SerializeToString,
+            kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.StatWorkspacePathResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListWorkspaceDirectory(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kibo.ctrl.v1.DataPlaneService/ListWorkspaceDirectory',
+            kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.ListWorkspaceDirectoryRequest.SerializeToString,
+            kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.ListWorkspaceDirectoryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MakeWorkspaceDirectory(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kibo.ctrl.v1.DataPlaneService/MakeWorkspaceDirectory',
+            kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.MakeWorkspaceDirectoryRequest.SerializeToString,
+            kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.MakeWorkspaceDirectoryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MoveWorkspacePath(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kibo.ctrl.v1.DataPlaneService/MoveWorkspacePath',
+            kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.MoveWorkspacePathRequest.SerializeToString,
+            kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.MoveWorkspacePathResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemoveWorkspacePath(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kibo.ctrl.v1.DataPlaneService/RemoveWorkspacePath',
+            kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.RemoveWorkspacePathRequest.SerializeToString,
+            kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.RemoveWorkspacePathResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DownloadWorkspaceFile(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/kibo.ctrl.v1.DataPlaneService/DownloadWorkspaceFile',
+            kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.DownloadWorkspaceFileRequest.SerializeToString,
+            kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.DownloadWorkspaceFileResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StartWorkspaceUpload(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kibo.ctrl.v1.DataPlaneService/StartWorkspaceUpload',
+            kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.StartWorkspaceUploadRequest.SerializeToString,
+            kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.StartWorkspaceUploadResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WriteWorkspaceUpload(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kibo.ctrl.v1.DataPlaneService/WriteWorkspaceUpload',
+            kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.WriteWorkspaceUploadRequest.SerializeToString,
+            kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.WriteWorkspaceUploadResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelWorkspaceUpload(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kibo.ctrl.v1.DataPlaneService/CancelWorkspaceUpload',
+            kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.CancelWorkspaceUploadRequest.SerializeToString,
+            kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.CancelWorkspaceUploadResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchWorkspaceDirectory(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/kibo.ctrl.v1.DataPlaneService/WatchWorkspaceDirectory',
+            kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.WatchWorkspaceDirectoryRequest.SerializeToString,
+            kibo_dot_ctrl_dot_v1_dot_data__plane__service__pb2.WatchWorkspaceDirectoryResponse.FromString,
             options,
             channel_credentials,
             insecure,

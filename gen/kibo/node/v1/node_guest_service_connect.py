@@ -21,7 +21,7 @@ from connectrpc.protocol import ProtocolType
 from connectrpc.server import ConnectASGIApplication, ConnectWSGIApplication, DEFAULT_READ_MAX_BYTES, Endpoint, EndpointSync
 from pyqwest import Client, SyncClient
 
-from .node_guest_service_pb2 import OpenGuestPortRequest, OpenGuestPortResponse, RunGuestJobRequest, RunGuestJobResponse
+from .node_guest_service_pb2 import CallGuestProcessesRequest, CallGuestProcessesResponse, FollowGuestProcessRequest, FollowGuestProcessResponse, OpenGuestPortRequest, OpenGuestPortResponse, RunGuestJobRequest, RunGuestJobResponse
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Iterator, Mapping
@@ -62,6 +62,21 @@ class NodeGuestService(Protocol):
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
+    async def call_guest_processes(self, request: CallGuestProcessesRequest, ctx: RequestContext[CallGuestProcessesRequest, CallGuestProcessesResponse], /) -> CallGuestProcessesResponse:
+        """
+        The data plane's guest processes (the runtime's GuestProcesses), kept by this node: one
+        call per operation (start, list, input, signal, resize, end), its arguments and its answer
+        as JSON, an input's bytes in `data`.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    def follow_guest_process(self, request: FollowGuestProcessRequest, ctx: RequestContext[FollowGuestProcessRequest, FollowGuestProcessResponse], /) -> AsyncIterator[FollowGuestProcessResponse]:
+        """
+        Follows a guest process: its output (`dropped` for what was not kept), then its exit (or
+        why it cannot be followed). Cancelling the call leaves the process running.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
 
 class NodeGuestServiceASGIApplication(ConnectASGIApplication[NodeGuestService]):
     def __init__(
@@ -97,6 +112,28 @@ class NodeGuestServiceASGIApplication(ConnectASGIApplication[NodeGuestService]):
                         stream_type=StreamType.BIDI_STREAM,
                     ),
                     function=svc.open_guest_port,
+                ),
+                "/kibo.node.v1.NodeGuestService/CallGuestProcesses": Endpoint.unary(
+                    method=MethodInfo(
+                        name="CallGuestProcesses",
+                        service_name="kibo.node.v1.NodeGuestService",
+                        input=CallGuestProcessesRequest,
+                        output=CallGuestProcessesResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=svc.call_guest_processes,
+                ),
+                "/kibo.node.v1.NodeGuestService/FollowGuestProcess": Endpoint.server_stream(
+                    method=MethodInfo(
+                        name="FollowGuestProcess",
+                        service_name="kibo.node.v1.NodeGuestService",
+                        input=FollowGuestProcessRequest,
+                        output=FollowGuestProcessResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.SERVER_STREAM,
+                    ),
+                    function=svc.follow_guest_process,
                 ),
             },
             interceptors=interceptors,
@@ -194,6 +231,55 @@ class NodeGuestServiceClient(ConnectClient):
             headers=headers,
             timeout_ms=timeout_ms,
         )
+    async def call_guest_processes(
+        self,
+        request: CallGuestProcessesRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> CallGuestProcessesResponse:
+        """
+        The data plane's guest processes (the runtime's GuestProcesses), kept by this node: one
+        call per operation (start, list, input, signal, resize, end), its arguments and its answer
+        as JSON, an input's bytes in `data`.
+        """
+        return await self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="CallGuestProcesses",
+                service_name="kibo.node.v1.NodeGuestService",
+                input=CallGuestProcessesRequest,
+                output=CallGuestProcessesResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    def follow_guest_process(
+        self,
+        request: FollowGuestProcessRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> AsyncIterator[FollowGuestProcessResponse]:
+        """
+        Follows a guest process: its output (`dropped` for what was not kept), then its exit (or
+        why it cannot be followed). Cancelling the call leaves the process running.
+        """
+        return self.execute_server_stream(
+            request=request,
+            method=MethodInfo(
+                name="FollowGuestProcess",
+                service_name="kibo.node.v1.NodeGuestService",
+                input=FollowGuestProcessRequest,
+                output=FollowGuestProcessResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.SERVER_STREAM,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
 
 class NodeGuestServiceSync(Protocol):
     """
@@ -217,6 +303,21 @@ class NodeGuestServiceSync(Protocol):
         gRPC's flow control is the back-pressure) and `eof` once a side has no more to send
         (a half-close). The call ends once both sides sent `eof`; cancelling it cuts the
         connection at once.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    def call_guest_processes(self, request: CallGuestProcessesRequest, ctx: RequestContext[CallGuestProcessesRequest, CallGuestProcessesResponse], /) -> CallGuestProcessesResponse:
+        """
+        The data plane's guest processes (the runtime's GuestProcesses), kept by this node: one
+        call per operation (start, list, input, signal, resize, end), its arguments and its answer
+        as JSON, an input's bytes in `data`.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    def follow_guest_process(self, request: FollowGuestProcessRequest, ctx: RequestContext[FollowGuestProcessRequest, FollowGuestProcessResponse], /) -> Iterator[FollowGuestProcessResponse]:
+        """
+        Follows a guest process: its output (`dropped` for what was not kept), then its exit (or
+        why it cannot be followed). Cancelling the call leaves the process running.
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -253,6 +354,28 @@ class NodeGuestServiceWSGIApplication(ConnectWSGIApplication):
                         stream_type=StreamType.BIDI_STREAM,
                     ),
                     function=service.open_guest_port,
+                ),
+                "/kibo.node.v1.NodeGuestService/CallGuestProcesses": EndpointSync.unary(
+                    method=MethodInfo(
+                        name="CallGuestProcesses",
+                        service_name="kibo.node.v1.NodeGuestService",
+                        input=CallGuestProcessesRequest,
+                        output=CallGuestProcessesResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=service.call_guest_processes,
+                ),
+                "/kibo.node.v1.NodeGuestService/FollowGuestProcess": EndpointSync.server_stream(
+                    method=MethodInfo(
+                        name="FollowGuestProcess",
+                        service_name="kibo.node.v1.NodeGuestService",
+                        input=FollowGuestProcessRequest,
+                        output=FollowGuestProcessResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.SERVER_STREAM,
+                    ),
+                    function=service.follow_guest_process,
                 ),
             },
             interceptors=interceptors,
@@ -346,6 +469,55 @@ class NodeGuestServiceClientSync(ConnectClientSync):
                 output=OpenGuestPortResponse,
                 idempotency_level=IdempotencyLevel.UNKNOWN,
                 stream_type=StreamType.BIDI_STREAM,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    def call_guest_processes(
+        self,
+        request: CallGuestProcessesRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> CallGuestProcessesResponse:
+        """
+        The data plane's guest processes (the runtime's GuestProcesses), kept by this node: one
+        call per operation (start, list, input, signal, resize, end), its arguments and its answer
+        as JSON, an input's bytes in `data`.
+        """
+        return self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="CallGuestProcesses",
+                service_name="kibo.node.v1.NodeGuestService",
+                input=CallGuestProcessesRequest,
+                output=CallGuestProcessesResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    def follow_guest_process(
+        self,
+        request: FollowGuestProcessRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> Iterator[FollowGuestProcessResponse]:
+        """
+        Follows a guest process: its output (`dropped` for what was not kept), then its exit (or
+        why it cannot be followed). Cancelling the call leaves the process running.
+        """
+        return self.execute_server_stream(
+            request=request,
+            method=MethodInfo(
+                name="FollowGuestProcess",
+                service_name="kibo.node.v1.NodeGuestService",
+                input=FollowGuestProcessRequest,
+                output=FollowGuestProcessResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.SERVER_STREAM,
             ),
             headers=headers,
             timeout_ms=timeout_ms,

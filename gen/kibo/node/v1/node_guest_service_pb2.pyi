@@ -88,3 +88,45 @@ class OpenGuestPortResponse(_message.Message):
     eof: GuestPortEof
     refused: GuestRefusal
     def __init__(self, opened: _Optional[_Union[GuestPortOpened, _Mapping]] = ..., data: _Optional[bytes] = ..., eof: _Optional[_Union[GuestPortEof, _Mapping]] = ..., refused: _Optional[_Union[GuestRefusal, _Mapping]] = ...) -> None: ...
+
+class CallGuestProcessesRequest(_message.Message):
+    __slots__ = ("instance_id", "operation", "arguments", "data")
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    OPERATION_FIELD_NUMBER: _ClassVar[int]
+    ARGUMENTS_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    instance_id: str
+    operation: str
+    arguments: bytes
+    data: bytes
+    def __init__(self, instance_id: _Optional[str] = ..., operation: _Optional[str] = ..., arguments: _Optional[bytes] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class CallGuestProcessesResponse(_message.Message):
+    __slots__ = ("result", "refused")
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
+    result: bytes
+    refused: GuestRefusal
+    def __init__(self, result: _Optional[bytes] = ..., refused: _Optional[_Union[GuestRefusal, _Mapping]] = ...) -> None: ...
+
+class FollowGuestProcessRequest(_message.Message):
+    __slots__ = ("instance_id", "selector", "replay")
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    SELECTOR_FIELD_NUMBER: _ClassVar[int]
+    REPLAY_FIELD_NUMBER: _ClassVar[int]
+    instance_id: str
+    selector: bytes
+    replay: bool
+    def __init__(self, instance_id: _Optional[str] = ..., selector: _Optional[bytes] = ..., replay: _Optional[bool] = ...) -> None: ...
+
+class FollowGuestProcessResponse(_message.Message):
+    __slots__ = ("output", "exit", "refused", "dropped")
+    OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    EXIT_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_FIELD_NUMBER: _ClassVar[int]
+    output: GuestOutput
+    exit: GuestExit
+    refused: GuestRefusal
+    dropped: int
+    def __init__(self, output: _Optional[_Union[GuestOutput, _Mapping]] = ..., exit: _Optional[_Union[GuestExit, _Mapping]] = ..., refused: _Optional[_Union[GuestRefusal, _Mapping]] = ..., dropped: _Optional[int] = ...) -> None: ...

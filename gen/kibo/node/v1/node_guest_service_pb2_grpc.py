@@ -48,6 +48,16 @@ class NodeGuestServiceStub:
                 request_serializer=kibo_dot_node_dot_v1_dot_node__guest__service__pb2.OpenGuestPortRequest.SerializeToString,
                 response_deserializer=kibo_dot_node_dot_v1_dot_node__guest__service__pb2.OpenGuestPortResponse.FromString,
                 _registered_method=True)
+        self.CallGuestProcesses = channel.unary_unary(
+                '/kibo.node.v1.NodeGuestService/CallGuestProcesses',
+                request_serializer=kibo_dot_node_dot_v1_dot_node__guest__service__pb2.CallGuestProcessesRequest.SerializeToString,
+                response_deserializer=kibo_dot_node_dot_v1_dot_node__guest__service__pb2.CallGuestProcessesResponse.FromString,
+                _registered_method=True)
+        self.FollowGuestProcess = channel.unary_stream(
+                '/kibo.node.v1.NodeGuestService/FollowGuestProcess',
+                request_serializer=kibo_dot_node_dot_v1_dot_node__guest__service__pb2.FollowGuestProcessRequest.SerializeToString,
+                response_deserializer=kibo_dot_node_dot_v1_dot_node__guest__service__pb2.FollowGuestProcessResponse.FromString,
+                _registered_method=True)
 
 
 class NodeGuestServiceServicer:
@@ -77,6 +87,23 @@ class NodeGuestServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CallGuestProcesses(self, request, context):
+        """The data plane's guest processes (the runtime's GuestProcesses), kept by this node: one
+        call per operation (start, list, input, signal, resize, end), its arguments and its answer
+        as JSON, an input's bytes in `data`.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def FollowGuestProcess(self, request, context):
+        """Follows a guest process: its output (`dropped` for what was not kept), then its exit (or
+        why it cannot be followed). Cancelling the call leaves the process running.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_NodeGuestServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -89,6 +116,16 @@ def add_NodeGuestServiceServicer_to_server(servicer, server):
                     servicer.OpenGuestPort,
                     request_deserializer=kibo_dot_node_dot_v1_dot_node__guest__service__pb2.OpenGuestPortRequest.FromString,
                     response_serializer=kibo_dot_node_dot_v1_dot_node__guest__service__pb2.OpenGuestPortResponse.SerializeToString,
+            ),
+            'CallGuestProcesses': grpc.unary_unary_rpc_method_handler(
+                    servicer.CallGuestProcesses,
+                    request_deserializer=kibo_dot_node_dot_v1_dot_node__guest__service__pb2.CallGuestProcessesRequest.FromString,
+                    response_serializer=kibo_dot_node_dot_v1_dot_node__guest__service__pb2.CallGuestProcessesResponse.SerializeToString,
+            ),
+            'FollowGuestProcess': grpc.unary_stream_rpc_method_handler(
+                    servicer.FollowGuestProcess,
+                    request_deserializer=kibo_dot_node_dot_v1_dot_node__guest__service__pb2.FollowGuestProcessRequest.FromString,
+                    response_serializer=kibo_dot_node_dot_v1_dot_node__guest__service__pb2.FollowGuestProcessResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -149,6 +186,60 @@ class NodeGuestService:
             '/kibo.node.v1.NodeGuestService/OpenGuestPort',
             kibo_dot_node_dot_v1_dot_node__guest__service__pb2.OpenGuestPortRequest.SerializeToString,
             kibo_dot_node_dot_v1_dot_node__guest__service__pb2.OpenGuestPortResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CallGuestProcesses(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kibo.node.v1.NodeGuestService/CallGuestProcesses',
+            kibo_dot_node_dot_v1_dot_node__guest__service__pb2.CallGuestProcessesRequest.SerializeToString,
+            kibo_dot_node_dot_v1_dot_node__guest__service__pb2.CallGuestProcessesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FollowGuestProcess(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/kibo.node.v1.NodeGuestService/FollowGuestProcess',
+            kibo_dot_node_dot_v1_dot_node__guest__service__pb2.FollowGuestProcessRequest.SerializeToString,
+            kibo_dot_node_dot_v1_dot_node__guest__service__pb2.FollowGuestProcessResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -21,6 +21,121 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type FileType int32
+
+const (
+	FileType_FILE_TYPE_UNSPECIFIED FileType = 0
+	FileType_FILE_TYPE_FILE        FileType = 1
+	FileType_FILE_TYPE_DIRECTORY   FileType = 2
+	FileType_FILE_TYPE_SYMLINK     FileType = 3
+	// A device, FIFO or socket.
+	FileType_FILE_TYPE_OTHER FileType = 4
+)
+
+// Enum value maps for FileType.
+var (
+	FileType_name = map[int32]string{
+		0: "FILE_TYPE_UNSPECIFIED",
+		1: "FILE_TYPE_FILE",
+		2: "FILE_TYPE_DIRECTORY",
+		3: "FILE_TYPE_SYMLINK",
+		4: "FILE_TYPE_OTHER",
+	}
+	FileType_value = map[string]int32{
+		"FILE_TYPE_UNSPECIFIED": 0,
+		"FILE_TYPE_FILE":        1,
+		"FILE_TYPE_DIRECTORY":   2,
+		"FILE_TYPE_SYMLINK":     3,
+		"FILE_TYPE_OTHER":       4,
+	}
+)
+
+func (x FileType) Enum() *FileType {
+	p := new(FileType)
+	*p = x
+	return p
+}
+
+func (x FileType) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (FileType) Descriptor() protoreflect.EnumDescriptor {
+	return file_kibo_ctrl_v1_data_plane_service_proto_enumTypes[0].Descriptor()
+}
+
+func (FileType) Type() protoreflect.EnumType {
+	return &file_kibo_ctrl_v1_data_plane_service_proto_enumTypes[0]
+}
+
+func (x FileType) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use FileType.Descriptor instead.
+func (FileType) EnumDescriptor() ([]byte, []int) {
+	return file_kibo_ctrl_v1_data_plane_service_proto_rawDescGZIP(), []int{0}
+}
+
+type FileEventType int32
+
+const (
+	FileEventType_FILE_EVENT_TYPE_UNSPECIFIED FileEventType = 0
+	FileEventType_FILE_EVENT_TYPE_CREATE      FileEventType = 1
+	FileEventType_FILE_EVENT_TYPE_WRITE       FileEventType = 2
+	FileEventType_FILE_EVENT_TYPE_REMOVE      FileEventType = 3
+	// `path` is the old name, `new_path` the new one (empty when it moved out of the watch).
+	FileEventType_FILE_EVENT_TYPE_RENAME FileEventType = 4
+	FileEventType_FILE_EVENT_TYPE_CHMOD  FileEventType = 5
+)
+
+// Enum value maps for FileEventType.
+var (
+	FileEventType_name = map[int32]string{
+		0: "FILE_EVENT_TYPE_UNSPECIFIED",
+		1: "FILE_EVENT_TYPE_CREATE",
+		2: "FILE_EVENT_TYPE_WRITE",
+		3: "FILE_EVENT_TYPE_REMOVE",
+		4: "FILE_EVENT_TYPE_RENAME",
+		5: "FILE_EVENT_TYPE_CHMOD",
+	}
+	FileEventType_value = map[string]int32{
+		"FILE_EVENT_TYPE_UNSPECIFIED": 0,
+		"FILE_EVENT_TYPE_CREATE":      1,
+		"FILE_EVENT_TYPE_WRITE":       2,
+		"FILE_EVENT_TYPE_REMOVE":      3,
+		"FILE_EVENT_TYPE_RENAME":      4,
+		"FILE_EVENT_TYPE_CHMOD":       5,
+	}
+)
+
+func (x FileEventType) Enum() *FileEventType {
+	p := new(FileEventType)
+	*p = x
+	return p
+}
+
+func (x FileEventType) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (FileEventType) Descriptor() protoreflect.EnumDescriptor {
+	return file_kibo_ctrl_v1_data_plane_service_proto_enumTypes[1].Descriptor()
+}
+
+func (FileEventType) Type() protoreflect.EnumType {
+	return &file_kibo_ctrl_v1_data_plane_service_proto_enumTypes[1]
+}
+
+func (x FileEventType) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use FileEventType.Descriptor instead.
+func (FileEventType) EnumDescriptor() ([]byte, []int) {
+	return file_kibo_ctrl_v1_data_plane_service_proto_rawDescGZIP(), []int{1}
+}
+
 type IssueDataPlaneCredentialRequest struct {
 	state         protoimpl.MessageState
 	sizeCache     protoimpl.SizeCache
@@ -550,6 +665,2600 @@ func (x *WriteWorkspaceFileResponse) GetSize() int64 {
 	return 0
 }
 
+// A process: by its pid in the guest, or by the tag it was started with.
+type ProcessSelector struct {
+	state         protoimpl.MessageState
+	sizeCache     protoimpl.SizeCache
+	unknownFields protoimpl.UnknownFields
+
+	// Types that are assignable to Selector:
+	//
+	//	*ProcessSelector_Pid
+	//	*ProcessSelector_Tag
+	Selector isProcessSelector_Selector `protobuf_oneof:"selector"`
+}
+
+func (x *ProcessSelector) Reset() {
+	*x = ProcessSelector{}
+	if protoimpl.UnsafeEnabled {
+		mi := &file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[8]
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		ms.StoreMessageInfo(mi)
+	}
+}
+
+func (x *ProcessSelector) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ProcessSelector) ProtoMessage() {}
+
+func (x *ProcessSelector) ProtoReflect() protoreflect.Message {
+	mi := &file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[8]
+	if protoimpl.UnsafeEnabled && x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ProcessSelector.ProtoReflect.Descriptor instead.
+func (*ProcessSelector) Descriptor() ([]byte, []int) {
+	return file_kibo_ctrl_v1_data_plane_service_proto_rawDescGZIP(), []int{8}
+}
+
+func (m *ProcessSelector) GetSelector() isProcessSelector_Selector {
+	if m != nil {
+		return m.Selector
+	}
+	return nil
+}
+
+func (x *ProcessSelector) GetPid() int32 {
+	if x, ok := x.GetSelector().(*ProcessSelector_Pid); ok {
+		return x.Pid
+	}
+	return 0
+}
+
+func (x *ProcessSelector) GetTag() string {
+	if x, ok := x.GetSelector().(*ProcessSelector_Tag); ok {
+		return x.Tag
+	}
+	return ""
+}
+
+type isProcessSelector_Selector interface {
+	isProcessSelector_Selector()
+}
+
+type ProcessSelector_Pid struct {
+	Pid int32 `protobuf:"varint,1,opt,name=pid,proto3,oneof"`
+}
+
+type ProcessSelector_Tag struct {
+	Tag string `protobuf:"bytes,2,opt,name=tag,proto3,oneof"`
+}
+
+func (*ProcessSelector_Pid) isProcessSelector_Selector() {}
+
+func (*ProcessSelector_Tag) isProcessSelector_Selector() {}
+
+type PtySize struct {
+	state         protoimpl.MessageState
+	sizeCache     protoimpl.SizeCache
+	unknownFields protoimpl.UnknownFields
+
+	Rows uint32 `protobuf:"varint,1,opt,name=rows,proto3" json:"rows,omitempty"`
+	Cols uint32 `protobuf:"varint,2,opt,name=cols,proto3" json:"cols,omitempty"`
+}
+
+func (x *PtySize) Reset() {
+	*x = PtySize{}
+	if protoimpl.UnsafeEnabled {
+		mi := &file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[9]
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		ms.StoreMessageInfo(mi)
+	}
+}
+
+func (x *PtySize) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PtySize) ProtoMessage() {}
+
+func (x *PtySize) ProtoReflect() protoreflect.Message {
+	mi := &file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[9]
+	if protoimpl.UnsafeEnabled && x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PtySize.ProtoReflect.Descriptor instead.
+func (*PtySize) Descriptor() ([]byte, []int) {
+	return file_kibo_ctrl_v1_data_plane_service_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *PtySize) GetRows() uint32 {
+	if x != nil {
+		return x.Rows
+	}
+	return 0
+}
+
+func (x *PtySize) GetCols() uint32 {
+	if x != nil {
+		return x.Cols
+	}
+	return 0
+}
+
+type StartWorkspaceProcessRequest struct {
+	state         protoimpl.MessageState
+	sizeCache     protoimpl.SizeCache
+	unknownFields protoimpl.UnknownFields
+
+	Credential string `protobuf:"bytes,1,opt,name=credential,proto3" json:"credential,omitempty"`
+	// The command and its arguments; or `shell`: a line for /bin/sh -c (exactly one of the two).
+	Argv  []string `protobuf:"bytes,2,rep,name=argv,proto3" json:"argv,omitempty"`
+	Shell string   `protobuf:"bytes,3,opt,name=shell,proto3" json:"shell,omitempty"`
+	// Added to the guest's default environment.
+	Env map[string]string `protobuf:"bytes,4,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key,proto3" protobuf_val:"bytes,2,opt,name=value,proto3"`
+	// Default "/".
+	WorkingDir string `protobuf:"bytes,5,opt,name=working_dir,json=workingDir,proto3" json:"working_dir,omitempty"`
+	// A user of the guest (name in its /etc/passwd, or a number); default root.
+	User string `protobuf:"bytes,6,opt,name=user,proto3" json:"user,omitempty"`
+	// A terminal of this size (its output comes as `pty`; stdout and stderr are the terminal).
+	Pty *PtySize `protobuf:"bytes,7,opt,name=pty,proto3" json:"pty,omitempty"`
+	// A name to find it by (unique among the workspace's running processes; "kibo-" is reserved).
+	Tag string `protobuf:"bytes,8,opt,name=tag,proto3" json:"tag,omitempty"`
+	// Return once it started; it runs on after the call.
+	Background bool `protobuf:"varint,9,opt,name=background,proto3" json:"background,omitempty"`
+	// Given to its standard input first; `close_stdin` then closes it.
+	Stdin      []byte `protobuf:"bytes,10,opt,name=stdin,proto3" json:"stdin,omitempty"`
+	CloseStdin bool   `protobuf:"varint,11,opt,name=close_stdin,json=closeStdin,proto3" json:"close_stdin,omitempty"`
+}
+
+func (x *StartWorkspaceProcessRequest) Reset() {
+	*x = StartWorkspaceProcessRequest{}
+	if protoimpl.UnsafeEnabled {
+		mi := &file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[10]
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		ms.StoreMessageInfo(mi)
+	}
+}
+
+func (x *StartWorkspaceProcessRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StartWorkspaceProcessRequest) ProtoMessage() {}
+
+func (x *StartWorkspaceProcessRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[10]
+	if protoimpl.UnsafeEnabled && x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StartWorkspaceProcessRequest.ProtoReflect.Descriptor instead.
+func (*StartWorkspaceProcessRequest) Descriptor() ([]byte, []int) {
+	return file_kibo_ctrl_v1_data_plane_service_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *StartWorkspaceProcessRequest) GetCredential() string {
+	if x != nil {
+		return x.Credential
+	}
+	return ""
+}
+
+func (x *StartWorkspaceProcessRequest) GetArgv() []string {
+	if x != nil {
+		return x.Argv
+	}
+	return nil
+}
+
+func (x *StartWorkspaceProcessRequest) GetShell() string {
+	if x != nil {
+		return x.Shell
+	}
+	return ""
+}
+
+func (x *StartWorkspaceProcessRequest) GetEnv() map[string]string {
+	if x != nil {
+		return x.Env
+	}
+	return nil
+}
+
+func (x *StartWorkspaceProcessRequest) GetWorkingDir() string {
+	if x != nil {
+		return x.WorkingDir
+	}
+	return ""
+}
+
+func (x *StartWorkspaceProcessRequest) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
+}
+
+func (x *StartWorkspaceProcessRequest) GetPty() *PtySize {
+	if x != nil {
+		return x.Pty
+	}
+	return nil
+}
+
+func (x *StartWorkspaceProcessRequest) GetTag() string {
+	if x != nil {
+		return x.Tag
+	}
+	return ""
+}
+
+func (x *StartWorkspaceProcessRequest) GetBackground() bool {
+	if x != nil {
+		return x.Background
+	}
+	return false
+}
+
+func (x *StartWorkspaceProcessRequest) GetStdin() []byte {
+	if x != nil {
+		return x.Stdin
+	}
+	return nil
+}
+
+func (x *StartWorkspaceProcessRequest) GetCloseStdin() bool {
+	if x != nil {
+		return x.CloseStdin
+	}
+	return false
+}
+
+type ProcessStarted struct {
+	state         protoimpl.MessageState
+	sizeCache     protoimpl.SizeCache
+	unknownFields protoimpl.UnknownFields
+
+	Pid int32  `protobuf:"varint,1,opt,name=pid,proto3" json:"pid,omitempty"`
+	Tag string `protobuf:"bytes,2,opt,name=tag,proto3" json:"tag,omitempty"`
+}
+
+func (x *ProcessStarted) Reset() {
+	*x = ProcessStarted{}
+	if protoimpl.UnsafeEnabled {
+		mi := &file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[11]
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		ms.StoreMessageInfo(mi)
+	}
+}
+
+func (x *ProcessStarted) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ProcessStarted) ProtoMessage() {}
+
+func (x *ProcessStarted) ProtoReflect() protoreflect.Message {
+	mi := &file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[11]
+	if protoimpl.UnsafeEnabled && x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ProcessStarted.ProtoReflect.Descriptor instead.
+func (*ProcessStarted) Descriptor() ([]byte, []int) {
+	return file_kibo_ctrl_v1_data_plane_service_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *ProcessStarted) GetPid() int32 {
+	if x != nil {
+		return x.Pid
+	}
+	return 0
+}
+
+func (x *ProcessStarted) GetTag() string {
+	if x != nil {
+		return x.Tag
+	}
+	return ""
+}
+
+// A process's events: `started` first, then its output, then how it ended.
+type StartWorkspaceProcessResponse struct {
+	state         protoimpl.MessageState
+	sizeCache     protoimpl.SizeCache
+	unknownFields protoimpl.UnknownFields
+
+	// Types that are assignable to Event:
+	//
+	//	*StartWorkspaceProcessResponse_Started
+	//	*StartWorkspaceProcessResponse_Stdout
+	//	*StartWorkspaceProcessResponse_Stderr
+	//	*StartWorkspaceProcessResponse_Pty
+	//	*StartWorkspaceProcessResponse_DroppedBytes
+	//	*StartWorkspaceProcessResponse_ExitCode
+	Event isStartWorkspaceProcessResponse_Event `protobuf_oneof:"event"`
+}
+
+func (x *StartWorkspaceProcessResponse) Reset() {
+	*x = StartWorkspaceProcessResponse{}
+	if protoimpl.UnsafeEnabled {
+		mi := &file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[12]
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		ms.StoreMessageInfo(mi)
+	}
+}
+
+func (x *StartWorkspaceProcessResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StartWorkspaceProcessResponse) ProtoMessage() {}
+
+func (x *StartWorkspaceProcessResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[12]
+	if protoimpl.UnsafeEnabled && x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StartWorkspaceProcessResponse.ProtoReflect.Descriptor instead.
+func (*StartWorkspaceProcessResponse) Descriptor() ([]byte, []int) {
+	return file_kibo_ctrl_v1_data_plane_service_proto_rawDescGZIP(), []int{12}
+}
+
+func (m *StartWorkspaceProcessResponse) GetEvent() isStartWorkspaceProcessResponse_Event {
+	if m != nil {
+		return m.Event
+	}
+	return nil
+}
+
+func (x *StartWorkspaceProcessResponse) GetStarted() *ProcessStarted {
+	if x, ok := x.GetEvent().(*StartWorkspaceProcessResponse_Started); ok {
+		return x.Started
+	}
+	return nil
+}
+
+func (x *StartWorkspaceProcessResponse) GetStdout() []byte {
+	if x, ok := x.GetEvent().(*StartWorkspaceProcessResponse_Stdout); ok {
+		return x.Stdout
+	}
+	return nil
+}
+
+func (x *StartWorkspaceProcessResponse) GetStderr() []byte {
+	if x, ok := x.GetEvent().(*StartWorkspaceProcessResponse_Stderr); ok {
+		return x.Stderr
+	}
+	return nil
+}
+
+func (x *StartWorkspaceProcessResponse) GetPty() []byte {
+	if x, ok := x.GetEvent().(*StartWorkspaceProcessResponse_Pty); ok {
+		return x.Pty
+	}
+	return nil
+}
+
+func (x *StartWorkspaceProcessResponse) GetDroppedBytes() int64 {
+	if x, ok := x.GetEvent().(*StartWorkspaceProcessResponse_DroppedBytes); ok {
+		return x.DroppedBytes
+	}
+	return 0
+}
+
+func (x *StartWorkspaceProcessResponse) GetExitCode() int32 {
+	if x, ok := x.GetEvent().(*StartWorkspaceProcessResponse_ExitCode); ok {
+		return x.ExitCode
+	}
+	return 0
+}
+
+type isStartWorkspaceProcessResponse_Event interface {
+	isStartWorkspaceProcessResponse_Event()
+}
+
+type StartWorkspaceProcessResponse_Started struct {
+	Started *ProcessStarted `protobuf:"bytes,1,opt,name=started,proto3,oneof"`
+}
+
+type StartWorkspaceProcessResponse_Stdout struct {
+	Stdout []byte `protobuf:"bytes,2,opt,name=stdout,proto3,oneof"`
+}
+
+type StartWorkspaceProcessResponse_Stderr struct {
+	Stderr []byte `protobuf:"bytes,3,opt,name=stderr,proto3,oneof"`
+}
+
+type StartWorkspaceProcessResponse_Pty struct {
+	// A terminal's output (a process with a PTY).
+	Pty []byte `protobuf:"bytes,4,opt,name=pty,proto3,oneof"`
+}
+
+type StartWorkspaceProcessResponse_DroppedBytes struct {
+	// Output that was not kept for this follower (older than the replay, or dropped while it did
+	// not read): this many bytes are missing before the next output.
+	DroppedBytes int64 `protobuf:"varint,5,opt,name=dropped_bytes,json=droppedBytes,proto3,oneof"`
+}
+
+type StartWorkspaceProcessResponse_ExitCode struct {
+	// The last message: how it ended (128 + N when killed by signal N).
+	ExitCode int32 `protobuf:"varint,6,opt,name=exit_code,json=exitCode,proto3,oneof"`
+}
+
+func (*StartWorkspaceProcessResponse_Started) isStartWorkspaceProcessResponse_Event() {}
+
+func (*StartWorkspaceProcessResponse_Stdout) isStartWorkspaceProcessResponse_Event() {}
+
+func (*StartWorkspaceProcessResponse_Stderr) isStartWorkspaceProcessResponse_Event() {}
+
+func (*StartWorkspaceProcessResponse_Pty) isStartWorkspaceProcessResponse_Event() {}
+
+func (*StartWorkspaceProcessResponse_DroppedBytes) isStartWorkspaceProcessResponse_Event() {}
+
+func (*StartWorkspaceProcessResponse_ExitCode) isStartWorkspaceProcessResponse_Event() {}
+
+// As StartWorkspaceProcessResponse, without `started` (the same field numbers).
+type ConnectWorkspaceProcessResponse struct {
+	state         protoimpl.MessageState
+	sizeCache     protoimpl.SizeCache
+	unknownFields protoimpl.UnknownFields
+
+	// Types that are assignable to Event:
+	//
+	//	*ConnectWorkspaceProcessResponse_Stdout
+	//	*ConnectWorkspaceProcessResponse_Stderr
+	//	*ConnectWorkspaceProcessResponse_Pty
+	//	*ConnectWorkspaceProcessResponse_DroppedBytes
+	//	*ConnectWorkspaceProcessResponse_ExitCode
+	Event isConnectWorkspaceProcessResponse_Event `protobuf_oneof:"event"`
+}
+
+func (x *ConnectWorkspaceProcessResponse) Reset() {
+	*x = ConnectWorkspaceProcessResponse{}
+	if protoimpl.UnsafeEnabled {
+		mi := &file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[13]
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		ms.StoreMessageInfo(mi)
+	}
+}
+
+func (x *ConnectWorkspaceProcessResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ConnectWorkspaceProcessResponse) ProtoMessage() {}
+
+func (x *ConnectWorkspaceProcessResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[13]
+	if protoimpl.UnsafeEnabled && x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ConnectWorkspaceProcessResponse.ProtoReflect.Descriptor instead.
+func (*ConnectWorkspaceProcessResponse) Descriptor() ([]byte, []int) {
+	return file_kibo_ctrl_v1_data_plane_service_proto_rawDescGZIP(), []int{13}
+}
+
+func (m *ConnectWorkspaceProcessResponse) GetEvent() isConnectWorkspaceProcessResponse_Event {
+	if m != nil {
+		return m.Event
+	}
+	return nil
+}
+
+func (x *ConnectWorkspaceProcessResponse) GetStdout() []byte {
+	if x, ok := x.GetEvent().(*ConnectWorkspaceProcessResponse_Stdout); ok {
+		return x.Stdout
+	}
+	return nil
+}
+
+func (x *ConnectWorkspaceProcessResponse) GetStderr() []byte {
+	if x, ok := x.GetEvent().(*ConnectWorkspaceProcessResponse_Stderr); ok {
+		return x.Stderr
+	}
+	return nil
+}
+
+func (x *ConnectWorkspaceProcessResponse) GetPty() []byte {
+	if x, ok := x.GetEvent().(*ConnectWorkspaceProcessResponse_Pty); ok {
+		return x.Pty
+	}
+	return nil
+}
+
+func (x *ConnectWorkspaceProcessResponse) GetDroppedBytes() int64 {
+	if x, ok := x.GetEvent().(*ConnectWorkspaceProcessResponse_DroppedBytes); ok {
+		return x.DroppedBytes
+	}
+	return 0
+}
+
+func (x *ConnectWorkspaceProcessResponse) GetExitCode() int32 {
+	if x, ok := x.GetEvent().(*ConnectWorkspaceProcessResponse_ExitCode); ok {
+		return x.ExitCode
+	}
+	return 0
+}
+
+type isConnectWorkspaceProcessResponse_Event interface {
+	isConnectWorkspaceProcessResponse_Event()
+}
+
+type ConnectWorkspaceProcessResponse_Stdout struct {
+	Stdout []byte `protobuf:"bytes,2,opt,name=stdout,proto3,oneof"`
+}
+
+type ConnectWorkspaceProcessResponse_Stderr struct {
+	Stderr []byte `protobuf:"bytes,3,opt,name=stderr,proto3,oneof"`
+}
+
+type ConnectWorkspaceProcessResponse_Pty struct {
+	// A terminal's output (a process with a PTY).
+	Pty []byte `protobuf:"bytes,4,opt,name=pty,proto3,oneof"`
+}
+
+type ConnectWorkspaceProcessResponse_DroppedBytes struct {
+	// Output that was not kept for this follower (older than the replay, or dropped while it did
+	// not read): this many bytes are missing before the next output.
+	DroppedBytes int64 `protobuf:"varint,5,opt,name=dropped_bytes,json=droppedBytes,proto3,oneof"`
+}
+
+type ConnectWorkspaceProcessResponse_ExitCode struct {
+	// The last message: how it ended (128 + N when killed by signal N).
+	ExitCode int32 `protobuf:"varint,6,opt,name=exit_code,json=exitCode,proto3,oneof"`
+}
+
+func (*ConnectWorkspaceProcessResponse_Stdout) isConnectWorkspaceProcessResponse_Event() {}
+
+func (*ConnectWorkspaceProcessResponse_Stderr) isConnectWorkspaceProcessResponse_Event() {}
+
+func (*ConnectWorkspaceProcessResponse_Pty) isConnectWorkspaceProcessResponse_Event() {}
+
+func (*ConnectWorkspaceProcessResponse_DroppedBytes) isConnectWorkspaceProcessResponse_Event() {}
+
+func (*ConnectWorkspaceProcessResponse_ExitCode) isConnectWorkspaceProcessResponse_Event() {}
+
+type ConnectWorkspaceProcessRequest struct {
+	state         protoimpl.MessageState
+	sizeCache     protoimpl.SizeCache
+	unknownFields protoimpl.UnknownFields
+
+	Credential string           `protobuf:"bytes,1,opt,name=credential,proto3" json:"credential,omitempty"`
+	Process    *ProcessSelector `protobuf:"bytes,2,opt,name=process,proto3" json:"process,omitempty"`
+	// Send its kept output first (the last 128 KiB).
+	Replay bool `protobuf:"varint,3,opt,name=replay,proto3" json:"replay,omitempty"`
+}
+
+func (x *ConnectWorkspaceProcessRequest) Reset() {
+	*x = ConnectWorkspaceProcessRequest{}
+	if protoimpl.UnsafeEnabled {
+		mi := &file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[14]
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		ms.StoreMessageInfo(mi)
+	}
+}
+
+func (x *ConnectWorkspaceProcessRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ConnectWorkspaceProcessRequest) ProtoMessage() {}
+
+func (x *ConnectWorkspaceProcessRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[14]
+	if protoimpl.UnsafeEnabled && x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ConnectWorkspaceProcessRequest.ProtoReflect.Descriptor instead.
+func (*ConnectWorkspaceProcessRequest) Descriptor() ([]byte, []int) {
+	return file_kibo_ctrl_v1_data_plane_service_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *ConnectWorkspaceProcessRequest) GetCredential() string {
+	if x != nil {
+		return x.Credential
+	}
+	return ""
+}
+
+func (x *ConnectWorkspaceProcessRequest) GetProcess() *ProcessSelector {
+	if x != nil {
+		return x.Process
+	}
+	return nil
+}
+
+func (x *ConnectWorkspaceProcessRequest) GetReplay() bool {
+	if x != nil {
+		return x.Replay
+	}
+	return false
+}
+
+type WorkspaceProcess struct {
+	state         protoimpl.MessageState
+	sizeCache     protoimpl.SizeCache
+	unknownFields protoimpl.UnknownFields
+
+	Pid     int32    `protobuf:"varint,1,opt,name=pid,proto3" json:"pid,omitempty"`
+	Tag     string   `protobuf:"bytes,2,opt,name=tag,proto3" json:"tag,omitempty"`
+	Argv    []string `protobuf:"bytes,3,rep,name=argv,proto3" json:"argv,omitempty"`
+	Pty     bool     `protobuf:"varint,4,opt,name=pty,proto3" json:"pty,omitempty"`
+	Running bool     `protobuf:"varint,5,opt,name=running,proto3" json:"running,omitempty"`
+	// When not running.
+	ExitCode   int32                  `protobuf:"varint,6,opt,name=exit_code,json=exitCode,proto3" json:"exit_code,omitempty"`
+	StartTime  *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=start_time,json=startTime,proto3" json:"start_time,omitempty"`
+	WorkingDir string                 `protobuf:"bytes,8,opt,name=working_dir,json=workingDir,proto3" json:"working_dir,omitempty"`
+	User       string                 `protobuf:"bytes,9,opt,name=user,proto3" json:"user,omitempty"`
+}
+
+func (x *WorkspaceProcess) Reset() {
+	*x = WorkspaceProcess{}
+	if protoimpl.UnsafeEnabled {
+		mi := &file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[15]
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		ms.StoreMessageInfo(mi)
+	}
+}
+
+func (x *WorkspaceProcess) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WorkspaceProcess) ProtoMessage() {}
+
+func (x *WorkspaceProcess) ProtoReflect() protoreflect.Message {
+	mi := &file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[15]
+	if protoimpl.UnsafeEnabled && x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WorkspaceProcess.ProtoReflect.Descriptor instead.
+func (*WorkspaceProcess) Descriptor() ([]byte, []int) {
+	return file_kibo_ctrl_v1_data_plane_service_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *WorkspaceProcess) GetPid() int32 {
+	if x != nil {
+		return x.Pid
+	}
+	return 0
+}
+
+func (x *WorkspaceProcess) GetTag() string {
+	if x != nil {
+		return x.Tag
+	}
+	return ""
+}
+
+func (x *WorkspaceProcess) GetArgv() []string {
+	if x != nil {
+		return x.Argv
+	}
+	return nil
+}
+
+func (x *WorkspaceProcess) GetPty() bool {
+	if x != nil {
+		return x.Pty
+	}
+	return false
+}
+
+func (x *WorkspaceProcess) GetRunning() bool {
+	if x != nil {
+		return x.Running
+	}
+	return false
+}
+
+func (x *WorkspaceProcess) GetExitCode() int32 {
+	if x != nil {
+		return x.ExitCode
+	}
+	return 0
+}
+
+func (x *WorkspaceProcess) GetStartTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.StartTime
+	}
+	return nil
+}
+
+func (x *WorkspaceProcess) GetWorkingDir() string {
+	if x != nil {
+		return x.WorkingDir
+	}
+	return ""
+}
+
+func (x *WorkspaceProcess) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
+}
+
+type ListWorkspaceProcessesRequest struct {
+	state         protoimpl.MessageState
+	sizeCache     protoimpl.SizeCache
+	unknownFields protoimpl.UnknownFields
+
+	Credential string `protobuf:"bytes,1,opt,name=credential,proto3" json:"credential,omitempty"`
+}
+
+func (x *ListWorkspaceProcessesRequest) Reset() {
+	*x = ListWorkspaceProcessesRequest{}
+	if protoimpl.UnsafeEnabled {
+		mi := &file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[16]
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		ms.StoreMessageInfo(mi)
+	}
+}
+
+func (x *ListWorkspaceProcessesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListWorkspaceProcessesRequest) ProtoMessage() {}
+
+func (x *ListWorkspaceProcessesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[16]
+	if protoimpl.UnsafeEnabled && x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListWorkspaceProcessesRequest.ProtoReflect.Descriptor instead.
+func (*ListWorkspaceProcessesRequest) Descriptor() ([]byte, []int) {
+	return file_kibo_ctrl_v1_data_plane_service_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *ListWorkspaceProcessesRequest) GetCredential() string {
+	if x != nil {
+		return x.Credential
+	}
+	return ""
+}
+
+type ListWorkspaceProcessesResponse struct {
+	state         protoimpl.MessageState
+	sizeCache     protoimpl.SizeCache
+	unknownFields protoimpl.UnknownFields
+
+	Processes []*WorkspaceProcess `protobuf:"bytes,1,rep,name=processes,proto3" json:"processes,omitempty"`
+}
+
+func (x *ListWorkspaceProcessesResponse) Reset() {
+	*x = ListWorkspaceProcessesResponse{}
+	if protoimpl.UnsafeEnabled {
+		mi := &file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[17]
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		ms.StoreMessageInfo(mi)
+	}
+}
+
+func (x *ListWorkspaceProcessesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListWorkspaceProcessesResponse) ProtoMessage() {}
+
+func (x *ListWorkspaceProcessesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[17]
+	if protoimpl.UnsafeEnabled && x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListWorkspaceProcessesResponse.ProtoReflect.Descriptor instead.
+func (*ListWorkspaceProcessesResponse) Descriptor() ([]byte, []int) {
+	return file_kibo_ctrl_v1_data_plane_service_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *ListWorkspaceProcessesResponse) GetProcesses() []*WorkspaceProcess {
+	if x != nil {
+		return x.Processes
+	}
+	return nil
+}
+
+type SendWorkspaceProcessInputRequest struct {
+	state         protoimpl.MessageState
+	sizeCache     protoimpl.SizeCache
+	unknownFields protoimpl.UnknownFields
+
+	Credential string           `protobuf:"bytes,1,opt,name=credential,proto3" json:"credential,omitempty"`
+	Process    *ProcessSelector `protobuf:"bytes,2,opt,name=process,proto3" json:"process,omitempty"`
+	// At most 1 MiB.
+	Data []byte `protobuf:"bytes,3,opt,name=data,proto3" json:"data,omitempty"`
+	// After `data`: end of input (no effect on a terminal: send "\x04" there).
+	CloseStdin bool `protobuf:"varint,4,opt,name=close_stdin,json=closeStdin,proto3" json:"close_stdin,omitempty"`
+}
+
+func (x *SendWorkspaceProcessInputRequest) Reset() {
+	*x = SendWorkspaceProcessInputRequest{}
+	if protoimpl.UnsafeEnabled {
+		mi := &file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[18]
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		ms.StoreMessageInfo(mi)
+	}
+}
+
+func (x *SendWorkspaceProcessInputRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SendWorkspaceProcessInputRequest) ProtoMessage() {}
+
+func (x *SendWorkspaceProcessInputRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[18]
+	if protoimpl.UnsafeEnabled && x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SendWorkspaceProcessInputRequest.ProtoReflect.Descriptor instead.
+func (*SendWorkspaceProcessInputRequest) Descriptor() ([]byte, []int) {
+	return file_kibo_ctrl_v1_data_plane_service_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *SendWorkspaceProcessInputRequest) GetCredential() string {
+	if x != nil {
+		return x.Credential
+	}
+	return ""
+}
+
+func (x *SendWorkspaceProcessInputRequest) GetProcess() *ProcessSelector {
+	if x != nil {
+		return x.Process
+	}
+	return nil
+}
+
+func (x *SendWorkspaceProcessInputRequest) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *SendWorkspaceProcessInputRequest) GetCloseStdin() bool {
+	if x != nil {
+		return x.CloseStdin
+	}
+	return false
+}
+
+type SendWorkspaceProcessInputResponse struct {
+	state         protoimpl.MessageState
+	sizeCache     protoimpl.SizeCache
+	unknownFields protoimpl.UnknownFields
+}
+
+func (x *SendWorkspaceProcessInputResponse) Reset() {
+	*x = SendWorkspaceProcessInputResponse{}
+	if protoimpl.UnsafeEnabled {
+		mi := &file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[19]
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		ms.StoreMessageInfo(mi)
+	}
+}
+
+func (x *SendWorkspaceProcessInputResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SendWorkspaceProcessInputResponse) ProtoMessage() {}
+
+func (x *SendWorkspaceProcessInputResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[19]
+	if protoimpl.UnsafeEnabled && x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SendWorkspaceProcessInputResponse.ProtoReflect.Descriptor instead.
+func (*SendWorkspaceProcessInputResponse) Descriptor() ([]byte, []int) {
+	return file_kibo_ctrl_v1_data_plane_service_proto_rawDescGZIP(), []int{19}
+}
+
+type SignalWorkspaceProcessRequest struct {
+	state         protoimpl.MessageState
+	sizeCache     protoimpl.SizeCache
+	unknownFields protoimpl.UnknownFields
+
+	Credential string           `protobuf:"bytes,1,opt,name=credential,proto3" json:"credential,omitempty"`
+	Process    *ProcessSelector `protobuf:"bytes,2,opt,name=process,proto3" json:"process,omitempty"`
+	// A signal number (1-64); 0 means SIGTERM (15).
+	Signal int32 `protobuf:"varint,3,opt,name=signal,proto3" json:"signal,omitempty"`
+}
+
+func (x *SignalWorkspaceProcessRequest) Reset() {
+	*x = SignalWorkspaceProcessRequest{}
+	if protoimpl.UnsafeEnabled {
+		mi := &file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[20]
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		ms.StoreMessageInfo(mi)
+	}
+}
+
+func (x *SignalWorkspaceProcessRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SignalWorkspaceProcessRequest) ProtoMessage() {}
+
+func (x *SignalWorkspaceProcessRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[20]
+	if protoimpl.UnsafeEnabled && x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SignalWorkspaceProcessRequest.ProtoReflect.Descriptor instead.
+func (*SignalWorkspaceProcessRequest) Descriptor() ([]byte, []int) {
+	return file_kibo_ctrl_v1_data_plane_service_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *SignalWorkspaceProcessRequest) GetCredential() string {
+	if x != nil {
+		return x.Credential
+	}
+	return ""
+}
+
+func (x *SignalWorkspaceProcessRequest) GetProcess() *ProcessSelector {
+	if x != nil {
+		return x.Process
+	}
+	return nil
+}
+
+func (x *SignalWorkspaceProcessRequest) GetSignal() int32 {
+	if x != nil {
+		return x.Signal
+	}
+	return 0
+}
+
+type SignalWorkspaceProcessResponse struct {
+	state         protoimpl.MessageState
+	sizeCache     protoimpl.SizeCache
+	unknownFields protoimpl.UnknownFields
+}
+
+func (x *SignalWorkspaceProcessResponse) Reset() {
+	*x = SignalWorkspaceProcessResponse{}
+	if protoimpl.UnsafeEnabled {
+		mi := &file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[21]
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		ms.StoreMessageInfo(mi)
+	}
+}
+
+func (x *SignalWorkspaceProcessResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SignalWorkspaceProcessResponse) ProtoMessage() {}
+
+func (x *SignalWorkspaceProcessResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[21]
+	if protoimpl.UnsafeEnabled && x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SignalWorkspaceProcessResponse.ProtoReflect.Descriptor instead.
+func (*SignalWorkspaceProcessResponse) Descriptor() ([]byte, []int) {
+	return file_kibo_ctrl_v1_data_plane_service_proto_rawDescGZIP(), []int{21}
+}
+
+type ResizeWorkspaceProcessRequest struct {
+	state         protoimpl.MessageState
+	sizeCache     protoimpl.SizeCache
+	unknownFields protoimpl.UnknownFields
+
+	Credential string           `protobuf:"bytes,1,opt,name=credential,proto3" json:"credential,omitempty"`
+	Process    *ProcessSelector `protobuf:"bytes,2,opt,name=process,proto3" json:"process,omitempty"`
+	Size       *PtySize         `protobuf:"bytes,3,opt,name=size,proto3" json:"size,omitempty"`
+}
+
+func (x *ResizeWorkspaceProcessRequest) Reset() {
+	*x = ResizeWorkspaceProcessRequest{}
+	if protoimpl.UnsafeEnabled {
+		mi := &file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[22]
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		ms.StoreMessageInfo(mi)
+	}
+}
+
+func (x *ResizeWorkspaceProcessRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResizeWorkspaceProcessRequest) ProtoMessage() {}
+
+func (x *ResizeWorkspaceProcessRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[22]
+	if protoimpl.UnsafeEnabled && x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResizeWorkspaceProcessRequest.ProtoReflect.Descriptor instead.
+func (*ResizeWorkspaceProcessRequest) Descriptor() ([]byte, []int) {
+	return file_kibo_ctrl_v1_data_plane_service_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *ResizeWorkspaceProcessRequest) GetCredential() string {
+	if x != nil {
+		return x.Credential
+	}
+	return ""
+}
+
+func (x *ResizeWorkspaceProcessRequest) GetProcess() *ProcessSelector {
+	if x != nil {
+		return x.Process
+	}
+	return nil
+}
+
+func (x *ResizeWorkspaceProcessRequest) GetSize() *PtySize {
+	if x != nil {
+		return x.Size
+	}
+	return nil
+}
+
+type ResizeWorkspaceProcessResponse struct {
+	state         protoimpl.MessageState
+	sizeCache     protoimpl.SizeCache
+	unknownFields protoimpl.UnknownFields
+}
+
+func (x *ResizeWorkspaceProcessResponse) Reset() {
+	*x = ResizeWorkspaceProcessResponse{}
+	if protoimpl.UnsafeEnabled {
+		mi := &file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[23]
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		ms.StoreMessageInfo(mi)
+	}
+}
+
+func (x *ResizeWorkspaceProcessResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResizeWorkspaceProcessResponse) ProtoMessage() {}
+
+func (x *ResizeWorkspaceProcessResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[23]
+	if protoimpl.UnsafeEnabled && x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResizeWorkspaceProcessResponse.ProtoReflect.Descriptor instead.
+func (*ResizeWorkspaceProcessResponse) Descriptor() ([]byte, []int) {
+	return file_kibo_ctrl_v1_data_plane_service_proto_rawDescGZIP(), []int{23}
+}
+
+type FileInfo struct {
+	state         protoimpl.MessageState
+	sizeCache     protoimpl.SizeCache
+	unknownFields protoimpl.UnknownFields
+
+	// The absolute guest path.
+	Path string   `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	Name string   `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	Type FileType `protobuf:"varint,3,opt,name=type,proto3,enum=kibo.ctrl.v1.FileType" json:"type,omitempty"`
+	Size int64    `protobuf:"varint,4,opt,name=size,proto3" json:"size,omitempty"`
+	// Permission bits (and setuid, setgid, sticky).
+	Mode uint32 `protobuf:"varint,5,opt,name=mode,proto3" json:"mode,omitempty"`
+	// Owner and group as the guest sees them, and their names from its /etc/passwd and /etc/group.
+	Uid        uint32                 `protobuf:"varint,6,opt,name=uid,proto3" json:"uid,omitempty"`
+	Gid        uint32                 `protobuf:"varint,7,opt,name=gid,proto3" json:"gid,omitempty"`
+	Owner      string                 `protobuf:"bytes,8,opt,name=owner,proto3" json:"owner,omitempty"`
+	Group      string                 `protobuf:"bytes,9,opt,name=group,proto3" json:"group,omitempty"`
+	ModifyTime *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=modify_time,json=modifyTime,proto3" json:"modify_time,omitempty"`
+	// A symlink's target, as written.
+	SymlinkTarget string `protobuf:"bytes,11,opt,name=symlink_target,json=symlinkTarget,proto3" json:"symlink_target,omitempty"`
+}
+
+func (x *FileInfo) Reset() {
+	*x = FileInfo{}
+	if protoimpl.UnsafeEnabled {
+		mi := &file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[24]
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		ms.StoreMessageInfo(mi)
+	}
+}
+
+func (x *FileInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FileInfo) ProtoMessage() {}
+
+func (x *FileInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[24]
+	if protoimpl.UnsafeEnabled && x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FileInfo.ProtoReflect.Descriptor instead.
+func (*FileInfo) Descriptor() ([]byte, []int) {
+	return file_kibo_ctrl_v1_data_plane_service_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *FileInfo) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *FileInfo) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *FileInfo) GetType() FileType {
+	if x != nil {
+		return x.Type
+	}
+	return FileType_FILE_TYPE_UNSPECIFIED
+}
+
+func (x *FileInfo) GetSize() int64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+func (x *FileInfo) GetMode() uint32 {
+	if x != nil {
+		return x.Mode
+	}
+	return 0
+}
+
+func (x *FileInfo) GetUid() uint32 {
+	if x != nil {
+		return x.Uid
+	}
+	return 0
+}
+
+func (x *FileInfo) GetGid() uint32 {
+	if x != nil {
+		return x.Gid
+	}
+	return 0
+}
+
+func (x *FileInfo) GetOwner() string {
+	if x != nil {
+		return x.Owner
+	}
+	return ""
+}
+
+func (x *FileInfo) GetGroup() string {
+	if x != nil {
+		return x.Group
+	}
+	return ""
+}
+
+func (x *FileInfo) GetModifyTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ModifyTime
+	}
+	return nil
+}
+
+func (x *FileInfo) GetSymlinkTarget() string {
+	if x != nil {
+		return x.SymlinkTarget
+	}
+	return ""
+}
+
+type StatWorkspacePathRequest struct {
+	state         protoimpl.MessageState
+	sizeCache     protoimpl.SizeCache
+	unknownFields protoimpl.UnknownFields
+
+	Credential string `protobuf:"bytes,1,opt,name=credential,proto3" json:"credential,omitempty"`
+	Path       string `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+}
+
+func (x *StatWorkspacePathRequest) Reset() {
+	*x = StatWorkspacePathRequest{}
+	if protoimpl.UnsafeEnabled {
+		mi := &file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[25]
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		ms.StoreMessageInfo(mi)
+	}
+}
+
+func (x *StatWorkspacePathRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StatWorkspacePathRequest) ProtoMessage() {}
+
+func (x *StatWorkspacePathRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[25]
+	if protoimpl.UnsafeEnabled && x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StatWorkspacePathRequest.ProtoReflect.Descriptor instead.
+func (*StatWorkspacePathRequest) Descriptor() ([]byte, []int) {
+	return file_kibo_ctrl_v1_data_plane_service_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *StatWorkspacePathRequest) GetCredential() string {
+	if x != nil {
+		return x.Credential
+	}
+	return ""
+}
+
+func (x *StatWorkspacePathRequest) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+type StatWorkspacePathResponse struct {
+	state         protoimpl.MessageState
+	sizeCache     protoimpl.SizeCache
+	unknownFields protoimpl.UnknownFields
+
+	Info *FileInfo `protobuf:"bytes,1,opt,name=info,proto3" json:"info,omitempty"`
+}
+
+func (x *StatWorkspacePathResponse) Reset() {
+	*x = StatWorkspacePathResponse{}
+	if protoimpl.UnsafeEnabled {
+		mi := &file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[26]
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		ms.StoreMessageInfo(mi)
+	}
+}
+
+func (x *StatWorkspacePathResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StatWorkspacePathResponse) ProtoMessage() {}
+
+func (x *StatWorkspacePathResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[26]
+	if protoimpl.UnsafeEnabled && x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StatWorkspacePathResponse.ProtoReflect.Descriptor instead.
+func (*StatWorkspacePathResponse) Descriptor() ([]byte, []int) {
+	return file_kibo_ctrl_v1_data_plane_service_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *StatWorkspacePathResponse) GetInfo() *FileInfo {
+	if x != nil {
+		return x.Info
+	}
+	return nil
+}
+
+type ListWorkspaceDirectoryRequest struct {
+	state         protoimpl.MessageState
+	sizeCache     protoimpl.SizeCache
+	unknownFields protoimpl.UnknownFields
+
+	Credential string `protobuf:"bytes,1,opt,name=credential,proto3" json:"credential,omitempty"`
+	Path       string `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	// 0 means 1 (the directory's own entries); at most 32.
+	Depth uint32 `protobuf:"varint,3,opt,name=depth,proto3" json:"depth,omitempty"`
+}
+
+func (x *ListWorkspaceDirectoryRequest) Reset() {
+	*x = ListWorkspaceDirectoryRequest{}
+	if protoimpl.UnsafeEnabled {
+		mi := &file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[27]
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		ms.StoreMessageInfo(mi)
+	}
+}
+
+func (x *ListWorkspaceDirectoryRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListWorkspaceDirectoryRequest) ProtoMessage() {}
+
+func (x *ListWorkspaceDirectoryRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[27]
+	if protoimpl.UnsafeEnabled && x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListWorkspaceDirectoryRequest.ProtoReflect.Descriptor instead.
+func (*ListWorkspaceDirectoryRequest) Descriptor() ([]byte, []int) {
+	return file_kibo_ctrl_v1_data_plane_service_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *ListWorkspaceDirectoryRequest) GetCredential() string {
+	if x != nil {
+		return x.Credential
+	}
+	return ""
+}
+
+func (x *ListWorkspaceDirectoryRequest) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *ListWorkspaceDirectoryRequest) GetDepth() uint32 {
+	if x != nil {
+		return x.Depth
+	}
+	return 0
+}
+
+type ListWorkspaceDirectoryResponse struct {
+	state         protoimpl.MessageState
+	sizeCache     protoimpl.SizeCache
+	unknownFields protoimpl.UnknownFields
+
+	Entries []*FileInfo `protobuf:"bytes,1,rep,name=entries,proto3" json:"entries,omitempty"`
+	// More than 10,000 entries: the rest were not listed.
+	Truncated bool `protobuf:"varint,2,opt,name=truncated,proto3" json:"truncated,omitempty"`
+}
+
+func (x *ListWorkspaceDirectoryResponse) Reset() {
+	*x = ListWorkspaceDirectoryResponse{}
+	if protoimpl.UnsafeEnabled {
+		mi := &file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[28]
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		ms.StoreMessageInfo(mi)
+	}
+}
+
+func (x *ListWorkspaceDirectoryResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListWorkspaceDirectoryResponse) ProtoMessage() {}
+
+func (x *ListWorkspaceDirectoryResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[28]
+	if protoimpl.UnsafeEnabled && x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListWorkspaceDirectoryResponse.ProtoReflect.Descriptor instead.
+func (*ListWorkspaceDirectoryResponse) Descriptor() ([]byte, []int) {
+	return file_kibo_ctrl_v1_data_plane_service_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *ListWorkspaceDirectoryResponse) GetEntries() []*FileInfo {
+	if x != nil {
+		return x.Entries
+	}
+	return nil
+}
+
+func (x *ListWorkspaceDirectoryResponse) GetTruncated() bool {
+	if x != nil {
+		return x.Truncated
+	}
+	return false
+}
+
+type MakeWorkspaceDirectoryRequest struct {
+	state         protoimpl.MessageState
+	sizeCache     protoimpl.SizeCache
+	unknownFields protoimpl.UnknownFields
+
+	Credential string `protobuf:"bytes,1,opt,name=credential,proto3" json:"credential,omitempty"`
+	Path       string `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	// Make missing parents too (and succeed when it exists).
+	Parents bool `protobuf:"varint,3,opt,name=parents,proto3" json:"parents,omitempty"`
+	// Permission bits; 0 means 0755.
+	Mode uint32 `protobuf:"varint,4,opt,name=mode,proto3" json:"mode,omitempty"`
+}
+
+func (x *MakeWorkspaceDirectoryRequest) Reset() {
+	*x = MakeWorkspaceDirectoryRequest{}
+	if protoimpl.UnsafeEnabled {
+		mi := &file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[29]
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		ms.StoreMessageInfo(mi)
+	}
+}
+
+func (x *MakeWorkspaceDirectoryRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MakeWorkspaceDirectoryRequest) ProtoMessage() {}
+
+func (x *MakeWorkspaceDirectoryRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[29]
+	if protoimpl.UnsafeEnabled && x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MakeWorkspaceDirectoryRequest.ProtoReflect.Descriptor instead.
+func (*MakeWorkspaceDirectoryRequest) Descriptor() ([]byte, []int) {
+	return file_kibo_ctrl_v1_data_plane_service_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *MakeWorkspaceDirectoryRequest) GetCredential() string {
+	if x != nil {
+		return x.Credential
+	}
+	return ""
+}
+
+func (x *MakeWorkspaceDirectoryRequest) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *MakeWorkspaceDirectoryRequest) GetParents() bool {
+	if x != nil {
+		return x.Parents
+	}
+	return false
+}
+
+func (x *MakeWorkspaceDirectoryRequest) GetMode() uint32 {
+	if x != nil {
+		return x.Mode
+	}
+	return 0
+}
+
+type MakeWorkspaceDirectoryResponse struct {
+	state         protoimpl.MessageState
+	sizeCache     protoimpl.SizeCache
+	unknownFields protoimpl.UnknownFields
+}
+
+func (x *MakeWorkspaceDirectoryResponse) Reset() {
+	*x = MakeWorkspaceDirectoryResponse{}
+	if protoimpl.UnsafeEnabled {
+		mi := &file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[30]
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		ms.StoreMessageInfo(mi)
+	}
+}
+
+func (x *MakeWorkspaceDirectoryResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MakeWorkspaceDirectoryResponse) ProtoMessage() {}
+
+func (x *MakeWorkspaceDirectoryResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[30]
+	if protoimpl.UnsafeEnabled && x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MakeWorkspaceDirectoryResponse.ProtoReflect.Descriptor instead.
+func (*MakeWorkspaceDirectoryResponse) Descriptor() ([]byte, []int) {
+	return file_kibo_ctrl_v1_data_plane_service_proto_rawDescGZIP(), []int{30}
+}
+
+type MoveWorkspacePathRequest struct {
+	state         protoimpl.MessageState
+	sizeCache     protoimpl.SizeCache
+	unknownFields protoimpl.UnknownFields
+
+	Credential  string `protobuf:"bytes,1,opt,name=credential,proto3" json:"credential,omitempty"`
+	Source      string `protobuf:"bytes,2,opt,name=source,proto3" json:"source,omitempty"`
+	Destination string `protobuf:"bytes,3,opt,name=destination,proto3" json:"destination,omitempty"`
+}
+
+func (x *MoveWorkspacePathRequest) Reset() {
+	*x = MoveWorkspacePathRequest{}
+	if protoimpl.UnsafeEnabled {
+		mi := &file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[31]
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		ms.StoreMessageInfo(mi)
+	}
+}
+
+func (x *MoveWorkspacePathRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MoveWorkspacePathRequest) ProtoMessage() {}
+
+func (x *MoveWorkspacePathRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[31]
+	if protoimpl.UnsafeEnabled && x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MoveWorkspacePathRequest.ProtoReflect.Descriptor instead.
+func (*MoveWorkspacePathRequest) Descriptor() ([]byte, []int) {
+	return file_kibo_ctrl_v1_data_plane_service_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *MoveWorkspacePathRequest) GetCredential() string {
+	if x != nil {
+		return x.Credential
+	}
+	return ""
+}
+
+func (x *MoveWorkspacePathRequest) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
+func (x *MoveWorkspacePathRequest) GetDestination() string {
+	if x != nil {
+		return x.Destination
+	}
+	return ""
+}
+
+type MoveWorkspacePathResponse struct {
+	state         protoimpl.MessageState
+	sizeCache     protoimpl.SizeCache
+	unknownFields protoimpl.UnknownFields
+}
+
+func (x *MoveWorkspacePathResponse) Reset() {
+	*x = MoveWorkspacePathResponse{}
+	if protoimpl.UnsafeEnabled {
+		mi := &file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[32]
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		ms.StoreMessageInfo(mi)
+	}
+}
+
+func (x *MoveWorkspacePathResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MoveWorkspacePathResponse) ProtoMessage() {}
+
+func (x *MoveWorkspacePathResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[32]
+	if protoimpl.UnsafeEnabled && x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MoveWorkspacePathResponse.ProtoReflect.Descriptor instead.
+func (*MoveWorkspacePathResponse) Descriptor() ([]byte, []int) {
+	return file_kibo_ctrl_v1_data_plane_service_proto_rawDescGZIP(), []int{32}
+}
+
+type RemoveWorkspacePathRequest struct {
+	state         protoimpl.MessageState
+	sizeCache     protoimpl.SizeCache
+	unknownFields protoimpl.UnknownFields
+
+	Credential string `protobuf:"bytes,1,opt,name=credential,proto3" json:"credential,omitempty"`
+	Path       string `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	Recursive  bool   `protobuf:"varint,3,opt,name=recursive,proto3" json:"recursive,omitempty"`
+}
+
+func (x *RemoveWorkspacePathRequest) Reset() {
+	*x = RemoveWorkspacePathRequest{}
+	if protoimpl.UnsafeEnabled {
+		mi := &file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[33]
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		ms.StoreMessageInfo(mi)
+	}
+}
+
+func (x *RemoveWorkspacePathRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveWorkspacePathRequest) ProtoMessage() {}
+
+func (x *RemoveWorkspacePathRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[33]
+	if protoimpl.UnsafeEnabled && x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveWorkspacePathRequest.ProtoReflect.Descriptor instead.
+func (*RemoveWorkspacePathRequest) Descriptor() ([]byte, []int) {
+	return file_kibo_ctrl_v1_data_plane_service_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *RemoveWorkspacePathRequest) GetCredential() string {
+	if x != nil {
+		return x.Credential
+	}
+	return ""
+}
+
+func (x *RemoveWorkspacePathRequest) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *RemoveWorkspacePathRequest) GetRecursive() bool {
+	if x != nil {
+		return x.Recursive
+	}
+	return false
+}
+
+type RemoveWorkspacePathResponse struct {
+	state         protoimpl.MessageState
+	sizeCache     protoimpl.SizeCache
+	unknownFields protoimpl.UnknownFields
+}
+
+func (x *RemoveWorkspacePathResponse) Reset() {
+	*x = RemoveWorkspacePathResponse{}
+	if protoimpl.UnsafeEnabled {
+		mi := &file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[34]
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		ms.StoreMessageInfo(mi)
+	}
+}
+
+func (x *RemoveWorkspacePathResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveWorkspacePathResponse) ProtoMessage() {}
+
+func (x *RemoveWorkspacePathResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[34]
+	if protoimpl.UnsafeEnabled && x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveWorkspacePathResponse.ProtoReflect.Descriptor instead.
+func (*RemoveWorkspacePathResponse) Descriptor() ([]byte, []int) {
+	return file_kibo_ctrl_v1_data_plane_service_proto_rawDescGZIP(), []int{34}
+}
+
+type DownloadWorkspaceFileRequest struct {
+	state         protoimpl.MessageState
+	sizeCache     protoimpl.SizeCache
+	unknownFields protoimpl.UnknownFields
+
+	Credential string `protobuf:"bytes,1,opt,name=credential,proto3" json:"credential,omitempty"`
+	Path       string `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	// Start here (a file only): resumes a broken download.
+	Offset int64 `protobuf:"varint,3,opt,name=offset,proto3" json:"offset,omitempty"`
+	// A directory as an uncompressed tar stream (POSIX pax).
+	Archive bool `protobuf:"varint,4,opt,name=archive,proto3" json:"archive,omitempty"`
+}
+
+func (x *DownloadWorkspaceFileRequest) Reset() {
+	*x = DownloadWorkspaceFileRequest{}
+	if protoimpl.UnsafeEnabled {
+		mi := &file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[35]
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		ms.StoreMessageInfo(mi)
+	}
+}
+
+func (x *DownloadWorkspaceFileRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DownloadWorkspaceFileRequest) ProtoMessage() {}
+
+func (x *DownloadWorkspaceFileRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[35]
+	if protoimpl.UnsafeEnabled && x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DownloadWorkspaceFileRequest.ProtoReflect.Descriptor instead.
+func (*DownloadWorkspaceFileRequest) Descriptor() ([]byte, []int) {
+	return file_kibo_ctrl_v1_data_plane_service_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *DownloadWorkspaceFileRequest) GetCredential() string {
+	if x != nil {
+		return x.Credential
+	}
+	return ""
+}
+
+func (x *DownloadWorkspaceFileRequest) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *DownloadWorkspaceFileRequest) GetOffset() int64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+func (x *DownloadWorkspaceFileRequest) GetArchive() bool {
+	if x != nil {
+		return x.Archive
+	}
+	return false
+}
+
+type DownloadWorkspaceFileResponse struct {
+	state         protoimpl.MessageState
+	sizeCache     protoimpl.SizeCache
+	unknownFields protoimpl.UnknownFields
+
+	// Types that are assignable to Part:
+	//
+	//	*DownloadWorkspaceFileResponse_Info
+	//	*DownloadWorkspaceFileResponse_Data
+	Part isDownloadWorkspaceFileResponse_Part `protobuf_oneof:"part"`
+}
+
+func (x *DownloadWorkspaceFileResponse) Reset() {
+	*x = DownloadWorkspaceFileResponse{}
+	if protoimpl.UnsafeEnabled {
+		mi := &file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[36]
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		ms.StoreMessageInfo(mi)
+	}
+}
+
+func (x *DownloadWorkspaceFileResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DownloadWorkspaceFileResponse) ProtoMessage() {}
+
+func (x *DownloadWorkspaceFileResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[36]
+	if protoimpl.UnsafeEnabled && x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DownloadWorkspaceFileResponse.ProtoReflect.Descriptor instead.
+func (*DownloadWorkspaceFileResponse) Descriptor() ([]byte, []int) {
+	return file_kibo_ctrl_v1_data_plane_service_proto_rawDescGZIP(), []int{36}
+}
+
+func (m *DownloadWorkspaceFileResponse) GetPart() isDownloadWorkspaceFileResponse_Part {
+	if m != nil {
+		return m.Part
+	}
+	return nil
+}
+
+func (x *DownloadWorkspaceFileResponse) GetInfo() *FileInfo {
+	if x, ok := x.GetPart().(*DownloadWorkspaceFileResponse_Info); ok {
+		return x.Info
+	}
+	return nil
+}
+
+func (x *DownloadWorkspaceFileResponse) GetData() []byte {
+	if x, ok := x.GetPart().(*DownloadWorkspaceFileResponse_Data); ok {
+		return x.Data
+	}
+	return nil
+}
+
+type isDownloadWorkspaceFileResponse_Part interface {
+	isDownloadWorkspaceFileResponse_Part()
+}
+
+type DownloadWorkspaceFileResponse_Info struct {
+	// The first message: what is downloaded (a file's size; an archive's is not known ahead).
+	Info *FileInfo `protobuf:"bytes,1,opt,name=info,proto3,oneof"`
+}
+
+type DownloadWorkspaceFileResponse_Data struct {
+	Data []byte `protobuf:"bytes,2,opt,name=data,proto3,oneof"`
+}
+
+func (*DownloadWorkspaceFileResponse_Info) isDownloadWorkspaceFileResponse_Part() {}
+
+func (*DownloadWorkspaceFileResponse_Data) isDownloadWorkspaceFileResponse_Part() {}
+
+type StartWorkspaceUploadRequest struct {
+	state         protoimpl.MessageState
+	sizeCache     protoimpl.SizeCache
+	unknownFields protoimpl.UnknownFields
+
+	Credential string `protobuf:"bytes,1,opt,name=credential,proto3" json:"credential,omitempty"`
+	// The file to create or replace; with `archive`, the directory to unpack into (made if missing).
+	Path string `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	// A new file's permission bits; 0 means 0644.
+	Mode uint32 `protobuf:"varint,3,opt,name=mode,proto3" json:"mode,omitempty"`
+	// The data is an uncompressed tar stream: its files, directories and symlinks are made under
+	// `path` (entries leading out of it are refused).
+	Archive bool `protobuf:"varint,4,opt,name=archive,proto3" json:"archive,omitempty"`
+	// Make the parent directories.
+	Parents bool `protobuf:"varint,5,opt,name=parents,proto3" json:"parents,omitempty"`
+}
+
+func (x *StartWorkspaceUploadRequest) Reset() {
+	*x = StartWorkspaceUploadRequest{}
+	if protoimpl.UnsafeEnabled {
+		mi := &file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[37]
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		ms.StoreMessageInfo(mi)
+	}
+}
+
+func (x *StartWorkspaceUploadRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StartWorkspaceUploadRequest) ProtoMessage() {}
+
+func (x *StartWorkspaceUploadRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[37]
+	if protoimpl.UnsafeEnabled && x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StartWorkspaceUploadRequest.ProtoReflect.Descriptor instead.
+func (*StartWorkspaceUploadRequest) Descriptor() ([]byte, []int) {
+	return file_kibo_ctrl_v1_data_plane_service_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *StartWorkspaceUploadRequest) GetCredential() string {
+	if x != nil {
+		return x.Credential
+	}
+	return ""
+}
+
+func (x *StartWorkspaceUploadRequest) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *StartWorkspaceUploadRequest) GetMode() uint32 {
+	if x != nil {
+		return x.Mode
+	}
+	return 0
+}
+
+func (x *StartWorkspaceUploadRequest) GetArchive() bool {
+	if x != nil {
+		return x.Archive
+	}
+	return false
+}
+
+func (x *StartWorkspaceUploadRequest) GetParents() bool {
+	if x != nil {
+		return x.Parents
+	}
+	return false
+}
+
+type StartWorkspaceUploadResponse struct {
+	state         protoimpl.MessageState
+	sizeCache     protoimpl.SizeCache
+	unknownFields protoimpl.UnknownFields
+
+	UploadId string `protobuf:"bytes,1,opt,name=upload_id,json=uploadId,proto3" json:"upload_id,omitempty"`
+}
+
+func (x *StartWorkspaceUploadResponse) Reset() {
+	*x = StartWorkspaceUploadResponse{}
+	if protoimpl.UnsafeEnabled {
+		mi := &file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[38]
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		ms.StoreMessageInfo(mi)
+	}
+}
+
+func (x *StartWorkspaceUploadResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StartWorkspaceUploadResponse) ProtoMessage() {}
+
+func (x *StartWorkspaceUploadResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[38]
+	if protoimpl.UnsafeEnabled && x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StartWorkspaceUploadResponse.ProtoReflect.Descriptor instead.
+func (*StartWorkspaceUploadResponse) Descriptor() ([]byte, []int) {
+	return file_kibo_ctrl_v1_data_plane_service_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *StartWorkspaceUploadResponse) GetUploadId() string {
+	if x != nil {
+		return x.UploadId
+	}
+	return ""
+}
+
+type WriteWorkspaceUploadRequest struct {
+	state         protoimpl.MessageState
+	sizeCache     protoimpl.SizeCache
+	unknownFields protoimpl.UnknownFields
+
+	Credential string `protobuf:"bytes,1,opt,name=credential,proto3" json:"credential,omitempty"`
+	UploadId   string `protobuf:"bytes,2,opt,name=upload_id,json=uploadId,proto3" json:"upload_id,omitempty"`
+	// The bytes taken so far.
+	Offset int64  `protobuf:"varint,3,opt,name=offset,proto3" json:"offset,omitempty"`
+	Data   []byte `protobuf:"bytes,4,opt,name=data,proto3" json:"data,omitempty"`
+	// The last part: the upload is put in place, then answered.
+	Finish bool `protobuf:"varint,5,opt,name=finish,proto3" json:"finish,omitempty"`
+}
+
+func (x *WriteWorkspaceUploadRequest) Reset() {
+	*x = WriteWorkspaceUploadRequest{}
+	if protoimpl.UnsafeEnabled {
+		mi := &file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[39]
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		ms.StoreMessageInfo(mi)
+	}
+}
+
+func (x *WriteWorkspaceUploadRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WriteWorkspaceUploadRequest) ProtoMessage() {}
+
+func (x *WriteWorkspaceUploadRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[39]
+	if protoimpl.UnsafeEnabled && x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WriteWorkspaceUploadRequest.ProtoReflect.Descriptor instead.
+func (*WriteWorkspaceUploadRequest) Descriptor() ([]byte, []int) {
+	return file_kibo_ctrl_v1_data_plane_service_proto_rawDescGZIP(), []int{39}
+}
+
+func (x *WriteWorkspaceUploadRequest) GetCredential() string {
+	if x != nil {
+		return x.Credential
+	}
+	return ""
+}
+
+func (x *WriteWorkspaceUploadRequest) GetUploadId() string {
+	if x != nil {
+		return x.UploadId
+	}
+	return ""
+}
+
+func (x *WriteWorkspaceUploadRequest) GetOffset() int64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+func (x *WriteWorkspaceUploadRequest) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *WriteWorkspaceUploadRequest) GetFinish() bool {
+	if x != nil {
+		return x.Finish
+	}
+	return false
+}
+
+type WriteWorkspaceUploadResponse struct {
+	state         protoimpl.MessageState
+	sizeCache     protoimpl.SizeCache
+	unknownFields protoimpl.UnknownFields
+
+	// The bytes taken so far (the whole size once finished).
+	Size     int64 `protobuf:"varint,1,opt,name=size,proto3" json:"size,omitempty"`
+	Finished bool  `protobuf:"varint,2,opt,name=finished,proto3" json:"finished,omitempty"`
+}
+
+func (x *WriteWorkspaceUploadResponse) Reset() {
+	*x = WriteWorkspaceUploadResponse{}
+	if protoimpl.UnsafeEnabled {
+		mi := &file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[40]
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		ms.StoreMessageInfo(mi)
+	}
+}
+
+func (x *WriteWorkspaceUploadResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WriteWorkspaceUploadResponse) ProtoMessage() {}
+
+func (x *WriteWorkspaceUploadResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[40]
+	if protoimpl.UnsafeEnabled && x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WriteWorkspaceUploadResponse.ProtoReflect.Descriptor instead.
+func (*WriteWorkspaceUploadResponse) Descriptor() ([]byte, []int) {
+	return file_kibo_ctrl_v1_data_plane_service_proto_rawDescGZIP(), []int{40}
+}
+
+func (x *WriteWorkspaceUploadResponse) GetSize() int64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+func (x *WriteWorkspaceUploadResponse) GetFinished() bool {
+	if x != nil {
+		return x.Finished
+	}
+	return false
+}
+
+type CancelWorkspaceUploadRequest struct {
+	state         protoimpl.MessageState
+	sizeCache     protoimpl.SizeCache
+	unknownFields protoimpl.UnknownFields
+
+	Credential string `protobuf:"bytes,1,opt,name=credential,proto3" json:"credential,omitempty"`
+	UploadId   string `protobuf:"bytes,2,opt,name=upload_id,json=uploadId,proto3" json:"upload_id,omitempty"`
+}
+
+func (x *CancelWorkspaceUploadRequest) Reset() {
+	*x = CancelWorkspaceUploadRequest{}
+	if protoimpl.UnsafeEnabled {
+		mi := &file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[41]
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		ms.StoreMessageInfo(mi)
+	}
+}
+
+func (x *CancelWorkspaceUploadRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CancelWorkspaceUploadRequest) ProtoMessage() {}
+
+func (x *CancelWorkspaceUploadRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[41]
+	if protoimpl.UnsafeEnabled && x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CancelWorkspaceUploadRequest.ProtoReflect.Descriptor instead.
+func (*CancelWorkspaceUploadRequest) Descriptor() ([]byte, []int) {
+	return file_kibo_ctrl_v1_data_plane_service_proto_rawDescGZIP(), []int{41}
+}
+
+func (x *CancelWorkspaceUploadRequest) GetCredential() string {
+	if x != nil {
+		return x.Credential
+	}
+	return ""
+}
+
+func (x *CancelWorkspaceUploadRequest) GetUploadId() string {
+	if x != nil {
+		return x.UploadId
+	}
+	return ""
+}
+
+type CancelWorkspaceUploadResponse struct {
+	state         protoimpl.MessageState
+	sizeCache     protoimpl.SizeCache
+	unknownFields protoimpl.UnknownFields
+}
+
+func (x *CancelWorkspaceUploadResponse) Reset() {
+	*x = CancelWorkspaceUploadResponse{}
+	if protoimpl.UnsafeEnabled {
+		mi := &file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[42]
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		ms.StoreMessageInfo(mi)
+	}
+}
+
+func (x *CancelWorkspaceUploadResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CancelWorkspaceUploadResponse) ProtoMessage() {}
+
+func (x *CancelWorkspaceUploadResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[42]
+	if protoimpl.UnsafeEnabled && x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CancelWorkspaceUploadResponse.ProtoReflect.Descriptor instead.
+func (*CancelWorkspaceUploadResponse) Descriptor() ([]byte, []int) {
+	return file_kibo_ctrl_v1_data_plane_service_proto_rawDescGZIP(), []int{42}
+}
+
+type WatchWorkspaceDirectoryRequest struct {
+	state         protoimpl.MessageState
+	sizeCache     protoimpl.SizeCache
+	unknownFields protoimpl.UnknownFields
+
+	Credential string `protobuf:"bytes,1,opt,name=credential,proto3" json:"credential,omitempty"`
+	Path       string `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	Recursive  bool   `protobuf:"varint,3,opt,name=recursive,proto3" json:"recursive,omitempty"`
+}
+
+func (x *WatchWorkspaceDirectoryRequest) Reset() {
+	*x = WatchWorkspaceDirectoryRequest{}
+	if protoimpl.UnsafeEnabled {
+		mi := &file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[43]
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		ms.StoreMessageInfo(mi)
+	}
+}
+
+func (x *WatchWorkspaceDirectoryRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchWorkspaceDirectoryRequest) ProtoMessage() {}
+
+func (x *WatchWorkspaceDirectoryRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[43]
+	if protoimpl.UnsafeEnabled && x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchWorkspaceDirectoryRequest.ProtoReflect.Descriptor instead.
+func (*WatchWorkspaceDirectoryRequest) Descriptor() ([]byte, []int) {
+	return file_kibo_ctrl_v1_data_plane_service_proto_rawDescGZIP(), []int{43}
+}
+
+func (x *WatchWorkspaceDirectoryRequest) GetCredential() string {
+	if x != nil {
+		return x.Credential
+	}
+	return ""
+}
+
+func (x *WatchWorkspaceDirectoryRequest) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *WatchWorkspaceDirectoryRequest) GetRecursive() bool {
+	if x != nil {
+		return x.Recursive
+	}
+	return false
+}
+
+type FileEvent struct {
+	state         protoimpl.MessageState
+	sizeCache     protoimpl.SizeCache
+	unknownFields protoimpl.UnknownFields
+
+	Type        FileEventType `protobuf:"varint,1,opt,name=type,proto3,enum=kibo.ctrl.v1.FileEventType" json:"type,omitempty"`
+	Path        string        `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	NewPath     string        `protobuf:"bytes,3,opt,name=new_path,json=newPath,proto3" json:"new_path,omitempty"`
+	IsDirectory bool          `protobuf:"varint,4,opt,name=is_directory,json=isDirectory,proto3" json:"is_directory,omitempty"`
+}
+
+func (x *FileEvent) Reset() {
+	*x = FileEvent{}
+	if protoimpl.UnsafeEnabled {
+		mi := &file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[44]
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		ms.StoreMessageInfo(mi)
+	}
+}
+
+func (x *FileEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FileEvent) ProtoMessage() {}
+
+func (x *FileEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[44]
+	if protoimpl.UnsafeEnabled && x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FileEvent.ProtoReflect.Descriptor instead.
+func (*FileEvent) Descriptor() ([]byte, []int) {
+	return file_kibo_ctrl_v1_data_plane_service_proto_rawDescGZIP(), []int{44}
+}
+
+func (x *FileEvent) GetType() FileEventType {
+	if x != nil {
+		return x.Type
+	}
+	return FileEventType_FILE_EVENT_TYPE_UNSPECIFIED
+}
+
+func (x *FileEvent) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *FileEvent) GetNewPath() string {
+	if x != nil {
+		return x.NewPath
+	}
+	return ""
+}
+
+func (x *FileEvent) GetIsDirectory() bool {
+	if x != nil {
+		return x.IsDirectory
+	}
+	return false
+}
+
+type WatchWorkspaceDirectoryResponse struct {
+	state         protoimpl.MessageState
+	sizeCache     protoimpl.SizeCache
+	unknownFields protoimpl.UnknownFields
+
+	// Types that are assignable to Event:
+	//
+	//	*WatchWorkspaceDirectoryResponse_Ready
+	//	*WatchWorkspaceDirectoryResponse_Change
+	//	*WatchWorkspaceDirectoryResponse_Overflow
+	Event isWatchWorkspaceDirectoryResponse_Event `protobuf_oneof:"event"`
+}
+
+func (x *WatchWorkspaceDirectoryResponse) Reset() {
+	*x = WatchWorkspaceDirectoryResponse{}
+	if protoimpl.UnsafeEnabled {
+		mi := &file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[45]
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		ms.StoreMessageInfo(mi)
+	}
+}
+
+func (x *WatchWorkspaceDirectoryResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchWorkspaceDirectoryResponse) ProtoMessage() {}
+
+func (x *WatchWorkspaceDirectoryResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[45]
+	if protoimpl.UnsafeEnabled && x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchWorkspaceDirectoryResponse.ProtoReflect.Descriptor instead.
+func (*WatchWorkspaceDirectoryResponse) Descriptor() ([]byte, []int) {
+	return file_kibo_ctrl_v1_data_plane_service_proto_rawDescGZIP(), []int{45}
+}
+
+func (m *WatchWorkspaceDirectoryResponse) GetEvent() isWatchWorkspaceDirectoryResponse_Event {
+	if m != nil {
+		return m.Event
+	}
+	return nil
+}
+
+func (x *WatchWorkspaceDirectoryResponse) GetReady() bool {
+	if x, ok := x.GetEvent().(*WatchWorkspaceDirectoryResponse_Ready); ok {
+		return x.Ready
+	}
+	return false
+}
+
+func (x *WatchWorkspaceDirectoryResponse) GetChange() *FileEvent {
+	if x, ok := x.GetEvent().(*WatchWorkspaceDirectoryResponse_Change); ok {
+		return x.Change
+	}
+	return nil
+}
+
+func (x *WatchWorkspaceDirectoryResponse) GetOverflow() bool {
+	if x, ok := x.GetEvent().(*WatchWorkspaceDirectoryResponse_Overflow); ok {
+		return x.Overflow
+	}
+	return false
+}
+
+type isWatchWorkspaceDirectoryResponse_Event interface {
+	isWatchWorkspaceDirectoryResponse_Event()
+}
+
+type WatchWorkspaceDirectoryResponse_Ready struct {
+	// The watch is in place: what happens from now on is streamed.
+	Ready bool `protobuf:"varint,1,opt,name=ready,proto3,oneof"`
+}
+
+type WatchWorkspaceDirectoryResponse_Change struct {
+	Change *FileEvent `protobuf:"bytes,2,opt,name=change,proto3,oneof"`
+}
+
+type WatchWorkspaceDirectoryResponse_Overflow struct {
+	// The guest's kernel dropped events (its queue overflowed): rescan what matters.
+	Overflow bool `protobuf:"varint,3,opt,name=overflow,proto3,oneof"`
+}
+
+func (*WatchWorkspaceDirectoryResponse_Ready) isWatchWorkspaceDirectoryResponse_Event() {}
+
+func (*WatchWorkspaceDirectoryResponse_Change) isWatchWorkspaceDirectoryResponse_Event() {}
+
+func (*WatchWorkspaceDirectoryResponse_Overflow) isWatchWorkspaceDirectoryResponse_Event() {}
+
 var File_kibo_ctrl_v1_data_plane_service_proto protoreflect.FileDescriptor
 
 var file_kibo_ctrl_v1_data_plane_service_proto_rawDesc = []byte{
@@ -623,40 +3332,461 @@ var file_kibo_ctrl_v1_data_plane_service_proto_rawDesc = []byte{
 	0x04, 0x6d, 0x6f, 0x64, 0x65, 0x22, 0x30, 0x0a, 0x1a, 0x57, 0x72, 0x69, 0x74, 0x65, 0x57, 0x6f,
 	0x72, 0x6b, 0x73, 0x70, 0x61, 0x63, 0x65, 0x46, 0x69, 0x6c, 0x65, 0x52, 0x65, 0x73, 0x70, 0x6f,
 	0x6e, 0x73, 0x65, 0x12, 0x12, 0x0a, 0x04, 0x73, 0x69, 0x7a, 0x65, 0x18, 0x01, 0x20, 0x01, 0x28,
-	0x03, 0x52, 0x04, 0x73, 0x69, 0x7a, 0x65, 0x32, 0xcd, 0x03, 0x0a, 0x10, 0x44, 0x61, 0x74, 0x61,
-	0x50, 0x6c, 0x61, 0x6e, 0x65, 0x53, 0x65, 0x72, 0x76, 0x69, 0x63, 0x65, 0x12, 0x79, 0x0a, 0x18,
-	0x49, 0x73, 0x73, 0x75, 0x65, 0x44, 0x61, 0x74, 0x61, 0x50, 0x6c, 0x61, 0x6e, 0x65, 0x43, 0x72,
-	0x65, 0x64, 0x65, 0x6e, 0x74, 0x69, 0x61, 0x6c, 0x12, 0x2d, 0x2e, 0x6b, 0x69, 0x62, 0x6f, 0x2e,
-	0x63, 0x74, 0x72, 0x6c, 0x2e, 0x76, 0x31, 0x2e, 0x49, 0x73, 0x73, 0x75, 0x65, 0x44, 0x61, 0x74,
-	0x61, 0x50, 0x6c, 0x61, 0x6e, 0x65, 0x43, 0x72, 0x65, 0x64, 0x65, 0x6e, 0x74, 0x69, 0x61, 0x6c,
-	0x52, 0x65, 0x71, 0x75, 0x65, 0x73, 0x74, 0x1a, 0x2e, 0x2e, 0x6b, 0x69, 0x62, 0x6f, 0x2e, 0x63,
-	0x74, 0x72, 0x6c, 0x2e, 0x76, 0x31, 0x2e, 0x49, 0x73, 0x73, 0x75, 0x65, 0x44, 0x61, 0x74, 0x61,
-	0x50, 0x6c, 0x61, 0x6e, 0x65, 0x43, 0x72, 0x65, 0x64, 0x65, 0x6e, 0x74, 0x69, 0x61, 0x6c, 0x52,
-	0x65, 0x73, 0x70, 0x6f, 0x6e, 0x73, 0x65, 0x12, 0x6f, 0x0a, 0x14, 0x45, 0x78, 0x65, 0x63, 0x57,
-	0x6f, 0x72, 0x6b, 0x73, 0x70, 0x61, 0x63, 0x65, 0x43, 0x6f, 0x6d, 0x6d, 0x61, 0x6e, 0x64, 0x12,
-	0x29, 0x2e, 0x6b, 0x69, 0x62, 0x6f, 0x2e, 0x63, 0x74, 0x72, 0x6c, 0x2e, 0x76, 0x31, 0x2e, 0x45,
-	0x78, 0x65, 0x63, 0x57, 0x6f, 0x72, 0x6b, 0x73, 0x70, 0x61, 0x63, 0x65, 0x43, 0x6f, 0x6d, 0x6d,
-	0x61, 0x6e, 0x64, 0x52, 0x65, 0x71, 0x75, 0x65, 0x73, 0x74, 0x1a, 0x2a, 0x2e, 0x6b, 0x69, 0x62,
-	0x6f, 0x2e, 0x63, 0x74, 0x72, 0x6c, 0x2e, 0x76, 0x31, 0x2e, 0x45, 0x78, 0x65, 0x63, 0x57, 0x6f,
-	0x72, 0x6b, 0x73, 0x70, 0x61, 0x63, 0x65, 0x43, 0x6f, 0x6d, 0x6d, 0x61, 0x6e, 0x64, 0x52, 0x65,
-	0x73, 0x70, 0x6f, 0x6e, 0x73, 0x65, 0x30, 0x01, 0x12, 0x64, 0x0a, 0x11, 0x52, 0x65, 0x61, 0x64,
-	0x57, 0x6f, 0x72, 0x6b, 0x73, 0x70, 0x61, 0x63, 0x65, 0x46, 0x69, 0x6c, 0x65, 0x12, 0x26, 0x2e,
-	0x6b, 0x69, 0x62, 0x6f, 0x2e, 0x63, 0x74, 0x72, 0x6c, 0x2e, 0x76, 0x31, 0x2e, 0x52, 0x65, 0x61,
-	0x64, 0x57, 0x6f, 0x72, 0x6b, 0x73, 0x70, 0x61, 0x63, 0x65, 0x46, 0x69, 0x6c, 0x65, 0x52, 0x65,
-	0x71, 0x75, 0x65, 0x73, 0x74, 0x1a, 0x27, 0x2e, 0x6b, 0x69, 0x62, 0x6f, 0x2e, 0x63, 0x74, 0x72,
-	0x6c, 0x2e, 0x76, 0x31, 0x2e, 0x52, 0x65, 0x61, 0x64, 0x57, 0x6f, 0x72, 0x6b, 0x73, 0x70, 0x61,
-	0x63, 0x65, 0x46, 0x69, 0x6c, 0x65, 0x52, 0x65, 0x73, 0x70, 0x6f, 0x6e, 0x73, 0x65, 0x12, 0x67,
-	0x0a, 0x12, 0x57, 0x72, 0x69, 0x74, 0x65, 0x57, 0x6f, 0x72, 0x6b, 0x73, 0x70, 0x61, 0x63, 0x65,
-	0x46, 0x69, 0x6c, 0x65, 0x12, 0x27, 0x2e, 0x6b, 0x69, 0x62, 0x6f, 0x2e, 0x63, 0x74, 0x72, 0x6c,
-	0x2e, 0x76, 0x31, 0x2e, 0x57, 0x72, 0x69, 0x74, 0x65, 0x57, 0x6f, 0x72, 0x6b, 0x73, 0x70, 0x61,
-	0x63, 0x65, 0x46, 0x69, 0x6c, 0x65, 0x52, 0x65, 0x71, 0x75, 0x65, 0x73, 0x74, 0x1a, 0x28, 0x2e,
+	0x03, 0x52, 0x04, 0x73, 0x69, 0x7a, 0x65, 0x22, 0x45, 0x0a, 0x0f, 0x50, 0x72, 0x6f, 0x63, 0x65,
+	0x73, 0x73, 0x53, 0x65, 0x6c, 0x65, 0x63, 0x74, 0x6f, 0x72, 0x12, 0x12, 0x0a, 0x03, 0x70, 0x69,
+	0x64, 0x18, 0x01, 0x20, 0x01, 0x28, 0x05, 0x48, 0x00, 0x52, 0x03, 0x70, 0x69, 0x64, 0x12, 0x12,
+	0x0a, 0x03, 0x74, 0x61, 0x67, 0x18, 0x02, 0x20, 0x01, 0x28, 0x09, 0x48, 0x00, 0x52, 0x03, 0x74,
+	0x61, 0x67, 0x42, 0x0a, 0x0a, 0x08, 0x73, 0x65, 0x6c, 0x65, 0x63, 0x74, 0x6f, 0x72, 0x22, 0x31,
+	0x0a, 0x07, 0x50, 0x74, 0x79, 0x53, 0x69, 0x7a, 0x65, 0x12, 0x12, 0x0a, 0x04, 0x72, 0x6f, 0x77,
+	0x73, 0x18, 0x01, 0x20, 0x01, 0x28, 0x0d, 0x52, 0x04, 0x72, 0x6f, 0x77, 0x73, 0x12, 0x12, 0x0a,
+	0x04, 0x63, 0x6f, 0x6c, 0x73, 0x18, 0x02, 0x20, 0x01, 0x28, 0x0d, 0x52, 0x04, 0x63, 0x6f, 0x6c,
+	0x73, 0x22, 0xae, 0x03, 0x0a, 0x1c, 0x53, 0x74, 0x61, 0x72, 0x74, 0x57, 0x6f, 0x72, 0x6b, 0x73,
+	0x70, 0x61, 0x63, 0x65, 0x50, 0x72, 0x6f, 0x63, 0x65, 0x73, 0x73, 0x52, 0x65, 0x71, 0x75, 0x65,
+	0x73, 0x74, 0x12, 0x1e, 0x0a, 0x0a, 0x63, 0x72, 0x65, 0x64, 0x65, 0x6e, 0x74, 0x69, 0x61, 0x6c,
+	0x18, 0x01, 0x20, 0x01, 0x28, 0x09, 0x52, 0x0a, 0x63, 0x72, 0x65, 0x64, 0x65, 0x6e, 0x74, 0x69,
+	0x61, 0x6c, 0x12, 0x12, 0x0a, 0x04, 0x61, 0x72, 0x67, 0x76, 0x18, 0x02, 0x20, 0x03, 0x28, 0x09,
+	0x52, 0x04, 0x61, 0x72, 0x67, 0x76, 0x12, 0x14, 0x0a, 0x05, 0x73, 0x68, 0x65, 0x6c, 0x6c, 0x18,
+	0x03, 0x20, 0x01, 0x28, 0x09, 0x52, 0x05, 0x73, 0x68, 0x65, 0x6c, 0x6c, 0x12, 0x45, 0x0a, 0x03,
+	0x65, 0x6e, 0x76, 0x18, 0x04, 0x20, 0x03, 0x28, 0x0b, 0x32, 0x33, 0x2e, 0x6b, 0x69, 0x62, 0x6f,
+	0x2e, 0x63, 0x74, 0x72, 0x6c, 0x2e, 0x76, 0x31, 0x2e, 0x53, 0x74, 0x61, 0x72, 0x74, 0x57, 0x6f,
+	0x72, 0x6b, 0x73, 0x70, 0x61, 0x63, 0x65, 0x50, 0x72, 0x6f, 0x63, 0x65, 0x73, 0x73, 0x52, 0x65,
+	0x71, 0x75, 0x65, 0x73, 0x74, 0x2e, 0x45, 0x6e, 0x76, 0x45, 0x6e, 0x74, 0x72, 0x79, 0x52, 0x03,
+	0x65, 0x6e, 0x76, 0x12, 0x1f, 0x0a, 0x0b, 0x77, 0x6f, 0x72, 0x6b, 0x69, 0x6e, 0x67, 0x5f, 0x64,
+	0x69, 0x72, 0x18, 0x05, 0x20, 0x01, 0x28, 0x09, 0x52, 0x0a, 0x77, 0x6f, 0x72, 0x6b, 0x69, 0x6e,
+	0x67, 0x44, 0x69, 0x72, 0x12, 0x12, 0x0a, 0x04, 0x75, 0x73, 0x65, 0x72, 0x18, 0x06, 0x20, 0x01,
+	0x28, 0x09, 0x52, 0x04, 0x75, 0x73, 0x65, 0x72, 0x12, 0x27, 0x0a, 0x03, 0x70, 0x74, 0x79, 0x18,
+	0x07, 0x20, 0x01, 0x28, 0x0b, 0x32, 0x15, 0x2e, 0x6b, 0x69, 0x62, 0x6f, 0x2e, 0x63, 0x74, 0x72,
+	0x6c, 0x2e, 0x76, 0x31, 0x2e, 0x50, 0x74, 0x79, 0x53, 0x69, 0x7a, 0x65, 0x52, 0x03, 0x70, 0x74,
+	0x79, 0x12, 0x10, 0x0a, 0x03, 0x74, 0x61, 0x67, 0x18, 0x08, 0x20, 0x01, 0x28, 0x09, 0x52, 0x03,
+	0x74, 0x61, 0x67, 0x12, 0x1e, 0x0a, 0x0a, 0x62, 0x61, 0x63, 0x6b, 0x67, 0x72, 0x6f, 0x75, 0x6e,
+	0x64, 0x18, 0x09, 0x20, 0x01, 0x28, 0x08, 0x52, 0x0a, 0x62, 0x61, 0x63, 0x6b, 0x67, 0x72, 0x6f,
+	0x75, 0x6e, 0x64, 0x12, 0x14, 0x0a, 0x05, 0x73, 0x74, 0x64, 0x69, 0x6e, 0x18, 0x0a, 0x20, 0x01,
+	0x28, 0x0c, 0x52, 0x05, 0x73, 0x74, 0x64, 0x69, 0x6e, 0x12, 0x1f, 0x0a, 0x0b, 0x63, 0x6c, 0x6f,
+	0x73, 0x65, 0x5f, 0x73, 0x74, 0x64, 0x69, 0x6e, 0x18, 0x0b, 0x20, 0x01, 0x28, 0x08, 0x52, 0x0a,
+	0x63, 0x6c, 0x6f, 0x73, 0x65, 0x53, 0x74, 0x64, 0x69, 0x6e, 0x1a, 0x36, 0x0a, 0x08, 0x45, 0x6e,
+	0x76, 0x45, 0x6e, 0x74, 0x72, 0x79, 0x12, 0x10, 0x0a, 0x03, 0x6b, 0x65, 0x79, 0x18, 0x01, 0x20,
+	0x01, 0x28, 0x09, 0x52, 0x03, 0x6b, 0x65, 0x79, 0x12, 0x14, 0x0a, 0x05, 0x76, 0x61, 0x6c, 0x75,
+	0x65, 0x18, 0x02, 0x20, 0x01, 0x28, 0x09, 0x52, 0x05, 0x76, 0x61, 0x6c, 0x75, 0x65, 0x3a, 0x02,
+	0x38, 0x01, 0x22, 0x34, 0x0a, 0x0e, 0x50, 0x72, 0x6f, 0x63, 0x65, 0x73, 0x73, 0x53, 0x74, 0x61,
+	0x72, 0x74, 0x65, 0x64, 0x12, 0x10, 0x0a, 0x03, 0x70, 0x69, 0x64, 0x18, 0x01, 0x20, 0x01, 0x28,
+	0x05, 0x52, 0x03, 0x70, 0x69, 0x64, 0x12, 0x10, 0x0a, 0x03, 0x74, 0x61, 0x67, 0x18, 0x02, 0x20,
+	0x01, 0x28, 0x09, 0x52, 0x03, 0x74, 0x61, 0x67, 0x22, 0xf0, 0x01, 0x0a, 0x1d, 0x53, 0x74, 0x61,
+	0x72, 0x74, 0x57, 0x6f, 0x72, 0x6b, 0x73, 0x70, 0x61, 0x63, 0x65, 0x50, 0x72, 0x6f, 0x63, 0x65,
+	0x73, 0x73, 0x52, 0x65, 0x73, 0x70, 0x6f, 0x6e, 0x73, 0x65, 0x12, 0x38, 0x0a, 0x07, 0x73, 0x74,
+	0x61, 0x72, 0x74, 0x65, 0x64, 0x18, 0x01, 0x20, 0x01, 0x28, 0x0b, 0x32, 0x1c, 0x2e, 0x6b, 0x69,
+	0x62, 0x6f, 0x2e, 0x63, 0x74, 0x72, 0x6c, 0x2e, 0x76, 0x31, 0x2e, 0x50, 0x72, 0x6f, 0x63, 0x65,
+	0x73, 0x73, 0x53, 0x74, 0x61, 0x72, 0x74, 0x65, 0x64, 0x48, 0x00, 0x52, 0x07, 0x73, 0x74, 0x61,
+	0x72, 0x74, 0x65, 0x64, 0x12, 0x18, 0x0a, 0x06, 0x73, 0x74, 0x64, 0x6f, 0x75, 0x74, 0x18, 0x02,
+	0x20, 0x01, 0x28, 0x0c, 0x48, 0x00, 0x52, 0x06, 0x73, 0x74, 0x64, 0x6f, 0x75, 0x74, 0x12, 0x18,
+	0x0a, 0x06, 0x73, 0x74, 0x64, 0x65, 0x72, 0x72, 0x18, 0x03, 0x20, 0x01, 0x28, 0x0c, 0x48, 0x00,
+	0x52, 0x06, 0x73, 0x74, 0x64, 0x65, 0x72, 0x72, 0x12, 0x12, 0x0a, 0x03, 0x70, 0x74, 0x79, 0x18,
+	0x04, 0x20, 0x01, 0x28, 0x0c, 0x48, 0x00, 0x52, 0x03, 0x70, 0x74, 0x79, 0x12, 0x25, 0x0a, 0x0d,
+	0x64, 0x72, 0x6f, 0x70, 0x70, 0x65, 0x64, 0x5f, 0x62, 0x79, 0x74, 0x65, 0x73, 0x18, 0x05, 0x20,
+	0x01, 0x28, 0x03, 0x48, 0x00, 0x52, 0x0c, 0x64, 0x72, 0x6f, 0x70, 0x70, 0x65, 0x64, 0x42, 0x79,
+	0x74, 0x65, 0x73, 0x12, 0x1d, 0x0a, 0x09, 0x65, 0x78, 0x69, 0x74, 0x5f, 0x63, 0x6f, 0x64, 0x65,
+	0x18, 0x06, 0x20, 0x01, 0x28, 0x05, 0x48, 0x00, 0x52, 0x08, 0x65, 0x78, 0x69, 0x74, 0x43, 0x6f,
+	0x64, 0x65, 0x42, 0x07, 0x0a, 0x05, 0x65, 0x76, 0x65, 0x6e, 0x74, 0x22, 0xb8, 0x01, 0x0a, 0x1f,
+	0x43, 0x6f, 0x6e, 0x6e, 0x65, 0x63, 0x74, 0x57, 0x6f, 0x72, 0x6b, 0x73, 0x70, 0x61, 0x63, 0x65,
+	0x50, 0x72, 0x6f, 0x63, 0x65, 0x73, 0x73, 0x52, 0x65, 0x73, 0x70, 0x6f, 0x6e, 0x73, 0x65, 0x12,
+	0x18, 0x0a, 0x06, 0x73, 0x74, 0x64, 0x6f, 0x75, 0x74, 0x18, 0x02, 0x20, 0x01, 0x28, 0x0c, 0x48,
+	0x00, 0x52, 0x06, 0x73, 0x74, 0x64, 0x6f, 0x75, 0x74, 0x12, 0x18, 0x0a, 0x06, 0x73, 0x74, 0x64,
+	0x65, 0x72, 0x72, 0x18, 0x03, 0x20, 0x01, 0x28, 0x0c, 0x48, 0x00, 0x52, 0x06, 0x73, 0x74, 0x64,
+	0x65, 0x72, 0x72, 0x12, 0x12, 0x0a, 0x03, 0x70, 0x74, 0x79, 0x18, 0x04, 0x20, 0x01, 0x28, 0x0c,
+	0x48, 0x00, 0x52, 0x03, 0x70, 0x74, 0x79, 0x12, 0x25, 0x0a, 0x0d, 0x64, 0x72, 0x6f, 0x70, 0x70,
+	0x65, 0x64, 0x5f, 0x62, 0x79, 0x74, 0x65, 0x73, 0x18, 0x05, 0x20, 0x01, 0x28, 0x03, 0x48, 0x00,
+	0x52, 0x0c, 0x64, 0x72, 0x6f, 0x70, 0x70, 0x65, 0x64, 0x42, 0x79, 0x74, 0x65, 0x73, 0x12, 0x1d,
+	0x0a, 0x09, 0x65, 0x78, 0x69, 0x74, 0x5f, 0x63, 0x6f, 0x64, 0x65, 0x18, 0x06, 0x20, 0x01, 0x28,
+	0x05, 0x48, 0x00, 0x52, 0x08, 0x65, 0x78, 0x69, 0x74, 0x43, 0x6f, 0x64, 0x65, 0x42, 0x07, 0x0a,
+	0x05, 0x65, 0x76, 0x65, 0x6e, 0x74, 0x22, 0x91, 0x01, 0x0a, 0x1e, 0x43, 0x6f, 0x6e, 0x6e, 0x65,
+	0x63, 0x74, 0x57, 0x6f, 0x72, 0x6b, 0x73, 0x70, 0x61, 0x63, 0x65, 0x50, 0x72, 0x6f, 0x63, 0x65,
+	0x73, 0x73, 0x52, 0x65, 0x71, 0x75, 0x65, 0x73, 0x74, 0x12, 0x1e, 0x0a, 0x0a, 0x63, 0x72, 0x65,
+	0x64, 0x65, 0x6e, 0x74, 0x69, 0x61, 0x6c, 0x18, 0x01, 0x20, 0x01, 0x28, 0x09, 0x52, 0x0a, 0x63,
+	0x72, 0x65, 0x64, 0x65, 0x6e, 0x74, 0x69, 0x61, 0x6c, 0x12, 0x37, 0x0a, 0x07, 0x70, 0x72, 0x6f,
+	0x63, 0x65, 0x73, 0x73, 0x18, 0x02, 0x20, 0x01, 0x28, 0x0b, 0x32, 0x1d, 0x2e, 0x6b, 0x69, 0x62,
+	0x6f, 0x2e, 0x63, 0x74, 0x72, 0x6c, 0x2e, 0x76, 0x31, 0x2e, 0x50, 0x72, 0x6f, 0x63, 0x65, 0x73,
+	0x73, 0x53, 0x65, 0x6c, 0x65, 0x63, 0x74, 0x6f, 0x72, 0x52, 0x07, 0x70, 0x72, 0x6f, 0x63, 0x65,
+	0x73, 0x73, 0x12, 0x16, 0x0a, 0x06, 0x72, 0x65, 0x70, 0x6c, 0x61, 0x79, 0x18, 0x03, 0x20, 0x01,
+	0x28, 0x08, 0x52, 0x06, 0x72, 0x65, 0x70, 0x6c, 0x61, 0x79, 0x22, 0x83, 0x02, 0x0a, 0x10, 0x57,
+	0x6f, 0x72, 0x6b, 0x73, 0x70, 0x61, 0x63, 0x65, 0x50, 0x72, 0x6f, 0x63, 0x65, 0x73, 0x73, 0x12,
+	0x10, 0x0a, 0x03, 0x70, 0x69, 0x64, 0x18, 0x01, 0x20, 0x01, 0x28, 0x05, 0x52, 0x03, 0x70, 0x69,
+	0x64, 0x12, 0x10, 0x0a, 0x03, 0x74, 0x61, 0x67, 0x18, 0x02, 0x20, 0x01, 0x28, 0x09, 0x52, 0x03,
+	0x74, 0x61, 0x67, 0x12, 0x12, 0x0a, 0x04, 0x61, 0x72, 0x67, 0x76, 0x18, 0x03, 0x20, 0x03, 0x28,
+	0x09, 0x52, 0x04, 0x61, 0x72, 0x67, 0x76, 0x12, 0x10, 0x0a, 0x03, 0x70, 0x74, 0x79, 0x18, 0x04,
+	0x20, 0x01, 0x28, 0x08, 0x52, 0x03, 0x70, 0x74, 0x79, 0x12, 0x18, 0x0a, 0x07, 0x72, 0x75, 0x6e,
+	0x6e, 0x69, 0x6e, 0x67, 0x18, 0x05, 0x20, 0x01, 0x28, 0x08, 0x52, 0x07, 0x72, 0x75, 0x6e, 0x6e,
+	0x69, 0x6e, 0x67, 0x12, 0x1b, 0x0a, 0x09, 0x65, 0x78, 0x69, 0x74, 0x5f, 0x63, 0x6f, 0x64, 0x65,
+	0x18, 0x06, 0x20, 0x01, 0x28, 0x05, 0x52, 0x08, 0x65, 0x78, 0x69, 0x74, 0x43, 0x6f, 0x64, 0x65,
+	0x12, 0x39, 0x0a, 0x0a, 0x73, 0x74, 0x61, 0x72, 0x74, 0x5f, 0x74, 0x69, 0x6d, 0x65, 0x18, 0x07,
+	0x20, 0x01, 0x28, 0x0b, 0x32, 0x1a, 0x2e, 0x67, 0x6f, 0x6f, 0x67, 0x6c, 0x65, 0x2e, 0x70, 0x72,
+	0x6f, 0x74, 0x6f, 0x62, 0x75, 0x66, 0x2e, 0x54, 0x69, 0x6d, 0x65, 0x73, 0x74, 0x61, 0x6d, 0x70,
+	0x52, 0x09, 0x73, 0x74, 0x61, 0x72, 0x74, 0x54, 0x69, 0x6d, 0x65, 0x12, 0x1f, 0x0a, 0x0b, 0x77,
+	0x6f, 0x72, 0x6b, 0x69, 0x6e, 0x67, 0x5f, 0x64, 0x69, 0x72, 0x18, 0x08, 0x20, 0x01, 0x28, 0x09,
+	0x52, 0x0a, 0x77, 0x6f, 0x72, 0x6b, 0x69, 0x6e, 0x67, 0x44, 0x69, 0x72, 0x12, 0x12, 0x0a, 0x04,
+	0x75, 0x73, 0x65, 0x72, 0x18, 0x09, 0x20, 0x01, 0x28, 0x09, 0x52, 0x04, 0x75, 0x73, 0x65, 0x72,
+	0x22, 0x3f, 0x0a, 0x1d, 0x4c, 0x69, 0x73, 0x74, 0x57, 0x6f, 0x72, 0x6b, 0x73, 0x70, 0x61, 0x63,
+	0x65, 0x50, 0x72, 0x6f, 0x63, 0x65, 0x73, 0x73, 0x65, 0x73, 0x52, 0x65, 0x71, 0x75, 0x65, 0x73,
+	0x74, 0x12, 0x1e, 0x0a, 0x0a, 0x63, 0x72, 0x65, 0x64, 0x65, 0x6e, 0x74, 0x69, 0x61, 0x6c, 0x18,
+	0x01, 0x20, 0x01, 0x28, 0x09, 0x52, 0x0a, 0x63, 0x72, 0x65, 0x64, 0x65, 0x6e, 0x74, 0x69, 0x61,
+	0x6c, 0x22, 0x5e, 0x0a, 0x1e, 0x4c, 0x69, 0x73, 0x74, 0x57, 0x6f, 0x72, 0x6b, 0x73, 0x70, 0x61,
+	0x63, 0x65, 0x50, 0x72, 0x6f, 0x63, 0x65, 0x73, 0x73, 0x65, 0x73, 0x52, 0x65, 0x73, 0x70, 0x6f,
+	0x6e, 0x73, 0x65, 0x12, 0x3c, 0x0a, 0x09, 0x70, 0x72, 0x6f, 0x63, 0x65, 0x73, 0x73, 0x65, 0x73,
+	0x18, 0x01, 0x20, 0x03, 0x28, 0x0b, 0x32, 0x1e, 0x2e, 0x6b, 0x69, 0x62, 0x6f, 0x2e, 0x63, 0x74,
+	0x72, 0x6c, 0x2e, 0x76, 0x31, 0x2e, 0x57, 0x6f, 0x72, 0x6b, 0x73, 0x70, 0x61, 0x63, 0x65, 0x50,
+	0x72, 0x6f, 0x63, 0x65, 0x73, 0x73, 0x52, 0x09, 0x70, 0x72, 0x6f, 0x63, 0x65, 0x73, 0x73, 0x65,
+	0x73, 0x22, 0xb0, 0x01, 0x0a, 0x20, 0x53, 0x65, 0x6e, 0x64, 0x57, 0x6f, 0x72, 0x6b, 0x73, 0x70,
+	0x61, 0x63, 0x65, 0x50, 0x72, 0x6f, 0x63, 0x65, 0x73, 0x73, 0x49, 0x6e, 0x70, 0x75, 0x74, 0x52,
+	0x65, 0x71, 0x75, 0x65, 0x73, 0x74, 0x12, 0x1e, 0x0a, 0x0a, 0x63, 0x72, 0x65, 0x64, 0x65, 0x6e,
+	0x74, 0x69, 0x61, 0x6c, 0x18, 0x01, 0x20, 0x01, 0x28, 0x09, 0x52, 0x0a, 0x63, 0x72, 0x65, 0x64,
+	0x65, 0x6e, 0x74, 0x69, 0x61, 0x6c, 0x12, 0x37, 0x0a, 0x07, 0x70, 0x72, 0x6f, 0x63, 0x65, 0x73,
+	0x73, 0x18, 0x02, 0x20, 0x01, 0x28, 0x0b, 0x32, 0x1d, 0x2e, 0x6b, 0x69, 0x62, 0x6f, 0x2e, 0x63,
+	0x74, 0x72, 0x6c, 0x2e, 0x76, 0x31, 0x2e, 0x50, 0x72, 0x6f, 0x63, 0x65, 0x73, 0x73, 0x53, 0x65,
+	0x6c, 0x65, 0x63, 0x74, 0x6f, 0x72, 0x52, 0x07, 0x70, 0x72, 0x6f, 0x63, 0x65, 0x73, 0x73, 0x12,
+	0x12, 0x0a, 0x04, 0x64, 0x61, 0x74, 0x61, 0x18, 0x03, 0x20, 0x01, 0x28, 0x0c, 0x52, 0x04, 0x64,
+	0x61, 0x74, 0x61, 0x12, 0x1f, 0x0a, 0x0b, 0x63, 0x6c, 0x6f, 0x73, 0x65, 0x5f, 0x73, 0x74, 0x64,
+	0x69, 0x6e, 0x18, 0x04, 0x20, 0x01, 0x28, 0x08, 0x52, 0x0a, 0x63, 0x6c, 0x6f, 0x73, 0x65, 0x53,
+	0x74, 0x64, 0x69, 0x6e, 0x22, 0x23, 0x0a, 0x21, 0x53, 0x65, 0x6e, 0x64, 0x57, 0x6f, 0x72, 0x6b,
+	0x73, 0x70, 0x61, 0x63, 0x65, 0x50, 0x72, 0x6f, 0x63, 0x65, 0x73, 0x73, 0x49, 0x6e, 0x70, 0x75,
+	0x74, 0x52, 0x65, 0x73, 0x70, 0x6f, 0x6e, 0x73, 0x65, 0x22, 0x90, 0x01, 0x0a, 0x1d, 0x53, 0x69,
+	0x67, 0x6e, 0x61, 0x6c, 0x57, 0x6f, 0x72, 0x6b, 0x73, 0x70, 0x61, 0x63, 0x65, 0x50, 0x72, 0x6f,
+	0x63, 0x65, 0x73, 0x73, 0x52, 0x65, 0x71, 0x75, 0x65, 0x73, 0x74, 0x12, 0x1e, 0x0a, 0x0a, 0x63,
+	0x72, 0x65, 0x64, 0x65, 0x6e, 0x74, 0x69, 0x61, 0x6c, 0x18, 0x01, 0x20, 0x01, 0x28, 0x09, 0x52,
+	0x0a, 0x63, 0x72, 0x65, 0x64, 0x65, 0x6e, 0x74, 0x69, 0x61, 0x6c, 0x12, 0x37, 0x0a, 0x07, 0x70,
+	0x72, 0x6f, 0x63, 0x65, 0x73, 0x73, 0x18, 0x02, 0x20, 0x01, 0x28, 0x0b, 0x32, 0x1d, 0x2e, 0x6b,
+	0x69, 0x62, 0x6f, 0x2e, 0x63, 0x74, 0x72, 0x6c, 0x2e, 0x76, 0x31, 0x2e, 0x50, 0x72, 0x6f, 0x63,
+	0x65, 0x73, 0x73, 0x53, 0x65, 0x6c, 0x65, 0x63, 0x74, 0x6f, 0x72, 0x52, 0x07, 0x70, 0x72, 0x6f,
+	0x63, 0x65, 0x73, 0x73, 0x12, 0x16, 0x0a, 0x06, 0x73, 0x69, 0x67, 0x6e, 0x61, 0x6c, 0x18, 0x03,
+	0x20, 0x01, 0x28, 0x05, 0x52, 0x06, 0x73, 0x69, 0x67, 0x6e, 0x61, 0x6c, 0x22, 0x20, 0x0a, 0x1e,
+	0x53, 0x69, 0x67, 0x6e, 0x61, 0x6c, 0x57, 0x6f, 0x72, 0x6b, 0x73, 0x70, 0x61, 0x63, 0x65, 0x50,
+	0x72, 0x6f, 0x63, 0x65, 0x73, 0x73, 0x52, 0x65, 0x73, 0x70, 0x6f, 0x6e, 0x73, 0x65, 0x22, 0xa3,
+	0x01, 0x0a, 0x1d, 0x52, 0x65, 0x73, 0x69, 0x7a, 0x65, 0x57, 0x6f, 0x72, 0x6b, 0x73, 0x70, 0x61,
+	0x63, 0x65, 0x50, 0x72, 0x6f, 0x63, 0x65, 0x73, 0x73, 0x52, 0x65, 0x71, 0x75, 0x65, 0x73, 0x74,
+	0x12, 0x1e, 0x0a, 0x0a, 0x63, 0x72, 0x65, 0x64, 0x65, 0x6e, 0x74, 0x69, 0x61, 0x6c, 0x18, 0x01,
+	0x20, 0x01, 0x28, 0x09, 0x52, 0x0a, 0x63, 0x72, 0x65, 0x64, 0x65, 0x6e, 0x74, 0x69, 0x61, 0x6c,
+	0x12, 0x37, 0x0a, 0x07, 0x70, 0x72, 0x6f, 0x63, 0x65, 0x73, 0x73, 0x18, 0x02, 0x20, 0x01, 0x28,
+	0x0b, 0x32, 0x1d, 0x2e, 0x6b, 0x69, 0x62, 0x6f, 0x2e, 0x63, 0x74, 0x72, 0x6c, 0x2e, 0x76, 0x31,
+	0x2e, 0x50, 0x72, 0x6f, 0x63, 0x65, 0x73, 0x73, 0x53, 0x65, 0x6c, 0x65, 0x63, 0x74, 0x6f, 0x72,
+	0x52, 0x07, 0x70, 0x72, 0x6f, 0x63, 0x65, 0x73, 0x73, 0x12, 0x29, 0x0a, 0x04, 0x73, 0x69, 0x7a,
+	0x65, 0x18, 0x03, 0x20, 0x01, 0x28, 0x0b, 0x32, 0x15, 0x2e, 0x6b, 0x69, 0x62, 0x6f, 0x2e, 0x63,
+	0x74, 0x72, 0x6c, 0x2e, 0x76, 0x31, 0x2e, 0x50, 0x74, 0x79, 0x53, 0x69, 0x7a, 0x65, 0x52, 0x04,
+	0x73, 0x69, 0x7a, 0x65, 0x22, 0x20, 0x0a, 0x1e, 0x52, 0x65, 0x73, 0x69, 0x7a, 0x65, 0x57, 0x6f,
+	0x72, 0x6b, 0x73, 0x70, 0x61, 0x63, 0x65, 0x50, 0x72, 0x6f, 0x63, 0x65, 0x73, 0x73, 0x52, 0x65,
+	0x73, 0x70, 0x6f, 0x6e, 0x73, 0x65, 0x22, 0xba, 0x02, 0x0a, 0x08, 0x46, 0x69, 0x6c, 0x65, 0x49,
+	0x6e, 0x66, 0x6f, 0x12, 0x12, 0x0a, 0x04, 0x70, 0x61, 0x74, 0x68, 0x18, 0x01, 0x20, 0x01, 0x28,
+	0x09, 0x52, 0x04, 0x70, 0x61, 0x74, 0x68, 0x12, 0x12, 0x0a, 0x04, 0x6e, 0x61, 0x6d, 0x65, 0x18,
+	0x02, 0x20, 0x01, 0x28, 0x09, 0x52, 0x04, 0x6e, 0x61, 0x6d, 0x65, 0x12, 0x2a, 0x0a, 0x04, 0x74,
+	0x79, 0x70, 0x65, 0x18, 0x03, 0x20, 0x01, 0x28, 0x0e, 0x32, 0x16, 0x2e, 0x6b, 0x69, 0x62, 0x6f,
+	0x2e, 0x63, 0x74, 0x72, 0x6c, 0x2e, 0x76, 0x31, 0x2e, 0x46, 0x69, 0x6c, 0x65, 0x54, 0x79, 0x70,
+	0x65, 0x52, 0x04, 0x74, 0x79, 0x70, 0x65, 0x12, 0x12, 0x0a, 0x04, 0x73, 0x69, 0x7a, 0x65, 0x18,
+	0x04, 0x20, 0x01, 0x28, 0x03, 0x52, 0x04, 0x73, 0x69, 0x7a, 0x65, 0x12, 0x12, 0x0a, 0x04, 0x6d,
+	0x6f, 0x64, 0x65, 0x18, 0x05, 0x20, 0x01, 0x28, 0x0d, 0x52, 0x04, 0x6d, 0x6f, 0x64, 0x65, 0x12,
+	0x10, 0x0a, 0x03, 0x75, 0x69, 0x64, 0x18, 0x06, 0x20, 0x01, 0x28, 0x0d, 0x52, 0x03, 0x75, 0x69,
+	0x64, 0x12, 0x10, 0x0a, 0x03, 0x67, 0x69, 0x64, 0x18, 0x07, 0x20, 0x01, 0x28, 0x0d, 0x52, 0x03,
+	0x67, 0x69, 0x64, 0x12, 0x14, 0x0a, 0x05, 0x6f, 0x77, 0x6e, 0x65, 0x72, 0x18, 0x08, 0x20, 0x01,
+	0x28, 0x09, 0x52, 0x05, 0x6f, 0x77, 0x6e, 0x65, 0x72, 0x12, 0x14, 0x0a, 0x05, 0x67, 0x72, 0x6f,
+	0x75, 0x70, 0x18, 0x09, 0x20, 0x01, 0x28, 0x09, 0x52, 0x05, 0x67, 0x72, 0x6f, 0x75, 0x70, 0x12,
+	0x3b, 0x0a, 0x0b, 0x6d, 0x6f, 0x64, 0x69, 0x66, 0x79, 0x5f, 0x74, 0x69, 0x6d, 0x65, 0x18, 0x0a,
+	0x20, 0x01, 0x28, 0x0b, 0x32, 0x1a, 0x2e, 0x67, 0x6f, 0x6f, 0x67, 0x6c, 0x65, 0x2e, 0x70, 0x72,
+	0x6f, 0x74, 0x6f, 0x62, 0x75, 0x66, 0x2e, 0x54, 0x69, 0x6d, 0x65, 0x73, 0x74, 0x61, 0x6d, 0x70,
+	0x52, 0x0a, 0x6d, 0x6f, 0x64, 0x69, 0x66, 0x79, 0x54, 0x69, 0x6d, 0x65, 0x12, 0x25, 0x0a, 0x0e,
+	0x73, 0x79, 0x6d, 0x6c, 0x69, 0x6e, 0x6b, 0x5f, 0x74, 0x61, 0x72, 0x67, 0x65, 0x74, 0x18, 0x0b,
+	0x20, 0x01, 0x28, 0x09, 0x52, 0x0d, 0x73, 0x79, 0x6d, 0x6c, 0x69, 0x6e, 0x6b, 0x54, 0x61, 0x72,
+	0x67, 0x65, 0x74, 0x22, 0x4e, 0x0a, 0x18, 0x53, 0x74, 0x61, 0x74, 0x57, 0x6f, 0x72, 0x6b, 0x73,
+	0x70, 0x61, 0x63, 0x65, 0x50, 0x61, 0x74, 0x68, 0x52, 0x65, 0x71, 0x75, 0x65, 0x73, 0x74, 0x12,
+	0x1e, 0x0a, 0x0a, 0x63, 0x72, 0x65, 0x64, 0x65, 0x6e, 0x74, 0x69, 0x61, 0x6c, 0x18, 0x01, 0x20,
+	0x01, 0x28, 0x09, 0x52, 0x0a, 0x63, 0x72, 0x65, 0x64, 0x65, 0x6e, 0x74, 0x69, 0x61, 0x6c, 0x12,
+	0x12, 0x0a, 0x04, 0x70, 0x61, 0x74, 0x68, 0x18, 0x02, 0x20, 0x01, 0x28, 0x09, 0x52, 0x04, 0x70,
+	0x61, 0x74, 0x68, 0x22, 0x47, 0x0a, 0x19, 0x53, 0x74, 0x61, 0x74, 0x57, 0x6f, 0x72, 0x6b, 0x73,
+	0x70, 0x61, 0x63, 0x65, 0x50, 0x61, 0x74, 0x68, 0x52, 0x65, 0x73, 0x70, 0x6f, 0x6e, 0x73, 0x65,
+	0x12, 0x2a, 0x0a, 0x04, 0x69, 0x6e, 0x66, 0x6f, 0x18, 0x01, 0x20, 0x01, 0x28, 0x0b, 0x32, 0x16,
+	0x2e, 0x6b, 0x69, 0x62, 0x6f, 0x2e, 0x63, 0x74, 0x72, 0x6c, 0x2e, 0x76, 0x31, 0x2e, 0x46, 0x69,
+	0x6c, 0x65, 0x49, 0x6e, 0x66, 0x6f, 0x52, 0x04, 0x69, 0x6e, 0x66, 0x6f, 0x22, 0x69, 0x0a, 0x1d,
+	0x4c, 0x69, 0x73, 0x74, 0x57, 0x6f, 0x72, 0x6b, 0x73, 0x70, 0x61, 0x63, 0x65, 0x44, 0x69, 0x72,
+	0x65, 0x63, 0x74, 0x6f, 0x72, 0x79, 0x52, 0x65, 0x71, 0x75, 0x65, 0x73, 0x74, 0x12, 0x1e, 0x0a,
+	0x0a, 0x63, 0x72, 0x65, 0x64, 0x65, 0x6e, 0x74, 0x69, 0x61, 0x6c, 0x18, 0x01, 0x20, 0x01, 0x28,
+	0x09, 0x52, 0x0a, 0x63, 0x72, 0x65, 0x64, 0x65, 0x6e, 0x74, 0x69, 0x61, 0x6c, 0x12, 0x12, 0x0a,
+	0x04, 0x70, 0x61, 0x74, 0x68, 0x18, 0x02, 0x20, 0x01, 0x28, 0x09, 0x52, 0x04, 0x70, 0x61, 0x74,
+	0x68, 0x12, 0x14, 0x0a, 0x05, 0x64, 0x65, 0x70, 0x74, 0x68, 0x18, 0x03, 0x20, 0x01, 0x28, 0x0d,
+	0x52, 0x05, 0x64, 0x65, 0x70, 0x74, 0x68, 0x22, 0x70, 0x0a, 0x1e, 0x4c, 0x69, 0x73, 0x74, 0x57,
+	0x6f, 0x72, 0x6b, 0x73, 0x70, 0x61, 0x63, 0x65, 0x44, 0x69, 0x72, 0x65, 0x63, 0x74, 0x6f, 0x72,
+	0x79, 0x52, 0x65, 0x73, 0x70, 0x6f, 0x6e, 0x73, 0x65, 0x12, 0x30, 0x0a, 0x07, 0x65, 0x6e, 0x74,
+	0x72, 0x69, 0x65, 0x73, 0x18, 0x01, 0x20, 0x03, 0x28, 0x0b, 0x32, 0x16, 0x2e, 0x6b, 0x69, 0x62,
+	0x6f, 0x2e, 0x63, 0x74, 0x72, 0x6c, 0x2e, 0x76, 0x31, 0x2e, 0x46, 0x69, 0x6c, 0x65, 0x49, 0x6e,
+	0x66, 0x6f, 0x52, 0x07, 0x65, 0x6e, 0x74, 0x72, 0x69, 0x65, 0x73, 0x12, 0x1c, 0x0a, 0x09, 0x74,
+	0x72, 0x75, 0x6e, 0x63, 0x61, 0x74, 0x65, 0x64, 0x18, 0x02, 0x20, 0x01, 0x28, 0x08, 0x52, 0x09,
+	0x74, 0x72, 0x75, 0x6e, 0x63, 0x61, 0x74, 0x65, 0x64, 0x22, 0x81, 0x01, 0x0a, 0x1d, 0x4d, 0x61,
+	0x6b, 0x65, 0x57, 0x6f, 0x72, 0x6b, 0x73, 0x70, 0x61, 0x63, 0x65, 0x44, 0x69, 0x72, 0x65, 0x63,
+	0x74, 0x6f, 0x72, 0x79, 0x52, 0x65, 0x71, 0x75, 0x65, 0x73, 0x74, 0x12, 0x1e, 0x0a, 0x0a, 0x63,
+	0x72, 0x65, 0x64, 0x65, 0x6e, 0x74, 0x69, 0x61, 0x6c, 0x18, 0x01, 0x20, 0x01, 0x28, 0x09, 0x52,
+	0x0a, 0x63, 0x72, 0x65, 0x64, 0x65, 0x6e, 0x74, 0x69, 0x61, 0x6c, 0x12, 0x12, 0x0a, 0x04, 0x70,
+	0x61, 0x74, 0x68, 0x18, 0x02, 0x20, 0x01, 0x28, 0x09, 0x52, 0x04, 0x70, 0x61, 0x74, 0x68, 0x12,
+	0x18, 0x0a, 0x07, 0x70, 0x61, 0x72, 0x65, 0x6e, 0x74, 0x73, 0x18, 0x03, 0x20, 0x01, 0x28, 0x08,
+	0x52, 0x07, 0x70, 0x61, 0x72, 0x65, 0x6e, 0x74, 0x73, 0x12, 0x12, 0x0a, 0x04, 0x6d, 0x6f, 0x64,
+	0x65, 0x18, 0x04, 0x20, 0x01, 0x28, 0x0d, 0x52, 0x04, 0x6d, 0x6f, 0x64, 0x65, 0x22, 0x20, 0x0a,
+	0x1e, 0x4d, 0x61, 0x6b, 0x65, 0x57, 0x6f, 0x72, 0x6b, 0x73, 0x70, 0x61, 0x63, 0x65, 0x44, 0x69,
+	0x72, 0x65, 0x63, 0x74, 0x6f, 0x72, 0x79, 0x52, 0x65, 0x73, 0x70, 0x6f, 0x6e, 0x73, 0x65, 0x22,
+	0x74, 0x0a, 0x18, 0x4d, 0x6f, 0x76, 0x65, 0x57, 0x6f, 0x72, 0x6b, 0x73, 0x70, 0x61, 0x63, 0x65,
+	0x50, 0x61, 0x74, 0x68, 0x52, 0x65, 0x71, 0x75, 0x65, 0x73, 0x74, 0x12, 0x1e, 0x0a, 0x0a, 0x63,
+	0x72, 0x65, 0x64, 0x65, 0x6e, 0x74, 0x69, 0x61, 0x6c, 0x18, 0x01, 0x20, 0x01, 0x28, 0x09, 0x52,
+	0x0a, 0x63, 0x72, 0x65, 0x64, 0x65, 0x6e, 0x74, 0x69, 0x61, 0x6c, 0x12, 0x16, 0x0a, 0x06, 0x73,
+	0x6f, 0x75, 0x72, 0x63, 0x65, 0x18, 0x02, 0x20, 0x01, 0x28, 0x09, 0x52, 0x06, 0x73, 0x6f, 0x75,
+	0x72, 0x63, 0x65, 0x12, 0x20, 0x0a, 0x0b, 0x64, 0x65, 0x73, 0x74, 0x69, 0x6e, 0x61, 0x74, 0x69,
+	0x6f, 0x6e, 0x18, 0x03, 0x20, 0x01, 0x28, 0x09, 0x52, 0x0b, 0x64, 0x65, 0x73, 0x74, 0x69, 0x6e,
+	0x61, 0x74, 0x69, 0x6f, 0x6e, 0x22, 0x1b, 0x0a, 0x19, 0x4d, 0x6f, 0x76, 0x65, 0x57, 0x6f, 0x72,
+	0x6b, 0x73, 0x70, 0x61, 0x63, 0x65, 0x50, 0x61, 0x74, 0x68, 0x52, 0x65, 0x73, 0x70, 0x6f, 0x6e,
+	0x73, 0x65, 0x22, 0x6e, 0x0a, 0x1a, 0x52, 0x65, 0x6d, 0x6f, 0x76, 0x65, 0x57, 0x6f, 0x72, 0x6b,
+	0x73, 0x70, 0x61, 0x63, 0x65, 0x50, 0x61, 0x74, 0x68, 0x52, 0x65, 0x71, 0x75, 0x65, 0x73, 0x74,
+	0x12, 0x1e, 0x0a, 0x0a, 0x63, 0x72, 0x65, 0x64, 0x65, 0x6e, 0x74, 0x69, 0x61, 0x6c, 0x18, 0x01,
+	0x20, 0x01, 0x28, 0x09, 0x52, 0x0a, 0x63, 0x72, 0x65, 0x64, 0x65, 0x6e, 0x74, 0x69, 0x61, 0x6c,
+	0x12, 0x12, 0x0a, 0x04, 0x70, 0x61, 0x74, 0x68, 0x18, 0x02, 0x20, 0x01, 0x28, 0x09, 0x52, 0x04,
+	0x70, 0x61, 0x74, 0x68, 0x12, 0x1c, 0x0a, 0x09, 0x72, 0x65, 0x63, 0x75, 0x72, 0x73, 0x69, 0x76,
+	0x65, 0x18, 0x03, 0x20, 0x01, 0x28, 0x08, 0x52, 0x09, 0x72, 0x65, 0x63, 0x75, 0x72, 0x73, 0x69,
+	0x76, 0x65, 0x22, 0x1d, 0x0a, 0x1b, 0x52, 0x65, 0x6d, 0x6f, 0x76, 0x65, 0x57, 0x6f, 0x72, 0x6b,
+	0x73, 0x70, 0x61, 0x63, 0x65, 0x50, 0x61, 0x74, 0x68, 0x52, 0x65, 0x73, 0x70, 0x6f, 0x6e, 0x73,
+	0x65, 0x22, 0x84, 0x01, 0x0a, 0x1c, 0x44, 0x6f, 0x77, 0x6e, 0x6c, 0x6f, 0x61, 0x64, 0x57, 0x6f,
+	0x72, 0x6b, 0x73, 0x70, 0x61, 0x63, 0x65, 0x46, 0x69, 0x6c, 0x65, 0x52, 0x65, 0x71, 0x75, 0x65,
+	0x73, 0x74, 0x12, 0x1e, 0x0a, 0x0a, 0x63, 0x72, 0x65, 0x64, 0x65, 0x6e, 0x74, 0x69, 0x61, 0x6c,
+	0x18, 0x01, 0x20, 0x01, 0x28, 0x09, 0x52, 0x0a, 0x63, 0x72, 0x65, 0x64, 0x65, 0x6e, 0x74, 0x69,
+	0x61, 0x6c, 0x12, 0x12, 0x0a, 0x04, 0x70, 0x61, 0x74, 0x68, 0x18, 0x02, 0x20, 0x01, 0x28, 0x09,
+	0x52, 0x04, 0x70, 0x61, 0x74, 0x68, 0x12, 0x16, 0x0a, 0x06, 0x6f, 0x66, 0x66, 0x73, 0x65, 0x74,
+	0x18, 0x03, 0x20, 0x01, 0x28, 0x03, 0x52, 0x06, 0x6f, 0x66, 0x66, 0x73, 0x65, 0x74, 0x12, 0x18,
+	0x0a, 0x07, 0x61, 0x72, 0x63, 0x68, 0x69, 0x76, 0x65, 0x18, 0x04, 0x20, 0x01, 0x28, 0x08, 0x52,
+	0x07, 0x61, 0x72, 0x63, 0x68, 0x69, 0x76, 0x65, 0x22, 0x6b, 0x0a, 0x1d, 0x44, 0x6f, 0x77, 0x6e,
+	0x6c, 0x6f, 0x61, 0x64, 0x57, 0x6f, 0x72, 0x6b, 0x73, 0x70, 0x61, 0x63, 0x65, 0x46, 0x69, 0x6c,
+	0x65, 0x52, 0x65, 0x73, 0x70, 0x6f, 0x6e, 0x73, 0x65, 0x12, 0x2c, 0x0a, 0x04, 0x69, 0x6e, 0x66,
+	0x6f, 0x18, 0x01, 0x20, 0x01, 0x28, 0x0b, 0x32, 0x16, 0x2e, 0x6b, 0x69, 0x62, 0x6f, 0x2e, 0x63,
+	0x74, 0x72, 0x6c, 0x2e, 0x76, 0x31, 0x2e, 0x46, 0x69, 0x6c, 0x65, 0x49, 0x6e, 0x66, 0x6f, 0x48,
+	0x00, 0x52, 0x04, 0x69, 0x6e, 0x66, 0x6f, 0x12, 0x14, 0x0a, 0x04, 0x64, 0x61, 0x74, 0x61, 0x18,
+	0x02, 0x20, 0x01, 0x28, 0x0c, 0x48, 0x00, 0x52, 0x04, 0x64, 0x61, 0x74, 0x61, 0x42, 0x06, 0x0a,
+	0x04, 0x70, 0x61, 0x72, 0x74, 0x22, 0x99, 0x01, 0x0a, 0x1b, 0x53, 0x74, 0x61, 0x72, 0x74, 0x57,
+	0x6f, 0x72, 0x6b, 0x73, 0x70, 0x61, 0x63, 0x65, 0x55, 0x70, 0x6c, 0x6f, 0x61, 0x64, 0x52, 0x65,
+	0x71, 0x75, 0x65, 0x73, 0x74, 0x12, 0x1e, 0x0a, 0x0a, 0x63, 0x72, 0x65, 0x64, 0x65, 0x6e, 0x74,
+	0x69, 0x61, 0x6c, 0x18, 0x01, 0x20, 0x01, 0x28, 0x09, 0x52, 0x0a, 0x63, 0x72, 0x65, 0x64, 0x65,
+	0x6e, 0x74, 0x69, 0x61, 0x6c, 0x12, 0x12, 0x0a, 0x04, 0x70, 0x61, 0x74, 0x68, 0x18, 0x02, 0x20,
+	0x01, 0x28, 0x09, 0x52, 0x04, 0x70, 0x61, 0x74, 0x68, 0x12, 0x12, 0x0a, 0x04, 0x6d, 0x6f, 0x64,
+	0x65, 0x18, 0x03, 0x20, 0x01, 0x28, 0x0d, 0x52, 0x04, 0x6d, 0x6f, 0x64, 0x65, 0x12, 0x18, 0x0a,
+	0x07, 0x61, 0x72, 0x63, 0x68, 0x69, 0x76, 0x65, 0x18, 0x04, 0x20, 0x01, 0x28, 0x08, 0x52, 0x07,
+	0x61, 0x72, 0x63, 0x68, 0x69, 0x76, 0x65, 0x12, 0x18, 0x0a, 0x07, 0x70, 0x61, 0x72, 0x65, 0x6e,
+	0x74, 0x73, 0x18, 0x05, 0x20, 0x01, 0x28, 0x08, 0x52, 0x07, 0x70, 0x61, 0x72, 0x65, 0x6e, 0x74,
+	0x73, 0x22, 0x3b, 0x0a, 0x1c, 0x53, 0x74, 0x61, 0x72, 0x74, 0x57, 0x6f, 0x72, 0x6b, 0x73, 0x70,
+	0x61, 0x63, 0x65, 0x55, 0x70, 0x6c, 0x6f, 0x61, 0x64, 0x52, 0x65, 0x73, 0x70, 0x6f, 0x6e, 0x73,
+	0x65, 0x12, 0x1b, 0x0a, 0x09, 0x75, 0x70, 0x6c, 0x6f, 0x61, 0x64, 0x5f, 0x69, 0x64, 0x18, 0x01,
+	0x20, 0x01, 0x28, 0x09, 0x52, 0x08, 0x75, 0x70, 0x6c, 0x6f, 0x61, 0x64, 0x49, 0x64, 0x22, 0x9e,
+	0x01, 0x0a, 0x1b, 0x57, 0x72, 0x69, 0x74, 0x65, 0x57, 0x6f, 0x72, 0x6b, 0x73, 0x70, 0x61, 0x63,
+	0x65, 0x55, 0x70, 0x6c, 0x6f, 0x61, 0x64, 0x52, 0x65, 0x71, 0x75, 0x65, 0x73, 0x74, 0x12, 0x1e,
+	0x0a, 0x0a, 0x63, 0x72, 0x65, 0x64, 0x65, 0x6e, 0x74, 0x69, 0x61, 0x6c, 0x18, 0x01, 0x20, 0x01,
+	0x28, 0x09, 0x52, 0x0a, 0x63, 0x72, 0x65, 0x64, 0x65, 0x6e, 0x74, 0x69, 0x61, 0x6c, 0x12, 0x1b,
+	0x0a, 0x09, 0x75, 0x70, 0x6c, 0x6f, 0x61, 0x64, 0x5f, 0x69, 0x64, 0x18, 0x02, 0x20, 0x01, 0x28,
+	0x09, 0x52, 0x08, 0x75, 0x70, 0x6c, 0x6f, 0x61, 0x64, 0x49, 0x64, 0x12, 0x16, 0x0a, 0x06, 0x6f,
+	0x66, 0x66, 0x73, 0x65, 0x74, 0x18, 0x03, 0x20, 0x01, 0x28, 0x03, 0x52, 0x06, 0x6f, 0x66, 0x66,
+	0x73, 0x65, 0x74, 0x12, 0x12, 0x0a, 0x04, 0x64, 0x61, 0x74, 0x61, 0x18, 0x04, 0x20, 0x01, 0x28,
+	0x0c, 0x52, 0x04, 0x64, 0x61, 0x74, 0x61, 0x12, 0x16, 0x0a, 0x06, 0x66, 0x69, 0x6e, 0x69, 0x73,
+	0x68, 0x18, 0x05, 0x20, 0x01, 0x28, 0x08, 0x52, 0x06, 0x66, 0x69, 0x6e, 0x69, 0x73, 0x68, 0x22,
+	0x4e, 0x0a, 0x1c, 0x57, 0x72, 0x69, 0x74, 0x65, 0x57, 0x6f, 0x72, 0x6b, 0x73, 0x70, 0x61, 0x63,
+	0x65, 0x55, 0x70, 0x6c, 0x6f, 0x61, 0x64, 0x52, 0x65, 0x73, 0x70, 0x6f, 0x6e, 0x73, 0x65, 0x12,
+	0x12, 0x0a, 0x04, 0x73, 0x69, 0x7a, 0x65, 0x18, 0x01, 0x20, 0x01, 0x28, 0x03, 0x52, 0x04, 0x73,
+	0x69, 0x7a, 0x65, 0x12, 0x1a, 0x0a, 0x08, 0x66, 0x69, 0x6e, 0x69, 0x73, 0x68, 0x65, 0x64, 0x18,
+	0x02, 0x20, 0x01, 0x28, 0x08, 0x52, 0x08, 0x66, 0x69, 0x6e, 0x69, 0x73, 0x68, 0x65, 0x64, 0x22,
+	0x5b, 0x0a, 0x1c, 0x43, 0x61, 0x6e, 0x63, 0x65, 0x6c, 0x57, 0x6f, 0x72, 0x6b, 0x73, 0x70, 0x61,
+	0x63, 0x65, 0x55, 0x70, 0x6c, 0x6f, 0x61, 0x64, 0x52, 0x65, 0x71, 0x75, 0x65, 0x73, 0x74, 0x12,
+	0x1e, 0x0a, 0x0a, 0x63, 0x72, 0x65, 0x64, 0x65, 0x6e, 0x74, 0x69, 0x61, 0x6c, 0x18, 0x01, 0x20,
+	0x01, 0x28, 0x09, 0x52, 0x0a, 0x63, 0x72, 0x65, 0x64, 0x65, 0x6e, 0x74, 0x69, 0x61, 0x6c, 0x12,
+	0x1b, 0x0a, 0x09, 0x75, 0x70, 0x6c, 0x6f, 0x61, 0x64, 0x5f, 0x69, 0x64, 0x18, 0x02, 0x20, 0x01,
+	0x28, 0x09, 0x52, 0x08, 0x75, 0x70, 0x6c, 0x6f, 0x61, 0x64, 0x49, 0x64, 0x22, 0x1f, 0x0a, 0x1d,
+	0x43, 0x61, 0x6e, 0x63, 0x65, 0x6c, 0x57, 0x6f, 0x72, 0x6b, 0x73, 0x70, 0x61, 0x63, 0x65, 0x55,
+	0x70, 0x6c, 0x6f, 0x61, 0x64, 0x52, 0x65, 0x73, 0x70, 0x6f, 0x6e, 0x73, 0x65, 0x22, 0x72, 0x0a,
+	0x1e, 0x57, 0x61, 0x74, 0x63, 0x68, 0x57, 0x6f, 0x72, 0x6b, 0x73, 0x70, 0x61, 0x63, 0x65, 0x44,
+	0x69, 0x72, 0x65, 0x63, 0x74, 0x6f, 0x72, 0x79, 0x52, 0x65, 0x71, 0x75, 0x65, 0x73, 0x74, 0x12,
+	0x1e, 0x0a, 0x0a, 0x63, 0x72, 0x65, 0x64, 0x65, 0x6e, 0x74, 0x69, 0x61, 0x6c, 0x18, 0x01, 0x20,
+	0x01, 0x28, 0x09, 0x52, 0x0a, 0x63, 0x72, 0x65, 0x64, 0x65, 0x6e, 0x74, 0x69, 0x61, 0x6c, 0x12,
+	0x12, 0x0a, 0x04, 0x70, 0x61, 0x74, 0x68, 0x18, 0x02, 0x20, 0x01, 0x28, 0x09, 0x52, 0x04, 0x70,
+	0x61, 0x74, 0x68, 0x12, 0x1c, 0x0a, 0x09, 0x72, 0x65, 0x63, 0x75, 0x72, 0x73, 0x69, 0x76, 0x65,
+	0x18, 0x03, 0x20, 0x01, 0x28, 0x08, 0x52, 0x09, 0x72, 0x65, 0x63, 0x75, 0x72, 0x73, 0x69, 0x76,
+	0x65, 0x22, 0x8e, 0x01, 0x0a, 0x09, 0x46, 0x69, 0x6c, 0x65, 0x45, 0x76, 0x65, 0x6e, 0x74, 0x12,
+	0x2f, 0x0a, 0x04, 0x74, 0x79, 0x70, 0x65, 0x18, 0x01, 0x20, 0x01, 0x28, 0x0e, 0x32, 0x1b, 0x2e,
+	0x6b, 0x69, 0x62, 0x6f, 0x2e, 0x63, 0x74, 0x72, 0x6c, 0x2e, 0x76, 0x31, 0x2e, 0x46, 0x69, 0x6c,
+	0x65, 0x45, 0x76, 0x65, 0x6e, 0x74, 0x54, 0x79, 0x70, 0x65, 0x52, 0x04, 0x74, 0x79, 0x70, 0x65,
+	0x12, 0x12, 0x0a, 0x04, 0x70, 0x61, 0x74, 0x68, 0x18, 0x02, 0x20, 0x01, 0x28, 0x09, 0x52, 0x04,
+	0x70, 0x61, 0x74, 0x68, 0x12, 0x19, 0x0a, 0x08, 0x6e, 0x65, 0x77, 0x5f, 0x70, 0x61, 0x74, 0x68,
+	0x18, 0x03, 0x20, 0x01, 0x28, 0x09, 0x52, 0x07, 0x6e, 0x65, 0x77, 0x50, 0x61, 0x74, 0x68, 0x12,
+	0x21, 0x0a, 0x0c, 0x69, 0x73, 0x5f, 0x64, 0x69, 0x72, 0x65, 0x63, 0x74, 0x6f, 0x72, 0x79, 0x18,
+	0x04, 0x20, 0x01, 0x28, 0x08, 0x52, 0x0b, 0x69, 0x73, 0x44, 0x69, 0x72, 0x65, 0x63, 0x74, 0x6f,
+	0x72, 0x79, 0x22, 0x93, 0x01, 0x0a, 0x1f, 0x57, 0x61, 0x74, 0x63, 0x68, 0x57, 0x6f, 0x72, 0x6b,
+	0x73, 0x70, 0x61, 0x63, 0x65, 0x44, 0x69, 0x72, 0x65, 0x63, 0x74, 0x6f, 0x72, 0x79, 0x52, 0x65,
+	0x73, 0x70, 0x6f, 0x6e, 0x73, 0x65, 0x12, 0x16, 0x0a, 0x05, 0x72, 0x65, 0x61, 0x64, 0x79, 0x18,
+	0x01, 0x20, 0x01, 0x28, 0x08, 0x48, 0x00, 0x52, 0x05, 0x72, 0x65, 0x61, 0x64, 0x79, 0x12, 0x31,
+	0x0a, 0x06, 0x63, 0x68, 0x61, 0x6e, 0x67, 0x65, 0x18, 0x02, 0x20, 0x01, 0x28, 0x0b, 0x32, 0x17,
+	0x2e, 0x6b, 0x69, 0x62, 0x6f, 0x2e, 0x63, 0x74, 0x72, 0x6c, 0x2e, 0x76, 0x31, 0x2e, 0x46, 0x69,
+	0x6c, 0x65, 0x45, 0x76, 0x65, 0x6e, 0x74, 0x48, 0x00, 0x52, 0x06, 0x63, 0x68, 0x61, 0x6e, 0x67,
+	0x65, 0x12, 0x1c, 0x0a, 0x08, 0x6f, 0x76, 0x65, 0x72, 0x66, 0x6c, 0x6f, 0x77, 0x18, 0x03, 0x20,
+	0x01, 0x28, 0x08, 0x48, 0x00, 0x52, 0x08, 0x6f, 0x76, 0x65, 0x72, 0x66, 0x6c, 0x6f, 0x77, 0x42,
+	0x07, 0x0a, 0x05, 0x65, 0x76, 0x65, 0x6e, 0x74, 0x2a, 0x7e, 0x0a, 0x08, 0x46, 0x69, 0x6c, 0x65,
+	0x54, 0x79, 0x70, 0x65, 0x12, 0x19, 0x0a, 0x15, 0x46, 0x49, 0x4c, 0x45, 0x5f, 0x54, 0x59, 0x50,
+	0x45, 0x5f, 0x55, 0x4e, 0x53, 0x50, 0x45, 0x43, 0x49, 0x46, 0x49, 0x45, 0x44, 0x10, 0x00, 0x12,
+	0x12, 0x0a, 0x0e, 0x46, 0x49, 0x4c, 0x45, 0x5f, 0x54, 0x59, 0x50, 0x45, 0x5f, 0x46, 0x49, 0x4c,
+	0x45, 0x10, 0x01, 0x12, 0x17, 0x0a, 0x13, 0x46, 0x49, 0x4c, 0x45, 0x5f, 0x54, 0x59, 0x50, 0x45,
+	0x5f, 0x44, 0x49, 0x52, 0x45, 0x43, 0x54, 0x4f, 0x52, 0x59, 0x10, 0x02, 0x12, 0x15, 0x0a, 0x11,
+	0x46, 0x49, 0x4c, 0x45, 0x5f, 0x54, 0x59, 0x50, 0x45, 0x5f, 0x53, 0x59, 0x4d, 0x4c, 0x49, 0x4e,
+	0x4b, 0x10, 0x03, 0x12, 0x13, 0x0a, 0x0f, 0x46, 0x49, 0x4c, 0x45, 0x5f, 0x54, 0x59, 0x50, 0x45,
+	0x5f, 0x4f, 0x54, 0x48, 0x45, 0x52, 0x10, 0x04, 0x2a, 0xba, 0x01, 0x0a, 0x0d, 0x46, 0x69, 0x6c,
+	0x65, 0x45, 0x76, 0x65, 0x6e, 0x74, 0x54, 0x79, 0x70, 0x65, 0x12, 0x1f, 0x0a, 0x1b, 0x46, 0x49,
+	0x4c, 0x45, 0x5f, 0x45, 0x56, 0x45, 0x4e, 0x54, 0x5f, 0x54, 0x59, 0x50, 0x45, 0x5f, 0x55, 0x4e,
+	0x53, 0x50, 0x45, 0x43, 0x49, 0x46, 0x49, 0x45, 0x44, 0x10, 0x00, 0x12, 0x1a, 0x0a, 0x16, 0x46,
+	0x49, 0x4c, 0x45, 0x5f, 0x45, 0x56, 0x45, 0x4e, 0x54, 0x5f, 0x54, 0x59, 0x50, 0x45, 0x5f, 0x43,
+	0x52, 0x45, 0x41, 0x54, 0x45, 0x10, 0x01, 0x12, 0x19, 0x0a, 0x15, 0x46, 0x49, 0x4c, 0x45, 0x5f,
+	0x45, 0x56, 0x45, 0x4e, 0x54, 0x5f, 0x54, 0x59, 0x50, 0x45, 0x5f, 0x57, 0x52, 0x49, 0x54, 0x45,
+	0x10, 0x02, 0x12, 0x1a, 0x0a, 0x16, 0x46, 0x49, 0x4c, 0x45, 0x5f, 0x45, 0x56, 0x45, 0x4e, 0x54,
+	0x5f, 0x54, 0x59, 0x50, 0x45, 0x5f, 0x52, 0x45, 0x4d, 0x4f, 0x56, 0x45, 0x10, 0x03, 0x12, 0x1a,
+	0x0a, 0x16, 0x46, 0x49, 0x4c, 0x45, 0x5f, 0x45, 0x56, 0x45, 0x4e, 0x54, 0x5f, 0x54, 0x59, 0x50,
+	0x45, 0x5f, 0x52, 0x45, 0x4e, 0x41, 0x4d, 0x45, 0x10, 0x04, 0x12, 0x19, 0x0a, 0x15, 0x46, 0x49,
+	0x4c, 0x45, 0x5f, 0x45, 0x56, 0x45, 0x4e, 0x54, 0x5f, 0x54, 0x59, 0x50, 0x45, 0x5f, 0x43, 0x48,
+	0x4d, 0x4f, 0x44, 0x10, 0x05, 0x32, 0xf8, 0x11, 0x0a, 0x10, 0x44, 0x61, 0x74, 0x61, 0x50, 0x6c,
+	0x61, 0x6e, 0x65, 0x53, 0x65, 0x72, 0x76, 0x69, 0x63, 0x65, 0x12, 0x79, 0x0a, 0x18, 0x49, 0x73,
+	0x73, 0x75, 0x65, 0x44, 0x61, 0x74, 0x61, 0x50, 0x6c, 0x61, 0x6e, 0x65, 0x43, 0x72, 0x65, 0x64,
+	0x65, 0x6e, 0x74, 0x69, 0x61, 0x6c, 0x12, 0x2d, 0x2e, 0x6b, 0x69, 0x62, 0x6f, 0x2e, 0x63, 0x74,
+	0x72, 0x6c, 0x2e, 0x76, 0x31, 0x2e, 0x49, 0x73, 0x73, 0x75, 0x65, 0x44, 0x61, 0x74, 0x61, 0x50,
+	0x6c, 0x61, 0x6e, 0x65, 0x43, 0x72, 0x65, 0x64, 0x65, 0x6e, 0x74, 0x69, 0x61, 0x6c, 0x52, 0x65,
+	0x71, 0x75, 0x65, 0x73, 0x74, 0x1a, 0x2e, 0x2e, 0x6b, 0x69, 0x62, 0x6f, 0x2e, 0x63, 0x74, 0x72,
+	0x6c, 0x2e, 0x76, 0x31, 0x2e, 0x49, 0x73, 0x73, 0x75, 0x65, 0x44, 0x61, 0x74, 0x61, 0x50, 0x6c,
+	0x61, 0x6e, 0x65, 0x43, 0x72, 0x65, 0x64, 0x65, 0x6e, 0x74, 0x69, 0x61, 0x6c, 0x52, 0x65, 0x73,
+	0x70, 0x6f, 0x6e, 0x73, 0x65, 0x12, 0x6f, 0x0a, 0x14, 0x45, 0x78, 0x65, 0x63, 0x57, 0x6f, 0x72,
+	0x6b, 0x73, 0x70, 0x61, 0x63, 0x65, 0x43, 0x6f, 0x6d, 0x6d, 0x61, 0x6e, 0x64, 0x12, 0x29, 0x2e,
+	0x6b, 0x69, 0x62, 0x6f, 0x2e, 0x63, 0x74, 0x72, 0x6c, 0x2e, 0x76, 0x31, 0x2e, 0x45, 0x78, 0x65,
+	0x63, 0x57, 0x6f, 0x72, 0x6b, 0x73, 0x70, 0x61, 0x63, 0x65, 0x43, 0x6f, 0x6d, 0x6d, 0x61, 0x6e,
+	0x64, 0x52, 0x65, 0x71, 0x75, 0x65, 0x73, 0x74, 0x1a, 0x2a, 0x2e, 0x6b, 0x69, 0x62, 0x6f, 0x2e,
+	0x63, 0x74, 0x72, 0x6c, 0x2e, 0x76, 0x31, 0x2e, 0x45, 0x78, 0x65, 0x63, 0x57, 0x6f, 0x72, 0x6b,
+	0x73, 0x70, 0x61, 0x63, 0x65, 0x43, 0x6f, 0x6d, 0x6d, 0x61, 0x6e, 0x64, 0x52, 0x65, 0x73, 0x70,
+	0x6f, 0x6e, 0x73, 0x65, 0x30, 0x01, 0x12, 0x64, 0x0a, 0x11, 0x52, 0x65, 0x61, 0x64, 0x57, 0x6f,
+	0x72, 0x6b, 0x73, 0x70, 0x61, 0x63, 0x65, 0x46, 0x69, 0x6c, 0x65, 0x12, 0x26, 0x2e, 0x6b, 0x69,
+	0x62, 0x6f, 0x2e, 0x63, 0x74, 0x72, 0x6c, 0x2e, 0x76, 0x31, 0x2e, 0x52, 0x65, 0x61, 0x64, 0x57,
+	0x6f, 0x72, 0x6b, 0x73, 0x70, 0x61, 0x63, 0x65, 0x46, 0x69, 0x6c, 0x65, 0x52, 0x65, 0x71, 0x75,
+	0x65, 0x73, 0x74, 0x1a, 0x27, 0x2e, 0x6b, 0x69, 0x62, 0x6f, 0x2e, 0x63, 0x74, 0x72, 0x6c, 0x2e,
+	0x76, 0x31, 0x2e, 0x52, 0x65, 0x61, 0x64, 0x57, 0x6f, 0x72, 0x6b, 0x73, 0x70, 0x61, 0x63, 0x65,
+	0x46, 0x69, 0x6c, 0x65, 0x52, 0x65, 0x73, 0x70, 0x6f, 0x6e, 0x73, 0x65, 0x12, 0x67, 0x0a, 0x12,
+	0x57, 0x72, 0x69, 0x74, 0x65, 0x57, 0x6f, 0x72, 0x6b, 0x73, 0x70, 0x61, 0x63, 0x65, 0x46, 0x69,
+	0x6c, 0x65, 0x12, 0x27, 0x2e, 0x6b, 0x69, 0x62, 0x6f, 0x2e, 0x63, 0x74, 0x72, 0x6c, 0x2e, 0x76,
+	0x31, 0x2e, 0x57, 0x72, 0x69, 0x74, 0x65, 0x57, 0x6f, 0x72, 0x6b, 0x73, 0x70, 0x61, 0x63, 0x65,
+	0x46, 0x69, 0x6c, 0x65, 0x52, 0x65, 0x71, 0x75, 0x65, 0x73, 0x74, 0x1a, 0x28, 0x2e, 0x6b, 0x69,
+	0x62, 0x6f, 0x2e, 0x63, 0x74, 0x72, 0x6c, 0x2e, 0x76, 0x31, 0x2e, 0x57, 0x72, 0x69, 0x74, 0x65,
+	0x57, 0x6f, 0x72, 0x6b, 0x73, 0x70, 0x61, 0x63, 0x65, 0x46, 0x69, 0x6c, 0x65, 0x52, 0x65, 0x73,
+	0x70, 0x6f, 0x6e, 0x73, 0x65, 0x12, 0x72, 0x0a, 0x15, 0x53, 0x74, 0x61, 0x72, 0x74, 0x57, 0x6f,
+	0x72, 0x6b, 0x73, 0x70, 0x61, 0x63, 0x65, 0x50, 0x72, 0x6f, 0x63, 0x65, 0x73, 0x73, 0x12, 0x2a,
+	0x2e, 0x6b, 0x69, 0x62, 0x6f, 0x2e, 0x63, 0x74, 0x72, 0x6c, 0x2e, 0x76, 0x31, 0x2e, 0x53, 0x74,
+	0x61, 0x72, 0x74, 0x57, 0x6f, 0x72, 0x6b, 0x73, 0x70, 0x61, 0x63, 0x65, 0x50, 0x72, 0x6f, 0x63,
+	0x65, 0x73, 0x73, 0x52, 0x65, 0x71, 0x75, 0x65, 0x73, 0x74, 0x1a, 0x2b, 0x2e, 0x6b, 0x69, 0x62,
+	0x6f, 0x2e, 0x63, 0x74, 0x72, 0x6c, 0x2e, 0x76, 0x31, 0x2e, 0x53, 0x74, 0x61, 0x72, 0x74, 0x57,
+	0x6f, 0x72, 0x6b, 0x73, 0x70, 0x61, 0x63, 0x65, 0x50, 0x72, 0x6f, 0x63, 0x65, 0x73, 0x73, 0x52,
+	0x65, 0x73, 0x70, 0x6f, 0x6e, 0x73, 0x65, 0x30, 0x01, 0x12, 0x78, 0x0a, 0x17, 0x43, 0x6f, 0x6e,
+	0x6e, 0x65, 0x63, 0x74, 0x57, 0x6f, 0x72, 0x6b, 0x73, 0x70, 0x61, 0x63, 0x65, 0x50, 0x72, 0x6f,
+	0x63, 0x65, 0x73, 0x73, 0x12, 0x2c, 0x2e, 0x6b, 0x69, 0x62, 0x6f, 0x2e, 0x63, 0x74, 0x72, 0x6c,
+	0x2e, 0x76, 0x31, 0x2e, 0x43, 0x6f, 0x6e, 0x6e, 0x65, 0x63, 0x74, 0x57, 0x6f, 0x72, 0x6b, 0x73,
+	0x70, 0x61, 0x63, 0x65, 0x50, 0x72, 0x6f, 0x63, 0x65, 0x73, 0x73, 0x52, 0x65, 0x71, 0x75, 0x65,
+	0x73, 0x74, 0x1a, 0x2d, 0x2e, 0x6b, 0x69, 0x62, 0x6f, 0x2e, 0x63, 0x74, 0x72, 0x6c, 0x2e, 0x76,
+	0x31, 0x2e, 0x43, 0x6f, 0x6e, 0x6e, 0x65, 0x63, 0x74, 0x57, 0x6f, 0x72, 0x6b, 0x73, 0x70, 0x61,
+	0x63, 0x65, 0x50, 0x72, 0x6f, 0x63, 0x65, 0x73, 0x73, 0x52, 0x65, 0x73, 0x70, 0x6f, 0x6e, 0x73,
+	0x65, 0x30, 0x01, 0x12, 0x73, 0x0a, 0x16, 0x4c, 0x69, 0x73, 0x74, 0x57, 0x6f, 0x72, 0x6b, 0x73,
+	0x70, 0x61, 0x63, 0x65, 0x50, 0x72, 0x6f, 0x63, 0x65, 0x73, 0x73, 0x65, 0x73, 0x12, 0x2b, 0x2e,
+	0x6b, 0x69, 0x62, 0x6f, 0x2e, 0x63, 0x74, 0x72, 0x6c, 0x2e, 0x76, 0x31, 0x2e, 0x4c, 0x69, 0x73,
+	0x74, 0x57, 0x6f, 0x72, 0x6b, 0x73, 0x70, 0x61, 0x63, 0x65, 0x50, 0x72, 0x6f, 0x63, 0x65, 0x73,
+	0x73, 0x65, 0x73, 0x52, 0x65, 0x71, 0x75, 0x65, 0x73, 0x74, 0x1a, 0x2c, 0x2e, 0x6b, 0x69, 0x62,
+	0x6f, 0x2e, 0x63, 0x74, 0x72, 0x6c, 0x2e, 0x76, 0x31, 0x2e, 0x4c, 0x69, 0x73, 0x74, 0x57, 0x6f,
+	0x72, 0x6b, 0x73, 0x70, 0x61, 0x63, 0x65, 0x50, 0x72, 0x6f, 0x63, 0x65, 0x73, 0x73, 0x65, 0x73,
+	0x52, 0x65, 0x73, 0x70, 0x6f, 0x6e, 0x73, 0x65, 0x12, 0x7c, 0x0a, 0x19, 0x53, 0x65, 0x6e, 0x64,
+	0x57, 0x6f, 0x72, 0x6b, 0x73, 0x70, 0x61, 0x63, 0x65, 0x50, 0x72, 0x6f, 0x63, 0x65, 0x73, 0x73,
+	0x49, 0x6e, 0x70, 0x75, 0x74, 0x12, 0x2e, 0x2e, 0x6b, 0x69, 0x62, 0x6f, 0x2e, 0x63, 0x74, 0x72,
+	0x6c, 0x2e, 0x76, 0x31, 0x2e, 0x53, 0x65, 0x6e, 0x64, 0x57, 0x6f, 0x72, 0x6b, 0x73, 0x70, 0x61,
+	0x63, 0x65, 0x50, 0x72, 0x6f, 0x63, 0x65, 0x73, 0x73, 0x49, 0x6e, 0x70, 0x75, 0x74, 0x52, 0x65,
+	0x71, 0x75, 0x65, 0x73, 0x74, 0x1a, 0x2f, 0x2e, 0x6b, 0x69, 0x62, 0x6f, 0x2e, 0x63, 0x74, 0x72,
+	0x6c, 0x2e, 0x76, 0x31, 0x2e, 0x53, 0x65, 0x6e, 0x64, 0x57, 0x6f, 0x72, 0x6b, 0x73, 0x70, 0x61,
+	0x63, 0x65, 0x50, 0x72, 0x6f, 0x63, 0x65, 0x73, 0x73, 0x49, 0x6e, 0x70, 0x75, 0x74, 0x52, 0x65,
+	0x73, 0x70, 0x6f, 0x6e, 0x73, 0x65, 0x12, 0x73, 0x0a, 0x16, 0x53, 0x69, 0x67, 0x6e, 0x61, 0x6c,
+	0x57, 0x6f, 0x72, 0x6b, 0x73, 0x70, 0x61, 0x63, 0x65, 0x50, 0x72, 0x6f, 0x63, 0x65, 0x73, 0x73,
+	0x12, 0x2b, 0x2e, 0x6b, 0x69, 0x62, 0x6f, 0x2e, 0x63, 0x74, 0x72, 0x6c, 0x2e, 0x76, 0x31, 0x2e,
+	0x53, 0x69, 0x67, 0x6e, 0x61, 0x6c, 0x57, 0x6f, 0x72, 0x6b, 0x73, 0x70, 0x61, 0x63, 0x65, 0x50,
+	0x72, 0x6f, 0x63, 0x65, 0x73, 0x73, 0x52, 0x65, 0x71, 0x75, 0x65, 0x73, 0x74, 0x1a, 0x2c, 0x2e,
+	0x6b, 0x69, 0x62, 0x6f, 0x2e, 0x63, 0x74, 0x72, 0x6c, 0x2e, 0x76, 0x31, 0x2e, 0x53, 0x69, 0x67,
+	0x6e, 0x61, 0x6c, 0x57, 0x6f, 0x72, 0x6b, 0x73, 0x70, 0x61, 0x63, 0x65, 0x50, 0x72, 0x6f, 0x63,
+	0x65, 0x73, 0x73, 0x52, 0x65, 0x73, 0x70, 0x6f, 0x6e, 0x73, 0x65, 0x12, 0x73, 0x0a, 0x16, 0x52,
+	0x65, 0x73, 0x69, 0x7a, 0x65, 0x57, 0x6f, 0x72, 0x6b, 0x73, 0x70, 0x61, 0x63, 0x65, 0x50, 0x72,
+	0x6f, 0x63, 0x65, 0x73, 0x73, 0x12, 0x2b, 0x2e, 0x6b, 0x69, 0x62, 0x6f, 0x2e, 0x63, 0x74, 0x72,
+	0x6c, 0x2e, 0x76, 0x31, 0x2e, 0x52, 0x65, 0x73, 0x69, 0x7a, 0x65, 0x57, 0x6f, 0x72, 0x6b, 0x73,
+	0x70, 0x61, 0x63, 0x65, 0x50, 0x72, 0x6f, 0x63, 0x65, 0x73, 0x73, 0x52, 0x65, 0x71, 0x75, 0x65,
+	0x73, 0x74, 0x1a, 0x2c, 0x2e, 0x6b, 0x69, 0x62, 0x6f, 0x2e, 0x63, 0x74, 0x72, 0x6c, 0x2e, 0x76,
+	0x31, 0x2e, 0x52, 0x65, 0x73, 0x69, 0x7a, 0x65, 0x57, 0x6f, 0x72, 0x6b, 0x73, 0x70, 0x61, 0x63,
+	0x65, 0x50, 0x72, 0x6f, 0x63, 0x65, 0x73, 0x73, 0x52, 0x65, 0x73, 0x70, 0x6f, 0x6e, 0x73, 0x65,
+	0x12, 0x64, 0x0a, 0x11, 0x53, 0x74, 0x61, 0x74, 0x57, 0x6f, 0x72, 0x6b, 0x73, 0x70, 0x61, 0x63,
+	0x65, 0x50, 0x61, 0x74, 0x68, 0x12, 0x26, 0x2e, 0x6b, 0x69, 0x62, 0x6f, 0x2e, 0x63, 0x74, 0x72,
+	0x6c, 0x2e, 0x76, 0x31, 0x2e, 0x53, 0x74, 0x61, 0x74, 0x57, 0x6f, 0x72, 0x6b, 0x73, 0x70, 0x61,
+	0x63, 0x65, 0x50, 0x61, 0x74, 0x68, 0x52, 0x65, 0x71, 0x75, 0x65, 0x73, 0x74, 0x1a, 0x27, 0x2e,
+	0x6b, 0x69, 0x62, 0x6f, 0x2e, 0x63, 0x74, 0x72, 0x6c, 0x2e, 0x76, 0x31, 0x2e, 0x53, 0x74, 0x61,
+	0x74, 0x57, 0x6f, 0x72, 0x6b, 0x73, 0x70, 0x61, 0x63, 0x65, 0x50, 0x61, 0x74, 0x68, 0x52, 0x65,
+	0x73, 0x70, 0x6f, 0x6e, 0x73, 0x65, 0x12, 0x73, 0x0a, 0x16, 0x4c, 0x69, 0x73, 0x74, 0x57, 0x6f,
+	0x72, 0x6b, 0x73, 0x70, 0x61, 0x63, 0x65, 0x44, 0x69, 0x72, 0x65, 0x63, 0x74, 0x6f, 0x72, 0x79,
+	0x12, 0x2b, 0x2e, 0x6b, 0x69, 0x62, 0x6f, 0x2e, 0x63, 0x74, 0x72, 0x6c, 0x2e, 0x76, 0x31, 0x2e,
+	0x4c, 0x69, 0x73, 0x74, 0x57, 0x6f, 0x72, 0x6b, 0x73, 0x70, 0x61, 0x63, 0x65, 0x44, 0x69, 0x72,
+	0x65, 0x63, 0x74, 0x6f, 0x72, 0x79, 0x52, 0x65, 0x71, 0x75, 0x65, 0x73, 0x74, 0x1a, 0x2c, 0x2e,
+	0x6b, 0x69, 0x62, 0x6f, 0x2e, 0x63, 0x74, 0x72, 0x6c, 0x2e, 0x76, 0x31, 0x2e, 0x4c, 0x69, 0x73,
+	0x74, 0x57, 0x6f, 0x72, 0x6b, 0x73, 0x70, 0x61, 0x63, 0x65, 0x44, 0x69, 0x72, 0x65, 0x63, 0x74,
+	0x6f, 0x72, 0x79, 0x52, 0x65, 0x73, 0x70, 0x6f, 0x6e, 0x73, 0x65, 0x12, 0x73, 0x0a, 0x16, 0x4d,
+	0x61, 0x6b, 0x65, 0x57, 0x6f, 0x72, 0x6b, 0x73, 0x70, 0x61, 0x63, 0x65, 0x44, 0x69, 0x72, 0x65,
+	0x63, 0x74, 0x6f, 0x72, 0x79, 0x12, 0x2b, 0x2e, 0x6b, 0x69, 0x62, 0x6f, 0x2e, 0x63, 0x74, 0x72,
+	0x6c, 0x2e, 0x76, 0x31, 0x2e, 0x4d, 0x61, 0x6b, 0x65, 0x57, 0x6f, 0x72, 0x6b, 0x73, 0x70, 0x61,
+	0x63, 0x65, 0x44, 0x69, 0x72, 0x65, 0x63, 0x74, 0x6f, 0x72, 0x79, 0x52, 0x65, 0x71, 0x75, 0x65,
+	0x73, 0x74, 0x1a, 0x2c, 0x2e, 0x6b, 0x69, 0x62, 0x6f, 0x2e, 0x63, 0x74, 0x72, 0x6c, 0x2e, 0x76,
+	0x31, 0x2e, 0x4d, 0x61, 0x6b, 0x65, 0x57, 0x6f, 0x72, 0x6b, 0x73, 0x70, 0x61, 0x63, 0x65, 0x44,
+	0x69, 0x72, 0x65, 0x63, 0x74, 0x6f, 0x72, 0x79, 0x52, 0x65, 0x73, 0x70, 0x6f, 0x6e, 0x73, 0x65,
+	0x12, 0x64, 0x0a, 0x11, 0x4d, 0x6f, 0x76, 0x65, 0x57, 0x6f, 0x72, 0x6b, 0x73, 0x70, 0x61, 0x63,
+	0x65, 0x50, 0x61, 0x74, 0x68, 0x12, 0x26, 0x2e, 0x6b, 0x69, 0x62, 0x6f, 0x2e, 0x63, 0x74, 0x72,
+	0x6c, 0x2e, 0x76, 0x31, 0x2e, 0x4d, 0x6f, 0x76, 0x65, 0x57, 0x6f, 0x72, 0x6b, 0x73, 0x70, 0x61,
+	0x63, 0x65, 0x50, 0x61, 0x74, 0x68, 0x52, 0x65, 0x71, 0x75, 0x65, 0x73, 0x74, 0x1a, 0x27, 0x2e,
+	0x6b, 0x69, 0x62, 0x6f, 0x2e, 0x63, 0x74, 0x72, 0x6c, 0x2e, 0x76, 0x31, 0x2e, 0x4d, 0x6f, 0x76,
+	0x65, 0x57, 0x6f, 0x72, 0x6b, 0x73, 0x70, 0x61, 0x63, 0x65, 0x50, 0x61, 0x74, 0x68, 0x52, 0x65,
+	0x73, 0x70, 0x6f, 0x6e, 0x73, 0x65, 0x12, 0x6a, 0x0a, 0x13, 0x52, 0x65, 0x6d, 0x6f, 0x76, 0x65,
+	0x57, 0x6f, 0x72, 0x6b, 0x73, 0x70, 0x61, 0x63, 0x65, 0x50, 0x61, 0x74, 0x68, 0x12, 0x28, 0x2e,
+	0x6b, 0x69, 0x62, 0x6f, 0x2e, 0x63, 0x74, 0x72, 0x6c, 0x2e, 0x76, 0x31, 0x2e, 0x52, 0x65, 0x6d,
+	0x6f, 0x76, 0x65, 0x57, 0x6f, 0x72, 0x6b, 0x73, 0x70, 0x61, 0x63, 0x65, 0x50, 0x61, 0x74, 0x68,
+	0x52, 0x65, 0x71, 0x75, 0x65, 0x73, 0x74, 0x1a, 0x29, 0x2e, 0x6b, 0x69, 0x62, 0x6f, 0x2e, 0x63,
+	0x74, 0x72, 0x6c, 0x2e, 0x76, 0x31, 0x2e, 0x52, 0x65, 0x6d, 0x6f, 0x76, 0x65, 0x57, 0x6f, 0x72,
+	0x6b, 0x73, 0x70, 0x61, 0x63, 0x65, 0x50, 0x61, 0x74, 0x68, 0x52, 0x65, 0x73, 0x70, 0x6f, 0x6e,
+	0x73, 0x65, 0x12, 0x72, 0x0a, 0x15, 0x44, 0x6f, 0x77, 0x6e, 0x6c, 0x6f, 0x61, 0x64, 0x57, 0x6f,
+	0x72, 0x6b, 0x73, 0x70, 0x61, 0x63, 0x65, 0x46, 0x69, 0x6c, 0x65, 0x12, 0x2a, 0x2e, 0x6b, 0x69,
+	0x62, 0x6f, 0x2e, 0x63, 0x74, 0x72, 0x6c, 0x2e, 0x76, 0x31, 0x2e, 0x44, 0x6f, 0x77, 0x6e, 0x6c,
+	0x6f, 0x61, 0x64, 0x57, 0x6f, 0x72, 0x6b, 0x73, 0x70, 0x61, 0x63, 0x65, 0x46, 0x69, 0x6c, 0x65,
+	0x52, 0x65, 0x71, 0x75, 0x65, 0x73, 0x74, 0x1a, 0x2b, 0x2e, 0x6b, 0x69, 0x62, 0x6f, 0x2e, 0x63,
+	0x74, 0x72, 0x6c, 0x2e, 0x76, 0x31, 0x2e, 0x44, 0x6f, 0x77, 0x6e, 0x6c, 0x6f, 0x61, 0x64, 0x57,
+	0x6f, 0x72, 0x6b, 0x73, 0x70, 0x61, 0x63, 0x65, 0x46, 0x69, 0x6c, 0x65, 0x52, 0x65, 0x73, 0x70,
+	0x6f, 0x6e, 0x73, 0x65, 0x30, 0x01, 0x12, 0x6d, 0x0a, 0x14, 0x53, 0x74, 0x61, 0x72, 0x74, 0x57,
+	0x6f, 0x72, 0x6b, 0x73, 0x70, 0x61, 0x63, 0x65, 0x55, 0x70, 0x6c, 0x6f, 0x61, 0x64, 0x12, 0x29,
+	0x2e, 0x6b, 0x69, 0x62, 0x6f, 0x2e, 0x63, 0x74, 0x72, 0x6c, 0x2e, 0x76, 0x31, 0x2e, 0x53, 0x74,
+	0x61, 0x72, 0x74, 0x57, 0x6f, 0x72, 0x6b, 0x73, 0x70, 0x61, 0x63, 0x65, 0x55, 0x70, 0x6c, 0x6f,
+	0x61, 0x64, 0x52, 0x65, 0x71, 0x75, 0x65, 0x73, 0x74, 0x1a, 0x2a, 0x2e, 0x6b, 0x69, 0x62, 0x6f,
+	0x2e, 0x63, 0x74, 0x72, 0x6c, 0x2e, 0x76, 0x31, 0x2e, 0x53, 0x74, 0x61, 0x72, 0x74, 0x57, 0x6f,
+	0x72, 0x6b, 0x73, 0x70, 0x61, 0x63, 0x65, 0x55, 0x70, 0x6c, 0x6f, 0x61, 0x64, 0x52, 0x65, 0x73,
+	0x70, 0x6f, 0x6e, 0x73, 0x65, 0x12, 0x6d, 0x0a, 0x14, 0x57, 0x72, 0x69, 0x74, 0x65, 0x57, 0x6f,
+	0x72, 0x6b, 0x73, 0x70, 0x61, 0x63, 0x65, 0x55, 0x70, 0x6c, 0x6f, 0x61, 0x64, 0x12, 0x29, 0x2e,
 	0x6b, 0x69, 0x62, 0x6f, 0x2e, 0x63, 0x74, 0x72, 0x6c, 0x2e, 0x76, 0x31, 0x2e, 0x57, 0x72, 0x69,
-	0x74, 0x65, 0x57, 0x6f, 0x72, 0x6b, 0x73, 0x70, 0x61, 0x63, 0x65, 0x46, 0x69, 0x6c, 0x65, 0x52,
-	0x65, 0x73, 0x70, 0x6f, 0x6e, 0x73, 0x65, 0x42, 0x35, 0x5a, 0x33, 0x67, 0x69, 0x74, 0x68, 0x75,
-	0x62, 0x2e, 0x63, 0x6f, 0x6d, 0x2f, 0x6b, 0x69, 0x62, 0x6f, 0x2d, 0x64, 0x65, 0x76, 0x2f, 0x6b,
-	0x69, 0x62, 0x6f, 0x2f, 0x67, 0x65, 0x6e, 0x2f, 0x67, 0x6f, 0x2f, 0x6b, 0x69, 0x62, 0x6f, 0x2f,
-	0x63, 0x74, 0x72, 0x6c, 0x2f, 0x76, 0x31, 0x3b, 0x63, 0x74, 0x72, 0x6c, 0x76, 0x31, 0x62, 0x06,
-	0x70, 0x72, 0x6f, 0x74, 0x6f, 0x33,
+	0x74, 0x65, 0x57, 0x6f, 0x72, 0x6b, 0x73, 0x70, 0x61, 0x63, 0x65, 0x55, 0x70, 0x6c, 0x6f, 0x61,
+	0x64, 0x52, 0x65, 0x71, 0x75, 0x65, 0x73, 0x74, 0x1a, 0x2a, 0x2e, 0x6b, 0x69, 0x62, 0x6f, 0x2e,
+	0x63, 0x74, 0x72, 0x6c, 0x2e, 0x76, 0x31, 0x2e, 0x57, 0x72, 0x69, 0x74, 0x65, 0x57, 0x6f, 0x72,
+	0x6b, 0x73, 0x70, 0x61, 0x63, 0x65, 0x55, 0x70, 0x6c, 0x6f, 0x61, 0x64, 0x52, 0x65, 0x73, 0x70,
+	0x6f, 0x6e, 0x73, 0x65, 0x12, 0x70, 0x0a, 0x15, 0x43, 0x61, 0x6e, 0x63, 0x65, 0x6c, 0x57, 0x6f,
+	0x72, 0x6b, 0x73, 0x70, 0x61, 0x63, 0x65, 0x55, 0x70, 0x6c, 0x6f, 0x61, 0x64, 0x12, 0x2a, 0x2e,
+	0x6b, 0x69, 0x62, 0x6f, 0x2e, 0x63, 0x74, 0x72, 0x6c, 0x2e, 0x76, 0x31, 0x2e, 0x43, 0x61, 0x6e,
+	0x63, 0x65, 0x6c, 0x57, 0x6f, 0x72, 0x6b, 0x73, 0x70, 0x61, 0x63, 0x65, 0x55, 0x70, 0x6c, 0x6f,
+	0x61, 0x64, 0x52, 0x65, 0x71, 0x75, 0x65, 0x73, 0x74, 0x1a, 0x2b, 0x2e, 0x6b, 0x69, 0x62, 0x6f,
+	0x2e, 0x63, 0x74, 0x72, 0x6c, 0x2e, 0x76, 0x31, 0x2e, 0x43, 0x61, 0x6e, 0x63, 0x65, 0x6c, 0x57,
+	0x6f, 0x72, 0x6b, 0x73, 0x70, 0x61, 0x63, 0x65, 0x55, 0x70, 0x6c, 0x6f, 0x61, 0x64, 0x52, 0x65,
+	0x73, 0x70, 0x6f, 0x6e, 0x73, 0x65, 0x12, 0x78, 0x0a, 0x17, 0x57, 0x61, 0x74, 0x63, 0x68, 0x57,
+	0x6f, 0x72, 0x6b, 0x73, 0x70, 0x61, 0x63, 0x65, 0x44, 0x69, 0x72, 0x65, 0x63, 0x74, 0x6f, 0x72,
+	0x79, 0x12, 0x2c, 0x2e, 0x6b, 0x69, 0x62, 0x6f, 0x2e, 0x63, 0x74, 0x72, 0x6c, 0x2e, 0x76, 0x31,
+	0x2e, 0x57, 0x61, 0x74, 0x63, 0x68, 0x57, 0x6f, 0x72, 0x6b, 0x73, 0x70, 0x61, 0x63, 0x65, 0x44,
+	0x69, 0x72, 0x65, 0x63, 0x74, 0x6f, 0x72, 0x79, 0x52, 0x65, 0x71, 0x75, 0x65, 0x73, 0x74, 0x1a,
+	0x2d, 0x2e, 0x6b, 0x69, 0x62, 0x6f, 0x2e, 0x63, 0x74, 0x72, 0x6c, 0x2e, 0x76, 0x31, 0x2e, 0x57,
+	0x61, 0x74, 0x63, 0x68, 0x57, 0x6f, 0x72, 0x6b, 0x73, 0x70, 0x61, 0x63, 0x65, 0x44, 0x69, 0x72,
+	0x65, 0x63, 0x74, 0x6f, 0x72, 0x79, 0x52, 0x65, 0x73, 0x70, 0x6f, 0x6e, 0x73, 0x65, 0x30, 0x01,
+	0x42, 0x35, 0x5a, 0x33, 0x67, 0x69, 0x74, 0x68, 0x75, 0x62, 0x2e, 0x63, 0x6f, 0x6d, 0x2f, 0x6b,
+	0x69, 0x62, 0x6f, 0x2d, 0x64, 0x65, 0x76, 0x2f, 0x6b, 0x69, 0x62, 0x6f, 0x2f, 0x67, 0x65, 0x6e,
+	0x2f, 0x67, 0x6f, 0x2f, 0x6b, 0x69, 0x62, 0x6f, 0x2f, 0x63, 0x74, 0x72, 0x6c, 0x2f, 0x76, 0x31,
+	0x3b, 0x63, 0x74, 0x72, 0x6c, 0x76, 0x31, 0x62, 0x06, 0x70, 0x72, 0x6f, 0x74, 0x6f, 0x33,
 }
 
 var (
@@ -671,35 +3801,126 @@ func file_kibo_ctrl_v1_data_plane_service_proto_rawDescGZIP() []byte {
 	return file_kibo_ctrl_v1_data_plane_service_proto_rawDescData
 }
 
-var file_kibo_ctrl_v1_data_plane_service_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_kibo_ctrl_v1_data_plane_service_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_kibo_ctrl_v1_data_plane_service_proto_msgTypes = make([]protoimpl.MessageInfo, 48)
 var file_kibo_ctrl_v1_data_plane_service_proto_goTypes = []interface{}{
-	(*IssueDataPlaneCredentialRequest)(nil),  // 0: kibo.ctrl.v1.IssueDataPlaneCredentialRequest
-	(*IssueDataPlaneCredentialResponse)(nil), // 1: kibo.ctrl.v1.IssueDataPlaneCredentialResponse
-	(*ExecWorkspaceCommandRequest)(nil),      // 2: kibo.ctrl.v1.ExecWorkspaceCommandRequest
-	(*ExecWorkspaceCommandResponse)(nil),     // 3: kibo.ctrl.v1.ExecWorkspaceCommandResponse
-	(*ReadWorkspaceFileRequest)(nil),         // 4: kibo.ctrl.v1.ReadWorkspaceFileRequest
-	(*ReadWorkspaceFileResponse)(nil),        // 5: kibo.ctrl.v1.ReadWorkspaceFileResponse
-	(*WriteWorkspaceFileRequest)(nil),        // 6: kibo.ctrl.v1.WriteWorkspaceFileRequest
-	(*WriteWorkspaceFileResponse)(nil),       // 7: kibo.ctrl.v1.WriteWorkspaceFileResponse
-	nil,                                      // 8: kibo.ctrl.v1.ExecWorkspaceCommandRequest.EnvEntry
-	(*timestamppb.Timestamp)(nil),            // 9: google.protobuf.Timestamp
+	(FileType)(0),                             // 0: kibo.ctrl.v1.FileType
+	(FileEventType)(0),                        // 1: kibo.ctrl.v1.FileEventType
+	(*IssueDataPlaneCredentialRequest)(nil),   // 2: kibo.ctrl.v1.IssueDataPlaneCredentialRequest
+	(*IssueDataPlaneCredentialResponse)(nil),  // 3: kibo.ctrl.v1.IssueDataPlaneCredentialResponse
+	(*ExecWorkspaceCommandRequest)(nil),       // 4: kibo.ctrl.v1.ExecWorkspaceCommandRequest
+	(*ExecWorkspaceCommandResponse)(nil),      // 5: kibo.ctrl.v1.ExecWorkspaceCommandResponse
+	(*ReadWorkspaceFileRequest)(nil),          // 6: kibo.ctrl.v1.ReadWorkspaceFileRequest
+	(*ReadWorkspaceFileResponse)(nil),         // 7: kibo.ctrl.v1.ReadWorkspaceFileResponse
+	(*WriteWorkspaceFileRequest)(nil),         // 8: kibo.ctrl.v1.WriteWorkspaceFileRequest
+	(*WriteWorkspaceFileResponse)(nil),        // 9: kibo.ctrl.v1.WriteWorkspaceFileResponse
+	(*ProcessSelector)(nil),                   // 10: kibo.ctrl.v1.ProcessSelector
+	(*PtySize)(nil),                           // 11: kibo.ctrl.v1.PtySize
+	(*StartWorkspaceProcessRequest)(nil),      // 12: kibo.ctrl.v1.StartWorkspaceProcessRequest
+	(*ProcessStarted)(nil),                    // 13: kibo.ctrl.v1.ProcessStarted
+	(*StartWorkspaceProcessResponse)(nil),     // 14: kibo.ctrl.v1.StartWorkspaceProcessResponse
+	(*ConnectWorkspaceProcessResponse)(nil),   // 15: kibo.ctrl.v1.ConnectWorkspaceProcessResponse
+	(*ConnectWorkspaceProcessRequest)(nil),    // 16: kibo.ctrl.v1.ConnectWorkspaceProcessRequest
+	(*WorkspaceProcess)(nil),                  // 17: kibo.ctrl.v1.WorkspaceProcess
+	(*ListWorkspaceProcessesRequest)(nil),     // 18: kibo.ctrl.v1.ListWorkspaceProcessesRequest
+	(*ListWorkspaceProcessesResponse)(nil),    // 19: kibo.ctrl.v1.ListWorkspaceProcessesResponse
+	(*SendWorkspaceProcessInputRequest)(nil),  // 20: kibo.ctrl.v1.SendWorkspaceProcessInputRequest
+	(*SendWorkspaceProcessInputResponse)(nil), // 21: kibo.ctrl.v1.SendWorkspaceProcessInputResponse
+	(*SignalWorkspaceProcessRequest)(nil),     // 22: kibo.ctrl.v1.SignalWorkspaceProcessRequest
+	(*SignalWorkspaceProcessResponse)(nil),    // 23: kibo.ctrl.v1.SignalWorkspaceProcessResponse
+	(*ResizeWorkspaceProcessRequest)(nil),     // 24: kibo.ctrl.v1.ResizeWorkspaceProcessRequest
+	(*ResizeWorkspaceProcessResponse)(nil),    // 25: kibo.ctrl.v1.ResizeWorkspaceProcessResponse
+	(*FileInfo)(nil),                          // 26: kibo.ctrl.v1.FileInfo
+	(*StatWorkspacePathRequest)(nil),          // 27: kibo.ctrl.v1.StatWorkspacePathRequest
+	(*StatWorkspacePathResponse)(nil),         // 28: kibo.ctrl.v1.StatWorkspacePathResponse
+	(*ListWorkspaceDirectoryRequest)(nil),     // 29: kibo.ctrl.v1.ListWorkspaceDirectoryRequest
+	(*ListWorkspaceDirectoryResponse)(nil),    // 30: kibo.ctrl.v1.ListWorkspaceDirectoryResponse
+	(*MakeWorkspaceDirectoryRequest)(nil),     // 31: kibo.ctrl.v1.MakeWorkspaceDirectoryRequest
+	(*MakeWorkspaceDirectoryResponse)(nil),    // 32: kibo.ctrl.v1.MakeWorkspaceDirectoryResponse
+	(*MoveWorkspacePathRequest)(nil),          // 33: kibo.ctrl.v1.MoveWorkspacePathRequest
+	(*MoveWorkspacePathResponse)(nil),         // 34: kibo.ctrl.v1.MoveWorkspacePathResponse
+	(*RemoveWorkspacePathRequest)(nil),        // 35: kibo.ctrl.v1.RemoveWorkspacePathRequest
+	(*RemoveWorkspacePathResponse)(nil),       // 36: kibo.ctrl.v1.RemoveWorkspacePathResponse
+	(*DownloadWorkspaceFileRequest)(nil),      // 37: kibo.ctrl.v1.DownloadWorkspaceFileRequest
+	(*DownloadWorkspaceFileResponse)(nil),     // 38: kibo.ctrl.v1.DownloadWorkspaceFileResponse
+	(*StartWorkspaceUploadRequest)(nil),       // 39: kibo.ctrl.v1.StartWorkspaceUploadRequest
+	(*StartWorkspaceUploadResponse)(nil),      // 40: kibo.ctrl.v1.StartWorkspaceUploadResponse
+	(*WriteWorkspaceUploadRequest)(nil),       // 41: kibo.ctrl.v1.WriteWorkspaceUploadRequest
+	(*WriteWorkspaceUploadResponse)(nil),      // 42: kibo.ctrl.v1.WriteWorkspaceUploadResponse
+	(*CancelWorkspaceUploadRequest)(nil),      // 43: kibo.ctrl.v1.CancelWorkspaceUploadRequest
+	(*CancelWorkspaceUploadResponse)(nil),     // 44: kibo.ctrl.v1.CancelWorkspaceUploadResponse
+	(*WatchWorkspaceDirectoryRequest)(nil),    // 45: kibo.ctrl.v1.WatchWorkspaceDirectoryRequest
+	(*FileEvent)(nil),                         // 46: kibo.ctrl.v1.FileEvent
+	(*WatchWorkspaceDirectoryResponse)(nil),   // 47: kibo.ctrl.v1.WatchWorkspaceDirectoryResponse
+	nil,                                       // 48: kibo.ctrl.v1.ExecWorkspaceCommandRequest.EnvEntry
+	nil,                                       // 49: kibo.ctrl.v1.StartWorkspaceProcessRequest.EnvEntry
+	(*timestamppb.Timestamp)(nil),             // 50: google.protobuf.Timestamp
 }
 var file_kibo_ctrl_v1_data_plane_service_proto_depIdxs = []int32{
-	9, // 0: kibo.ctrl.v1.IssueDataPlaneCredentialResponse.issue_time:type_name -> google.protobuf.Timestamp
-	8, // 1: kibo.ctrl.v1.ExecWorkspaceCommandRequest.env:type_name -> kibo.ctrl.v1.ExecWorkspaceCommandRequest.EnvEntry
-	0, // 2: kibo.ctrl.v1.DataPlaneService.IssueDataPlaneCredential:input_type -> kibo.ctrl.v1.IssueDataPlaneCredentialRequest
-	2, // 3: kibo.ctrl.v1.DataPlaneService.ExecWorkspaceCommand:input_type -> kibo.ctrl.v1.ExecWorkspaceCommandRequest
-	4, // 4: kibo.ctrl.v1.DataPlaneService.ReadWorkspaceFile:input_type -> kibo.ctrl.v1.ReadWorkspaceFileRequest
-	6, // 5: kibo.ctrl.v1.DataPlaneService.WriteWorkspaceFile:input_type -> kibo.ctrl.v1.WriteWorkspaceFileRequest
-	1, // 6: kibo.ctrl.v1.DataPlaneService.IssueDataPlaneCredential:output_type -> kibo.ctrl.v1.IssueDataPlaneCredentialResponse
-	3, // 7: kibo.ctrl.v1.DataPlaneService.ExecWorkspaceCommand:output_type -> kibo.ctrl.v1.ExecWorkspaceCommandResponse
-	5, // 8: kibo.ctrl.v1.DataPlaneService.ReadWorkspaceFile:output_type -> kibo.ctrl.v1.ReadWorkspaceFileResponse
-	7, // 9: kibo.ctrl.v1.DataPlaneService.WriteWorkspaceFile:output_type -> kibo.ctrl.v1.WriteWorkspaceFileResponse
-	6, // [6:10] is the sub-list for method output_type
-	2, // [2:6] is the sub-list for method input_type
-	2, // [2:2] is the sub-list for extension type_name
-	2, // [2:2] is the sub-list for extension extendee
-	0, // [0:2] is the sub-list for field type_name
+	50, // 0: kibo.ctrl.v1.IssueDataPlaneCredentialResponse.issue_time:type_name -> google.protobuf.Timestamp
+	48, // 1: kibo.ctrl.v1.ExecWorkspaceCommandRequest.env:type_name -> kibo.ctrl.v1.ExecWorkspaceCommandRequest.EnvEntry
+	49, // 2: kibo.ctrl.v1.StartWorkspaceProcessRequest.env:type_name -> kibo.ctrl.v1.StartWorkspaceProcessRequest.EnvEntry
+	11, // 3: kibo.ctrl.v1.StartWorkspaceProcessRequest.pty:type_name -> kibo.ctrl.v1.PtySize
+	13, // 4: kibo.ctrl.v1.StartWorkspaceProcessResponse.started:type_name -> kibo.ctrl.v1.ProcessStarted
+	10, // 5: kibo.ctrl.v1.ConnectWorkspaceProcessRequest.process:type_name -> kibo.ctrl.v1.ProcessSelector
+	50, // 6: kibo.ctrl.v1.WorkspaceProcess.start_time:type_name -> google.protobuf.Timestamp
+	17, // 7: kibo.ctrl.v1.ListWorkspaceProcessesResponse.processes:type_name -> kibo.ctrl.v1.WorkspaceProcess
+	10, // 8: kibo.ctrl.v1.SendWorkspaceProcessInputRequest.process:type_name -> kibo.ctrl.v1.ProcessSelector
+	10, // 9: kibo.ctrl.v1.SignalWorkspaceProcessRequest.process:type_name -> kibo.ctrl.v1.ProcessSelector
+	10, // 10: kibo.ctrl.v1.ResizeWorkspaceProcessRequest.process:type_name -> kibo.ctrl.v1.ProcessSelector
+	11, // 11: kibo.ctrl.v1.ResizeWorkspaceProcessRequest.size:type_name -> kibo.ctrl.v1.PtySize
+	0,  // 12: kibo.ctrl.v1.FileInfo.type:type_name -> kibo.ctrl.v1.FileType
+	50, // 13: kibo.ctrl.v1.FileInfo.modify_time:type_name -> google.protobuf.Timestamp
+	26, // 14: kibo.ctrl.v1.StatWorkspacePathResponse.info:type_name -> kibo.ctrl.v1.FileInfo
+	26, // 15: kibo.ctrl.v1.ListWorkspaceDirectoryResponse.entries:type_name -> kibo.ctrl.v1.FileInfo
+	26, // 16: kibo.ctrl.v1.DownloadWorkspaceFileResponse.info:type_name -> kibo.ctrl.v1.FileInfo
+	1,  // 17: kibo.ctrl.v1.FileEvent.type:type_name -> kibo.ctrl.v1.FileEventType
+	46, // 18: kibo.ctrl.v1.WatchWorkspaceDirectoryResponse.change:type_name -> kibo.ctrl.v1.FileEvent
+	2,  // 19: kibo.ctrl.v1.DataPlaneService.IssueDataPlaneCredential:input_type -> kibo.ctrl.v1.IssueDataPlaneCredentialRequest
+	4,  // 20: kibo.ctrl.v1.DataPlaneService.ExecWorkspaceCommand:input_type -> kibo.ctrl.v1.ExecWorkspaceCommandRequest
+	6,  // 21: kibo.ctrl.v1.DataPlaneService.ReadWorkspaceFile:input_type -> kibo.ctrl.v1.ReadWorkspaceFileRequest
+	8,  // 22: kibo.ctrl.v1.DataPlaneService.WriteWorkspaceFile:input_type -> kibo.ctrl.v1.WriteWorkspaceFileRequest
+	12, // 23: kibo.ctrl.v1.DataPlaneService.StartWorkspaceProcess:input_type -> kibo.ctrl.v1.StartWorkspaceProcessRequest
+	16, // 24: kibo.ctrl.v1.DataPlaneService.ConnectWorkspaceProcess:input_type -> kibo.ctrl.v1.ConnectWorkspaceProcessRequest
+	18, // 25: kibo.ctrl.v1.DataPlaneService.ListWorkspaceProcesses:input_type -> kibo.ctrl.v1.ListWorkspaceProcessesRequest
+	20, // 26: kibo.ctrl.v1.DataPlaneService.SendWorkspaceProcessInput:input_type -> kibo.ctrl.v1.SendWorkspaceProcessInputRequest
+	22, // 27: kibo.ctrl.v1.DataPlaneService.SignalWorkspaceProcess:input_type -> kibo.ctrl.v1.SignalWorkspaceProcessRequest
+	24, // 28: kibo.ctrl.v1.DataPlaneService.ResizeWorkspaceProcess:input_type -> kibo.ctrl.v1.ResizeWorkspaceProcessRequest
+	27, // 29: kibo.ctrl.v1.DataPlaneService.StatWorkspacePath:input_type -> kibo.ctrl.v1.StatWorkspacePathRequest
+	29, // 30: kibo.ctrl.v1.DataPlaneService.ListWorkspaceDirectory:input_type -> kibo.ctrl.v1.ListWorkspaceDirectoryRequest
+	31, // 31: kibo.ctrl.v1.DataPlaneService.MakeWorkspaceDirectory:input_type -> kibo.ctrl.v1.MakeWorkspaceDirectoryRequest
+	33, // 32: kibo.ctrl.v1.DataPlaneService.MoveWorkspacePath:input_type -> kibo.ctrl.v1.MoveWorkspacePathRequest
+	35, // 33: kibo.ctrl.v1.DataPlaneService.RemoveWorkspacePath:input_type -> kibo.ctrl.v1.RemoveWorkspacePathRequest
+	37, // 34: kibo.ctrl.v1.DataPlaneService.DownloadWorkspaceFile:input_type -> kibo.ctrl.v1.DownloadWorkspaceFileRequest
+	39, // 35: kibo.ctrl.v1.DataPlaneService.StartWorkspaceUpload:input_type -> kibo.ctrl.v1.StartWorkspaceUploadRequest
+	41, // 36: kibo.ctrl.v1.DataPlaneService.WriteWorkspaceUpload:input_type -> kibo.ctrl.v1.WriteWorkspaceUploadRequest
+	43, // 37: kibo.ctrl.v1.DataPlaneService.CancelWorkspaceUpload:input_type -> kibo.ctrl.v1.CancelWorkspaceUploadRequest
+	45, // 38: kibo.ctrl.v1.DataPlaneService.WatchWorkspaceDirectory:input_type -> kibo.ctrl.v1.WatchWorkspaceDirectoryRequest
+	3,  // 39: kibo.ctrl.v1.DataPlaneService.IssueDataPlaneCredential:output_type -> kibo.ctrl.v1.IssueDataPlaneCredentialResponse
+	5,  // 40: kibo.ctrl.v1.DataPlaneService.ExecWorkspaceCommand:output_type -> kibo.ctrl.v1.ExecWorkspaceCommandResponse
+	7,  // 41: kibo.ctrl.v1.DataPlaneService.ReadWorkspaceFile:output_type -> kibo.ctrl.v1.ReadWorkspaceFileResponse
+	9,  // 42: kibo.ctrl.v1.DataPlaneService.WriteWorkspaceFile:output_type -> kibo.ctrl.v1.WriteWorkspaceFileResponse
+	14, // 43: kibo.ctrl.v1.DataPlaneService.StartWorkspaceProcess:output_type -> kibo.ctrl.v1.StartWorkspaceProcessResponse
+	15, // 44: kibo.ctrl.v1.DataPlaneService.ConnectWorkspaceProcess:output_type -> kibo.ctrl.v1.ConnectWorkspaceProcessResponse
+	19, // 45: kibo.ctrl.v1.DataPlaneService.ListWorkspaceProcesses:output_type -> kibo.ctrl.v1.ListWorkspaceProcessesResponse
+	21, // 46: kibo.ctrl.v1.DataPlaneService.SendWorkspaceProcessInput:output_type -> kibo.ctrl.v1.SendWorkspaceProcessInputResponse
+	23, // 47: kibo.ctrl.v1.DataPlaneService.SignalWorkspaceProcess:output_type -> kibo.ctrl.v1.SignalWorkspaceProcessResponse
+	25, // 48: kibo.ctrl.v1.DataPlaneService.ResizeWorkspaceProcess:output_type -> kibo.ctrl.v1.ResizeWorkspaceProcessResponse
+	28, // 49: kibo.ctrl.v1.DataPlaneService.StatWorkspacePath:output_type -> kibo.ctrl.v1.StatWorkspacePathResponse
+	30, // 50: kibo.ctrl.v1.DataPlaneService.ListWorkspaceDirectory:output_type -> kibo.ctrl.v1.ListWorkspaceDirectoryResponse
+	32, // 51: kibo.ctrl.v1.DataPlaneService.MakeWorkspaceDirectory:output_type -> kibo.ctrl.v1.MakeWorkspaceDirectoryResponse
+	34, // 52: kibo.ctrl.v1.DataPlaneService.MoveWorkspacePath:output_type -> kibo.ctrl.v1.MoveWorkspacePathResponse
+	36, // 53: kibo.ctrl.v1.DataPlaneService.RemoveWorkspacePath:output_type -> kibo.ctrl.v1.RemoveWorkspacePathResponse
+	38, // 54: kibo.ctrl.v1.DataPlaneService.DownloadWorkspaceFile:output_type -> kibo.ctrl.v1.DownloadWorkspaceFileResponse
+	40, // 55: kibo.ctrl.v1.DataPlaneService.StartWorkspaceUpload:output_type -> kibo.ctrl.v1.StartWorkspaceUploadResponse
+	42, // 56: kibo.ctrl.v1.DataPlaneService.WriteWorkspaceUpload:output_type -> kibo.ctrl.v1.WriteWorkspaceUploadResponse
+	44, // 57: kibo.ctrl.v1.DataPlaneService.CancelWorkspaceUpload:output_type -> kibo.ctrl.v1.CancelWorkspaceUploadResponse
+	47, // 58: kibo.ctrl.v1.DataPlaneService.WatchWorkspaceDirectory:output_type -> kibo.ctrl.v1.WatchWorkspaceDirectoryResponse
+	39, // [39:59] is the sub-list for method output_type
+	19, // [19:39] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_kibo_ctrl_v1_data_plane_service_proto_init() }
@@ -804,24 +4025,509 @@ func file_kibo_ctrl_v1_data_plane_service_proto_init() {
 				return nil
 			}
 		}
+		file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[8].Exporter = func(v interface{}, i int) interface{} {
+			switch v := v.(*ProcessSelector); i {
+			case 0:
+				return &v.state
+			case 1:
+				return &v.sizeCache
+			case 2:
+				return &v.unknownFields
+			default:
+				return nil
+			}
+		}
+		file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[9].Exporter = func(v interface{}, i int) interface{} {
+			switch v := v.(*PtySize); i {
+			case 0:
+				return &v.state
+			case 1:
+				return &v.sizeCache
+			case 2:
+				return &v.unknownFields
+			default:
+				return nil
+			}
+		}
+		file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[10].Exporter = func(v interface{}, i int) interface{} {
+			switch v := v.(*StartWorkspaceProcessRequest); i {
+			case 0:
+				return &v.state
+			case 1:
+				return &v.sizeCache
+			case 2:
+				return &v.unknownFields
+			default:
+				return nil
+			}
+		}
+		file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[11].Exporter = func(v interface{}, i int) interface{} {
+			switch v := v.(*ProcessStarted); i {
+			case 0:
+				return &v.state
+			case 1:
+				return &v.sizeCache
+			case 2:
+				return &v.unknownFields
+			default:
+				return nil
+			}
+		}
+		file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[12].Exporter = func(v interface{}, i int) interface{} {
+			switch v := v.(*StartWorkspaceProcessResponse); i {
+			case 0:
+				return &v.state
+			case 1:
+				return &v.sizeCache
+			case 2:
+				return &v.unknownFields
+			default:
+				return nil
+			}
+		}
+		file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[13].Exporter = func(v interface{}, i int) interface{} {
+			switch v := v.(*ConnectWorkspaceProcessResponse); i {
+			case 0:
+				return &v.state
+			case 1:
+				return &v.sizeCache
+			case 2:
+				return &v.unknownFields
+			default:
+				return nil
+			}
+		}
+		file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[14].Exporter = func(v interface{}, i int) interface{} {
+			switch v := v.(*ConnectWorkspaceProcessRequest); i {
+			case 0:
+				return &v.state
+			case 1:
+				return &v.sizeCache
+			case 2:
+				return &v.unknownFields
+			default:
+				return nil
+			}
+		}
+		file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[15].Exporter = func(v interface{}, i int) interface{} {
+			switch v := v.(*WorkspaceProcess); i {
+			case 0:
+				return &v.state
+			case 1:
+				return &v.sizeCache
+			case 2:
+				return &v.unknownFields
+			default:
+				return nil
+			}
+		}
+		file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[16].Exporter = func(v interface{}, i int) interface{} {
+			switch v := v.(*ListWorkspaceProcessesRequest); i {
+			case 0:
+				return &v.state
+			case 1:
+				return &v.sizeCache
+			case 2:
+				return &v.unknownFields
+			default:
+				return nil
+			}
+		}
+		file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[17].Exporter = func(v interface{}, i int) interface{} {
+			switch v := v.(*ListWorkspaceProcessesResponse); i {
+			case 0:
+				return &v.state
+			case 1:
+				return &v.sizeCache
+			case 2:
+				return &v.unknownFields
+			default:
+				return nil
+			}
+		}
+		file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[18].Exporter = func(v interface{}, i int) interface{} {
+			switch v := v.(*SendWorkspaceProcessInputRequest); i {
+			case 0:
+				return &v.state
+			case 1:
+				return &v.sizeCache
+			case 2:
+				return &v.unknownFields
+			default:
+				return nil
+			}
+		}
+		file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[19].Exporter = func(v interface{}, i int) interface{} {
+			switch v := v.(*SendWorkspaceProcessInputResponse); i {
+			case 0:
+				return &v.state
+			case 1:
+				return &v.sizeCache
+			case 2:
+				return &v.unknownFields
+			default:
+				return nil
+			}
+		}
+		file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[20].Exporter = func(v interface{}, i int) interface{} {
+			switch v := v.(*SignalWorkspaceProcessRequest); i {
+			case 0:
+				return &v.state
+			case 1:
+				return &v.sizeCache
+			case 2:
+				return &v.unknownFields
+			default:
+				return nil
+			}
+		}
+		file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[21].Exporter = func(v interface{}, i int) interface{} {
+			switch v := v.(*SignalWorkspaceProcessResponse); i {
+			case 0:
+				return &v.state
+			case 1:
+				return &v.sizeCache
+			case 2:
+				return &v.unknownFields
+			default:
+				return nil
+			}
+		}
+		file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[22].Exporter = func(v interface{}, i int) interface{} {
+			switch v := v.(*ResizeWorkspaceProcessRequest); i {
+			case 0:
+				return &v.state
+			case 1:
+				return &v.sizeCache
+			case 2:
+				return &v.unknownFields
+			default:
+				return nil
+			}
+		}
+		file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[23].Exporter = func(v interface{}, i int) interface{} {
+			switch v := v.(*ResizeWorkspaceProcessResponse); i {
+			case 0:
+				return &v.state
+			case 1:
+				return &v.sizeCache
+			case 2:
+				return &v.unknownFields
+			default:
+				return nil
+			}
+		}
+		file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[24].Exporter = func(v interface{}, i int) interface{} {
+			switch v := v.(*FileInfo); i {
+			case 0:
+				return &v.state
+			case 1:
+				return &v.sizeCache
+			case 2:
+				return &v.unknownFields
+			default:
+				return nil
+			}
+		}
+		file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[25].Exporter = func(v interface{}, i int) interface{} {
+			switch v := v.(*StatWorkspacePathRequest); i {
+			case 0:
+				return &v.state
+			case 1:
+				return &v.sizeCache
+			case 2:
+				return &v.unknownFields
+			default:
+				return nil
+			}
+		}
+		file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[26].Exporter = func(v interface{}, i int) interface{} {
+			switch v := v.(*StatWorkspacePathResponse); i {
+			case 0:
+				return &v.state
+			case 1:
+				return &v.sizeCache
+			case 2:
+				return &v.unknownFields
+			default:
+				return nil
+			}
+		}
+		file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[27].Exporter = func(v interface{}, i int) interface{} {
+			switch v := v.(*ListWorkspaceDirectoryRequest); i {
+			case 0:
+				return &v.state
+			case 1:
+				return &v.sizeCache
+			case 2:
+				return &v.unknownFields
+			default:
+				return nil
+			}
+		}
+		file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[28].Exporter = func(v interface{}, i int) interface{} {
+			switch v := v.(*ListWorkspaceDirectoryResponse); i {
+			case 0:
+				return &v.state
+			case 1:
+				return &v.sizeCache
+			case 2:
+				return &v.unknownFields
+			default:
+				return nil
+			}
+		}
+		file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[29].Exporter = func(v interface{}, i int) interface{} {
+			switch v := v.(*MakeWorkspaceDirectoryRequest); i {
+			case 0:
+				return &v.state
+			case 1:
+				return &v.sizeCache
+			case 2:
+				return &v.unknownFields
+			default:
+				return nil
+			}
+		}
+		file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[30].Exporter = func(v interface{}, i int) interface{} {
+			switch v := v.(*MakeWorkspaceDirectoryResponse); i {
+			case 0:
+				return &v.state
+			case 1:
+				return &v.sizeCache
+			case 2:
+				return &v.unknownFields
+			default:
+				return nil
+			}
+		}
+		file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[31].Exporter = func(v interface{}, i int) interface{} {
+			switch v := v.(*MoveWorkspacePathRequest); i {
+			case 0:
+				return &v.state
+			case 1:
+				return &v.sizeCache
+			case 2:
+				return &v.unknownFields
+			default:
+				return nil
+			}
+		}
+		file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[32].Exporter = func(v interface{}, i int) interface{} {
+			switch v := v.(*MoveWorkspacePathResponse); i {
+			case 0:
+				return &v.state
+			case 1:
+				return &v.sizeCache
+			case 2:
+				return &v.unknownFields
+			default:
+				return nil
+			}
+		}
+		file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[33].Exporter = func(v interface{}, i int) interface{} {
+			switch v := v.(*RemoveWorkspacePathRequest); i {
+			case 0:
+				return &v.state
+			case 1:
+				return &v.sizeCache
+			case 2:
+				return &v.unknownFields
+			default:
+				return nil
+			}
+		}
+		file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[34].Exporter = func(v interface{}, i int) interface{} {
+			switch v := v.(*RemoveWorkspacePathResponse); i {
+			case 0:
+				return &v.state
+			case 1:
+				return &v.sizeCache
+			case 2:
+				return &v.unknownFields
+			default:
+				return nil
+			}
+		}
+		file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[35].Exporter = func(v interface{}, i int) interface{} {
+			switch v := v.(*DownloadWorkspaceFileRequest); i {
+			case 0:
+				return &v.state
+			case 1:
+				return &v.sizeCache
+			case 2:
+				return &v.unknownFields
+			default:
+				return nil
+			}
+		}
+		file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[36].Exporter = func(v interface{}, i int) interface{} {
+			switch v := v.(*DownloadWorkspaceFileResponse); i {
+			case 0:
+				return &v.state
+			case 1:
+				return &v.sizeCache
+			case 2:
+				return &v.unknownFields
+			default:
+				return nil
+			}
+		}
+		file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[37].Exporter = func(v interface{}, i int) interface{} {
+			switch v := v.(*StartWorkspaceUploadRequest); i {
+			case 0:
+				return &v.state
+			case 1:
+				return &v.sizeCache
+			case 2:
+				return &v.unknownFields
+			default:
+				return nil
+			}
+		}
+		file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[38].Exporter = func(v interface{}, i int) interface{} {
+			switch v := v.(*StartWorkspaceUploadResponse); i {
+			case 0:
+				return &v.state
+			case 1:
+				return &v.sizeCache
+			case 2:
+				return &v.unknownFields
+			default:
+				return nil
+			}
+		}
+		file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[39].Exporter = func(v interface{}, i int) interface{} {
+			switch v := v.(*WriteWorkspaceUploadRequest); i {
+			case 0:
+				return &v.state
+			case 1:
+				return &v.sizeCache
+			case 2:
+				return &v.unknownFields
+			default:
+				return nil
+			}
+		}
+		file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[40].Exporter = func(v interface{}, i int) interface{} {
+			switch v := v.(*WriteWorkspaceUploadResponse); i {
+			case 0:
+				return &v.state
+			case 1:
+				return &v.sizeCache
+			case 2:
+				return &v.unknownFields
+			default:
+				return nil
+			}
+		}
+		file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[41].Exporter = func(v interface{}, i int) interface{} {
+			switch v := v.(*CancelWorkspaceUploadRequest); i {
+			case 0:
+				return &v.state
+			case 1:
+				return &v.sizeCache
+			case 2:
+				return &v.unknownFields
+			default:
+				return nil
+			}
+		}
+		file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[42].Exporter = func(v interface{}, i int) interface{} {
+			switch v := v.(*CancelWorkspaceUploadResponse); i {
+			case 0:
+				return &v.state
+			case 1:
+				return &v.sizeCache
+			case 2:
+				return &v.unknownFields
+			default:
+				return nil
+			}
+		}
+		file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[43].Exporter = func(v interface{}, i int) interface{} {
+			switch v := v.(*WatchWorkspaceDirectoryRequest); i {
+			case 0:
+				return &v.state
+			case 1:
+				return &v.sizeCache
+			case 2:
+				return &v.unknownFields
+			default:
+				return nil
+			}
+		}
+		file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[44].Exporter = func(v interface{}, i int) interface{} {
+			switch v := v.(*FileEvent); i {
+			case 0:
+				return &v.state
+			case 1:
+				return &v.sizeCache
+			case 2:
+				return &v.unknownFields
+			default:
+				return nil
+			}
+		}
+		file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[45].Exporter = func(v interface{}, i int) interface{} {
+			switch v := v.(*WatchWorkspaceDirectoryResponse); i {
+			case 0:
+				return &v.state
+			case 1:
+				return &v.sizeCache
+			case 2:
+				return &v.unknownFields
+			default:
+				return nil
+			}
+		}
 	}
 	file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[3].OneofWrappers = []interface{}{
 		(*ExecWorkspaceCommandResponse_Stdout)(nil),
 		(*ExecWorkspaceCommandResponse_Stderr)(nil),
 		(*ExecWorkspaceCommandResponse_ExitCode)(nil),
 	}
+	file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[8].OneofWrappers = []interface{}{
+		(*ProcessSelector_Pid)(nil),
+		(*ProcessSelector_Tag)(nil),
+	}
+	file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[12].OneofWrappers = []interface{}{
+		(*StartWorkspaceProcessResponse_Started)(nil),
+		(*StartWorkspaceProcessResponse_Stdout)(nil),
+		(*StartWorkspaceProcessResponse_Stderr)(nil),
+		(*StartWorkspaceProcessResponse_Pty)(nil),
+		(*StartWorkspaceProcessResponse_DroppedBytes)(nil),
+		(*StartWorkspaceProcessResponse_ExitCode)(nil),
+	}
+	file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[13].OneofWrappers = []interface{}{
+		(*ConnectWorkspaceProcessResponse_Stdout)(nil),
+		(*ConnectWorkspaceProcessResponse_Stderr)(nil),
+		(*ConnectWorkspaceProcessResponse_Pty)(nil),
+		(*ConnectWorkspaceProcessResponse_DroppedBytes)(nil),
+		(*ConnectWorkspaceProcessResponse_ExitCode)(nil),
+	}
+	file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[36].OneofWrappers = []interface{}{
+		(*DownloadWorkspaceFileResponse_Info)(nil),
+		(*DownloadWorkspaceFileResponse_Data)(nil),
+	}
+	file_kibo_ctrl_v1_data_plane_service_proto_msgTypes[45].OneofWrappers = []interface{}{
+		(*WatchWorkspaceDirectoryResponse_Ready)(nil),
+		(*WatchWorkspaceDirectoryResponse_Change)(nil),
+		(*WatchWorkspaceDirectoryResponse_Overflow)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: file_kibo_ctrl_v1_data_plane_service_proto_rawDesc,
-			NumEnums:      0,
-			NumMessages:   9,
+			NumEnums:      2,
+			NumMessages:   48,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
 		GoTypes:           file_kibo_ctrl_v1_data_plane_service_proto_goTypes,
 		DependencyIndexes: file_kibo_ctrl_v1_data_plane_service_proto_depIdxs,
+		EnumInfos:         file_kibo_ctrl_v1_data_plane_service_proto_enumTypes,
 		MessageInfos:      file_kibo_ctrl_v1_data_plane_service_proto_msgTypes,
 	}.Build()
 	File_kibo_ctrl_v1_data_plane_service_proto = out.File

@@ -25,6 +25,48 @@ type DataPlaneServiceClient interface {
 	ReadWorkspaceFile(ctx context.Context, in *ReadWorkspaceFileRequest, opts ...grpc.CallOption) (*ReadWorkspaceFileResponse, error)
 	// Writes (creates or replaces) a file under a mounted volume (e.g. /data).
 	WriteWorkspaceFile(ctx context.Context, in *WriteWorkspaceFileRequest, opts ...grpc.CallOption) (*WriteWorkspaceFileResponse, error)
+	// Starts a process. The first message is `started` (its pid and tag). A foreground process's
+	// output follows, then `exit_code`; cancelling the call kills it. A background process's
+	// stream ends after `started`: it runs on; ConnectWorkspaceProcess follows it.
+	StartWorkspaceProcess(ctx context.Context, in *StartWorkspaceProcessRequest, opts ...grpc.CallOption) (DataPlaneService_StartWorkspaceProcessClient, error)
+	// Follows a process (by pid or tag): its kept output first when `replay` (the last 128 KiB), then
+	// its output as it comes, then `exit_code` (at once for one that has exited). Leaving the call
+	// leaves the process running.
+	ConnectWorkspaceProcess(ctx context.Context, in *ConnectWorkspaceProcessRequest, opts ...grpc.CallOption) (DataPlaneService_ConnectWorkspaceProcessClient, error)
+	// The processes started through the data plane in this execution, running and ended.
+	ListWorkspaceProcesses(ctx context.Context, in *ListWorkspaceProcessesRequest, opts ...grpc.CallOption) (*ListWorkspaceProcessesResponse, error)
+	// Writes to a process's standard input (its terminal's input with a PTY: "\x03" is Ctrl-C),
+	// or closes it. Waits while the process does not read (back-pressure).
+	SendWorkspaceProcessInput(ctx context.Context, in *SendWorkspaceProcessInputRequest, opts ...grpc.CallOption) (*SendWorkspaceProcessInputResponse, error)
+	// Sends a signal to a process (SIGTERM by default).
+	SignalWorkspaceProcess(ctx context.Context, in *SignalWorkspaceProcessRequest, opts ...grpc.CallOption) (*SignalWorkspaceProcessResponse, error)
+	// Resizes a process's terminal (it gets SIGWINCH). FAILED_PRECONDITION for one without a PTY.
+	ResizeWorkspaceProcess(ctx context.Context, in *ResizeWorkspaceProcessRequest, opts ...grpc.CallOption) (*ResizeWorkspaceProcessResponse, error)
+	// What is at a path (a symlink is described, not followed).
+	StatWorkspacePath(ctx context.Context, in *StatWorkspacePathRequest, opts ...grpc.CallOption) (*StatWorkspacePathResponse, error)
+	// A directory's entries, `depth` levels down (1: its own entries), at most 10,000.
+	ListWorkspaceDirectory(ctx context.Context, in *ListWorkspaceDirectoryRequest, opts ...grpc.CallOption) (*ListWorkspaceDirectoryResponse, error)
+	MakeWorkspaceDirectory(ctx context.Context, in *MakeWorkspaceDirectoryRequest, opts ...grpc.CallOption) (*MakeWorkspaceDirectoryResponse, error)
+	// Renames a file or directory (replacing a file at the destination).
+	MoveWorkspacePath(ctx context.Context, in *MoveWorkspacePathRequest, opts ...grpc.CallOption) (*MoveWorkspacePathResponse, error)
+	// Removes a file, a symlink (not what it points to) or a directory (`recursive` for one not empty).
+	RemoveWorkspacePath(ctx context.Context, in *RemoveWorkspacePathRequest, opts ...grpc.CallOption) (*RemoveWorkspacePathResponse, error)
+	// Streams a file from `offset` (any size; the first message describes it), or a directory as a tar
+	// stream (`archive`; symlinks kept as links). Flow-controlled: a client that reads slowly slows
+	// the guest's reader, never the server's memory.
+	DownloadWorkspaceFile(ctx context.Context, in *DownloadWorkspaceFileRequest, opts ...grpc.CallOption) (DataPlaneService_DownloadWorkspaceFileClient, error)
+	// Opens an upload of a file (or a tar stream unpacked into a directory: `archive`) of any size:
+	// WriteWorkspaceUpload sends its parts in order, the last with `finish`, which puts the file in
+	// place whole (never half-written). An upload not written for 60 s is cancelled.
+	StartWorkspaceUpload(ctx context.Context, in *StartWorkspaceUploadRequest, opts ...grpc.CallOption) (*StartWorkspaceUploadResponse, error)
+	// One part of an upload at `offset` (the bytes taken so far: a part sent twice is refused with
+	// FAILED_PRECONDITION naming the offset to go on from). At most 2 MiB a part.
+	WriteWorkspaceUpload(ctx context.Context, in *WriteWorkspaceUploadRequest, opts ...grpc.CallOption) (*WriteWorkspaceUploadResponse, error)
+	// Abandons an upload: nothing of it is left in the guest.
+	CancelWorkspaceUpload(ctx context.Context, in *CancelWorkspaceUploadRequest, opts ...grpc.CallOption) (*CancelWorkspaceUploadResponse, error)
+	// Streams changes under a directory (`recursive`: its subdirectories too, new ones included):
+	// first `ready` once the watch is in place, then each event in the order the guest's kernel saw.
+	WatchWorkspaceDirectory(ctx context.Context, in *WatchWorkspaceDirectoryRequest, opts ...grpc.CallOption) (DataPlaneService_WatchWorkspaceDirectoryClient, error)
 }
 
 type dataPlaneServiceClient struct {
@@ -94,6 +136,242 @@ func (c *dataPlaneServiceClient) WriteWorkspaceFile(ctx context.Context, in *Wri
 	return out, nil
 }
 
+func (c *dataPlaneServiceClient) StartWorkspaceProcess(ctx context.Context, in *StartWorkspaceProcessRequest, opts ...grpc.CallOption) (DataPlaneService_StartWorkspaceProcessClient, error) {
+	stream, err := c.cc.NewStream(ctx, &_DataPlaneService_serviceDesc.Streams[1], "/kibo.ctrl.v1.DataPlaneService/StartWorkspaceProcess", opts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &dataPlaneServiceStartWorkspaceProcessClient{stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+type DataPlaneService_StartWorkspaceProcessClient interface {
+	Recv() (*StartWorkspaceProcessResponse, error)
+	grpc.ClientStream
+}
+
+type dataPlaneServiceStartWorkspaceProcessClient struct {
+	grpc.ClientStream
+}
+
+func (x *dataPlaneServiceStartWorkspaceProcessClient) Recv() (*StartWorkspaceProcessResponse, error) {
+	m := new(StartWorkspaceProcessResponse)
+	if err := x.ClientStream.RecvMsg(m); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+func (c *dataPlaneServiceClient) ConnectWorkspaceProcess(ctx context.Context, in *ConnectWorkspaceProcessRequest, opts ...grpc.CallOption) (DataPlaneService_ConnectWorkspaceProcessClient, error) {
+	stream, err := c.cc.NewStream(ctx, &_DataPlaneService_serviceDesc.Streams[2], "/kibo.ctrl.v1.DataPlaneService/ConnectWorkspaceProcess", opts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &dataPlaneServiceConnectWorkspaceProcessClient{stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+type DataPlaneService_ConnectWorkspaceProcessClient interface {
+	Recv() (*ConnectWorkspaceProcessResponse, error)
+	grpc.ClientStream
+}
+
+type dataPlaneServiceConnectWorkspaceProcessClient struct {
+	grpc.ClientStream
+}
+
+func (x *dataPlaneServiceConnectWorkspaceProcessClient) Recv() (*ConnectWorkspaceProcessResponse, error) {
+	m := new(ConnectWorkspaceProcessResponse)
+	if err := x.ClientStream.RecvMsg(m); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+func (c *dataPlaneServiceClient) ListWorkspaceProcesses(ctx context.Context, in *ListWorkspaceProcessesRequest, opts ...grpc.CallOption) (*ListWorkspaceProcessesResponse, error) {
+	out := new(ListWorkspaceProcessesResponse)
+	err := c.cc.Invoke(ctx, "/kibo.ctrl.v1.DataPlaneService/ListWorkspaceProcesses", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *dataPlaneServiceClient) SendWorkspaceProcessInput(ctx context.Context, in *SendWorkspaceProcessInputRequest, opts ...grpc.CallOption) (*SendWorkspaceProcessInputResponse, error) {
+	out := new(SendWorkspaceProcessInputResponse)
+	err := c.cc.Invoke(ctx, "/kibo.ctrl.v1.DataPlaneService/SendWorkspaceProcessInput", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *dataPlaneServiceClient) SignalWorkspaceProcess(ctx context.Context, in *SignalWorkspaceProcessRequest, opts ...grpc.CallOption) (*SignalWorkspaceProcessResponse, error) {
+	out := new(SignalWorkspaceProcessResponse)
+	err := c.cc.Invoke(ctx, "/kibo.ctrl.v1.DataPlaneService/SignalWorkspaceProcess", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *dataPlaneServiceClient) ResizeWorkspaceProcess(ctx context.Context, in *ResizeWorkspaceProcessRequest, opts ...grpc.CallOption) (*ResizeWorkspaceProcessResponse, error) {
+	out := new(ResizeWorkspaceProcessResponse)
+	err := c.cc.Invoke(ctx, "/kibo.ctrl.v1.DataPlaneService/ResizeWorkspaceProcess", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *dataPlaneServiceClient) StatWorkspacePath(ctx context.Context, in *StatWorkspacePathRequest, opts ...grpc.CallOption) (*StatWorkspacePathResponse, error) {
+	out := new(StatWorkspacePathResponse)
+	err := c.cc.Invoke(ctx, "/kibo.ctrl.v1.DataPlaneService/StatWorkspacePath", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *dataPlaneServiceClient) ListWorkspaceDirectory(ctx context.Context, in *ListWorkspaceDirectoryRequest, opts ...grpc.CallOption) (*ListWorkspaceDirectoryResponse, error) {
+	out := new(ListWorkspaceDirectoryResponse)
+	err := c.cc.Invoke(ctx, "/kibo.ctrl.v1.DataPlaneService/ListWorkspaceDirectory", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *dataPlaneServiceClient) MakeWorkspaceDirectory(ctx context.Context, in *MakeWorkspaceDirectoryRequest, opts ...grpc.CallOption) (*MakeWorkspaceDirectoryResponse, error) {
+	out := new(MakeWorkspaceDirectoryResponse)
+	err := c.cc.Invoke(ctx, "/kibo.ctrl.v1.DataPlaneService/MakeWorkspaceDirectory", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *dataPlaneServiceClient) MoveWorkspacePath(ctx context.Context, in *MoveWorkspacePathRequest, opts ...grpc.CallOption) (*MoveWorkspacePathResponse, error) {
+	out := new(MoveWorkspacePathResponse)
+	err := c.cc.Invoke(ctx, "/kibo.ctrl.v1.DataPlaneService/MoveWorkspacePath", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *dataPlaneServiceClient) RemoveWorkspacePath(ctx context.Context, in *RemoveWorkspacePathRequest, opts ...grpc.CallOption) (*RemoveWorkspacePathResponse, error) {
+	out := new(RemoveWorkspacePathResponse)
+	err := c.cc.Invoke(ctx, "/kibo.ctrl.v1.DataPlaneService/RemoveWorkspacePath", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *dataPlaneServiceClient) DownloadWorkspaceFile(ctx context.Context, in *DownloadWorkspaceFileRequest, opts ...grpc.CallOption) (DataPlaneService_DownloadWorkspaceFileClient, error) {
+	stream, err := c.cc.NewStream(ctx, &_DataPlaneService_serviceDesc.Streams[3], "/kibo.ctrl.v1.DataPlaneService/DownloadWorkspaceFile", opts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &dataPlaneServiceDownloadWorkspaceFileClient{stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+type DataPlaneService_DownloadWorkspaceFileClient interface {
+	Recv() (*DownloadWorkspaceFileResponse, error)
+	grpc.ClientStream
+}
+
+type dataPlaneServiceDownloadWorkspaceFileClient struct {
+	grpc.ClientStream
+}
+
+func (x *dataPlaneServiceDownloadWorkspaceFileClient) Recv() (*DownloadWorkspaceFileResponse, error) {
+	m := new(DownloadWorkspaceFileResponse)
+	if err := x.ClientStream.RecvMsg(m); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+func (c *dataPlaneServiceClient) StartWorkspaceUpload(ctx context.Context, in *StartWorkspaceUploadRequest, opts ...grpc.CallOption) (*StartWorkspaceUploadResponse, error) {
+	out := new(StartWorkspaceUploadResponse)
+	err := c.cc.Invoke(ctx, "/kibo.ctrl.v1.DataPlaneService/StartWorkspaceUpload", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *dataPlaneServiceClient) WriteWorkspaceUpload(ctx context.Context, in *WriteWorkspaceUploadRequest, opts ...grpc.CallOption) (*WriteWorkspaceUploadResponse, error) {
+	out := new(WriteWorkspaceUploadResponse)
+	err := c.cc.Invoke(ctx, "/kibo.ctrl.v1.DataPlaneService/WriteWorkspaceUpload", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *dataPlaneServiceClient) CancelWorkspaceUpload(ctx context.Context, in *CancelWorkspaceUploadRequest, opts ...grpc.CallOption) (*CancelWorkspaceUploadResponse, error) {
+	out := new(CancelWorkspaceUploadResponse)
+	err := c.cc.Invoke(ctx, "/kibo.ctrl.v1.DataPlaneService/CancelWorkspaceUpload", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *dataPlaneServiceClient) WatchWorkspaceDirectory(ctx context.Context, in *WatchWorkspaceDirectoryRequest, opts ...grpc.CallOption) (DataPlaneService_WatchWorkspaceDirectoryClient, error) {
+	stream, err := c.cc.NewStream(ctx, &_DataPlaneService_serviceDesc.Streams[4], "/kibo.ctrl.v1.DataPlaneService/WatchWorkspaceDirectory", opts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &dataPlaneServiceWatchWorkspaceDirectoryClient{stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+type DataPlaneService_WatchWorkspaceDirectoryClient interface {
+	Recv() (*WatchWorkspaceDirectoryResponse, error)
+	grpc.ClientStream
+}
+
+type dataPlaneServiceWatchWorkspaceDirectoryClient struct {
+	grpc.ClientStream
+}
+
+func (x *dataPlaneServiceWatchWorkspaceDirectoryClient) Recv() (*WatchWorkspaceDirectoryResponse, error) {
+	m := new(WatchWorkspaceDirectoryResponse)
+	if err := x.ClientStream.RecvMsg(m); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
 // DataPlaneServiceServer is the server API for DataPlaneService service.
 // All implementations must embed UnimplementedDataPlaneServiceServer
 // for forward compatibility
@@ -106,6 +384,48 @@ type DataPlaneServiceServer interface {
 	ReadWorkspaceFile(context.Context, *ReadWorkspaceFileRequest) (*ReadWorkspaceFileResponse, error)
 	// Writes (creates or replaces) a file under a mounted volume (e.g. /data).
 	WriteWorkspaceFile(context.Context, *WriteWorkspaceFileRequest) (*WriteWorkspaceFileResponse, error)
+	// Starts a process. The first message is `started` (its pid and tag). A foreground process's
+	// output follows, then `exit_code`; cancelling the call kills it. A background process's
+	// stream ends after `started`: it runs on; ConnectWorkspaceProcess follows it.
+	StartWorkspaceProcess(*StartWorkspaceProcessRequest, DataPlaneService_StartWorkspaceProcessServer) error
+	// Follows a process (by pid or tag): its kept output first when `replay` (the last 128 KiB), then
+	// its output as it comes, then `exit_code` (at once for one that has exited). Leaving the call
+	// leaves the process running.
+	ConnectWorkspaceProcess(*ConnectWorkspaceProcessRequest, DataPlaneService_ConnectWorkspaceProcessServer) error
+	// The processes started through the data plane in this execution, running and ended.
+	ListWorkspaceProcesses(context.Context, *ListWorkspaceProcessesRequest) (*ListWorkspaceProcessesResponse, error)
+	// Writes to a process's standard input (its terminal's input with a PTY: "\x03" is Ctrl-C),
+	// or closes it. Waits while the process does not read (back-pressure).
+	SendWorkspaceProcessInput(context.Context, *SendWorkspaceProcessInputRequest) (*SendWorkspaceProcessInputResponse, error)
+	// Sends a signal to a process (SIGTERM by default).
+	SignalWorkspaceProcess(context.Context, *SignalWorkspaceProcessRequest) (*SignalWorkspaceProcessResponse, error)
+	// Resizes a process's terminal (it gets SIGWINCH). FAILED_PRECONDITION for one without a PTY.
+	ResizeWorkspaceProcess(context.Context, *ResizeWorkspaceProcessRequest) (*ResizeWorkspaceProcessResponse, error)
+	// What is at a path (a symlink is described, not followed).
+	StatWorkspacePath(context.Context, *StatWorkspacePathRequest) (*StatWorkspacePathResponse, error)
+	// A directory's entries, `depth` levels down (1: its own entries), at most 10,000.
+	ListWorkspaceDirectory(context.Context, *ListWorkspaceDirectoryRequest) (*ListWorkspaceDirectoryResponse, error)
+	MakeWorkspaceDirectory(context.Context, *MakeWorkspaceDirectoryRequest) (*MakeWorkspaceDirectoryResponse, error)
+	// Renames a file or directory (replacing a file at the destination).
+	MoveWorkspacePath(context.Context, *MoveWorkspacePathRequest) (*MoveWorkspacePathResponse, error)
+	// Removes a file, a symlink (not what it points to) or a directory (`recursive` for one not empty).
+	RemoveWorkspacePath(context.Context, *RemoveWorkspacePathRequest) (*RemoveWorkspacePathResponse, error)
+	// Streams a file from `offset` (any size; the first message describes it), or a directory as a tar
+	// stream (`archive`; symlinks kept as links). Flow-controlled: a client that reads slowly slows
+	// the guest's reader, never the server's memory.
+	DownloadWorkspaceFile(*DownloadWorkspaceFileRequest, DataPlaneService_DownloadWorkspaceFileServer) error
+	// Opens an upload of a file (or a tar stream unpacked into a directory: `archive`) of any size:
+	// WriteWorkspaceUpload sends its parts in order, the last with `finish`, which puts the file in
+	// place whole (never half-written). An upload not written for 60 s is cancelled.
+	StartWorkspaceUpload(context.Context, *StartWorkspaceUploadRequest) (*StartWorkspaceUploadResponse, error)
+	// One part of an upload at `offset` (the bytes taken so far: a part sent twice is refused with
+	// FAILED_PRECONDITION naming the offset to go on from). At most 2 MiB a part.
+	WriteWorkspaceUpload(context.Context, *WriteWorkspaceUploadRequest) (*WriteWorkspaceUploadResponse, error)
+	// Abandons an upload: nothing of it is left in the guest.
+	CancelWorkspaceUpload(context.Context, *CancelWorkspaceUploadRequest) (*CancelWorkspaceUploadResponse, error)
+	// Streams changes under a directory (`recursive`: its subdirectories too, new ones included):
+	// first `ready` once the watch is in place, then each event in the order the guest's kernel saw.
+	WatchWorkspaceDirectory(*WatchWorkspaceDirectoryRequest, DataPlaneService_WatchWorkspaceDirectoryServer) error
 	mustEmbedUnimplementedDataPlaneServiceServer()
 }
 
@@ -124,6 +444,54 @@ func (UnimplementedDataPlaneServiceServer) ReadWorkspaceFile(context.Context, *R
 }
 func (UnimplementedDataPlaneServiceServer) WriteWorkspaceFile(context.Context, *WriteWorkspaceFileRequest) (*WriteWorkspaceFileResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method WriteWorkspaceFile not implemented")
+}
+func (UnimplementedDataPlaneServiceServer) StartWorkspaceProcess(*StartWorkspaceProcessRequest, DataPlaneService_StartWorkspaceProcessServer) error {
+	return status.Errorf(codes.Unimplemented, "method StartWorkspaceProcess not implemented")
+}
+func (UnimplementedDataPlaneServiceServer) ConnectWorkspaceProcess(*ConnectWorkspaceProcessRequest, DataPlaneService_ConnectWorkspaceProcessServer) error {
+	return status.Errorf(codes.Unimplemented, "method ConnectWorkspaceProcess not implemented")
+}
+func (UnimplementedDataPlaneServiceServer) ListWorkspaceProcesses(context.Context, *ListWorkspaceProcessesRequest) (*ListWorkspaceProcessesResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ListWorkspaceProcesses not implemented")
+}
+func (UnimplementedDataPlaneServiceServer) SendWorkspaceProcessInput(context.Context, *SendWorkspaceProcessInputRequest) (*SendWorkspaceProcessInputResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method SendWorkspaceProcessInput not implemented")
+}
+func (UnimplementedDataPlaneServiceServer) SignalWorkspaceProcess(context.Context, *SignalWorkspaceProcessRequest) (*SignalWorkspaceProcessResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method SignalWorkspaceProcess not implemented")
+}
+func (UnimplementedDataPlaneServiceServer) ResizeWorkspaceProcess(context.Context, *ResizeWorkspaceProcessRequest) (*ResizeWorkspaceProcessResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ResizeWorkspaceProcess not implemented")
+}
+func (UnimplementedDataPlaneServiceServer) StatWorkspacePath(context.Context, *StatWorkspacePathRequest) (*StatWorkspacePathResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method StatWorkspacePath not implemented")
+}
+func (UnimplementedDataPlaneServiceServer) ListWorkspaceDirectory(context.Context, *ListWorkspaceDirectoryRequest) (*ListWorkspaceDirectoryResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ListWorkspaceDirectory not implemented")
+}
+func (UnimplementedDataPlaneServiceServer) MakeWorkspaceDirectory(context.Context, *MakeWorkspaceDirectoryRequest) (*MakeWorkspaceDirectoryResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method MakeWorkspaceDirectory not implemented")
+}
+func (UnimplementedDataPlaneServiceServer) MoveWorkspacePath(context.Context, *MoveWorkspacePathRequest) (*MoveWorkspacePathResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method MoveWorkspacePath not implemented")
+}
+func (UnimplementedDataPlaneServiceServer) RemoveWorkspacePath(context.Context, *RemoveWorkspacePathRequest) (*RemoveWorkspacePathResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method RemoveWorkspacePath not implemented")
+}
+func (UnimplementedDataPlaneServiceServer) DownloadWorkspaceFile(*DownloadWorkspaceFileRequest, DataPlaneService_DownloadWorkspaceFileServer) error {
+	return status.Errorf(codes.Unimplemented, "method DownloadWorkspaceFile not implemented")
+}
+func (UnimplementedDataPlaneServiceServer) StartWorkspaceUpload(context.Context, *StartWorkspaceUploadRequest) (*StartWorkspaceUploadResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method StartWorkspaceUpload not implemented")
+}
+func (UnimplementedDataPlaneServiceServer) WriteWorkspaceUpload(context.Context, *WriteWorkspaceUploadRequest) (*WriteWorkspaceUploadResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method WriteWorkspaceUpload not implemented")
+}
+func (UnimplementedDataPlaneServiceServer) CancelWorkspaceUpload(context.Context, *CancelWorkspaceUploadRequest) (*CancelWorkspaceUploadResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method CancelWorkspaceUpload not implemented")
+}
+func (UnimplementedDataPlaneServiceServer) WatchWorkspaceDirectory(*WatchWorkspaceDirectoryRequest, DataPlaneService_WatchWorkspaceDirectoryServer) error {
+	return status.Errorf(codes.Unimplemented, "method WatchWorkspaceDirectory not implemented")
 }
 func (UnimplementedDataPlaneServiceServer) mustEmbedUnimplementedDataPlaneServiceServer() {}
 
@@ -213,6 +581,306 @@ func _DataPlaneService_WriteWorkspaceFile_Handler(srv interface{}, ctx context.C
 	return interceptor(ctx, in, info, handler)
 }
 
+func _DataPlaneService_StartWorkspaceProcess_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(StartWorkspaceProcessRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(DataPlaneServiceServer).StartWorkspaceProcess(m, &dataPlaneServiceStartWorkspaceProcessServer{stream})
+}
+
+type DataPlaneService_StartWorkspaceProcessServer interface {
+	Send(*StartWorkspaceProcessResponse) error
+	grpc.ServerStream
+}
+
+type dataPlaneServiceStartWorkspaceProcessServer struct {
+	grpc.ServerStream
+}
+
+func (x *dataPlaneServiceStartWorkspaceProcessServer) Send(m *StartWorkspaceProcessResponse) error {
+	return x.ServerStream.SendMsg(m)
+}
+
+func _DataPlaneService_ConnectWorkspaceProcess_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(ConnectWorkspaceProcessRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(DataPlaneServiceServer).ConnectWorkspaceProcess(m, &dataPlaneServiceConnectWorkspaceProcessServer{stream})
+}
+
+type DataPlaneService_ConnectWorkspaceProcessServer interface {
+	Send(*ConnectWorkspaceProcessResponse) error
+	grpc.ServerStream
+}
+
+type dataPlaneServiceConnectWorkspaceProcessServer struct {
+	grpc.ServerStream
+}
+
+func (x *dataPlaneServiceConnectWorkspaceProcessServer) Send(m *ConnectWorkspaceProcessResponse) error {
+	return x.ServerStream.SendMsg(m)
+}
+
+func _DataPlaneService_ListWorkspaceProcesses_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListWorkspaceProcessesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DataPlaneServiceServer).ListWorkspaceProcesses(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/kibo.ctrl.v1.DataPlaneService/ListWorkspaceProcesses",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DataPlaneServiceServer).ListWorkspaceProcesses(ctx, req.(*ListWorkspaceProcessesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _DataPlaneService_SendWorkspaceProcessInput_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SendWorkspaceProcessInputRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DataPlaneServiceServer).SendWorkspaceProcessInput(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/kibo.ctrl.v1.DataPlaneService/SendWorkspaceProcessInput",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DataPlaneServiceServer).SendWorkspaceProcessInput(ctx, req.(*SendWorkspaceProcessInputRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _DataPlaneService_SignalWorkspaceProcess_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SignalWorkspaceProcessRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DataPlaneServiceServer).SignalWorkspaceProcess(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/kibo.ctrl.v1.DataPlaneService/SignalWorkspaceProcess",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DataPlaneServiceServer).SignalWorkspaceProcess(ctx, req.(*SignalWorkspaceProcessRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _DataPlaneService_ResizeWorkspaceProcess_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ResizeWorkspaceProcessRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DataPlaneServiceServer).ResizeWorkspaceProcess(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/kibo.ctrl.v1.DataPlaneService/ResizeWorkspaceProcess",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DataPlaneServiceServer).ResizeWorkspaceProcess(ctx, req.(*ResizeWorkspaceProcessRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _DataPlaneService_StatWorkspacePath_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(StatWorkspacePathRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DataPlaneServiceServer).StatWorkspacePath(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/kibo.ctrl.v1.DataPlaneService/StatWorkspacePath",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DataPlaneServiceServer).StatWorkspacePath(ctx, req.(*StatWorkspacePathRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _DataPlaneService_ListWorkspaceDirectory_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListWorkspaceDirectoryRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DataPlaneServiceServer).ListWorkspaceDirectory(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/kibo.ctrl.v1.DataPlaneService/ListWorkspaceDirectory",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DataPlaneServiceServer).ListWorkspaceDirectory(ctx, req.(*ListWorkspaceDirectoryRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _DataPlaneService_MakeWorkspaceDirectory_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(MakeWorkspaceDirectoryRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DataPlaneServiceServer).MakeWorkspaceDirectory(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/kibo.ctrl.v1.DataPlaneService/MakeWorkspaceDirectory",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DataPlaneServiceServer).MakeWorkspaceDirectory(ctx, req.(*MakeWorkspaceDirectoryRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _DataPlaneService_MoveWorkspacePath_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(MoveWorkspacePathRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DataPlaneServiceServer).MoveWorkspacePath(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/kibo.ctrl.v1.DataPlaneService/MoveWorkspacePath",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DataPlaneServiceServer).MoveWorkspacePath(ctx, req.(*MoveWorkspacePathRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _DataPlaneService_RemoveWorkspacePath_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RemoveWorkspacePathRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DataPlaneServiceServer).RemoveWorkspacePath(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/kibo.ctrl.v1.DataPlaneService/RemoveWorkspacePath",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DataPlaneServiceServer).RemoveWorkspacePath(ctx, req.(*RemoveWorkspacePathRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _DataPlaneService_DownloadWorkspaceFile_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(DownloadWorkspaceFileRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(DataPlaneServiceServer).DownloadWorkspaceFile(m, &dataPlaneServiceDownloadWorkspaceFileServer{stream})
+}
+
+type DataPlaneService_DownloadWorkspaceFileServer interface {
+	Send(*DownloadWorkspaceFileResponse) error
+	grpc.ServerStream
+}
+
+type dataPlaneServiceDownloadWorkspaceFileServer struct {
+	grpc.ServerStream
+}
+
+func (x *dataPlaneServiceDownloadWorkspaceFileServer) Send(m *DownloadWorkspaceFileResponse) error {
+	return x.ServerStream.SendMsg(m)
+}
+
+func _DataPlaneService_StartWorkspaceUpload_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(StartWorkspaceUploadRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DataPlaneServiceServer).StartWorkspaceUpload(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/kibo.ctrl.v1.DataPlaneService/StartWorkspaceUpload",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DataPlaneServiceServer).StartWorkspaceUpload(ctx, req.(*StartWorkspaceUploadRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _DataPlaneService_WriteWorkspaceUpload_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(WriteWorkspaceUploadRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DataPlaneServiceServer).WriteWorkspaceUpload(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/kibo.ctrl.v1.DataPlaneService/WriteWorkspaceUpload",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DataPlaneServiceServer).WriteWorkspaceUpload(ctx, req.(*WriteWorkspaceUploadRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _DataPlaneService_CancelWorkspaceUpload_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CancelWorkspaceUploadRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DataPlaneServiceServer).CancelWorkspaceUpload(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/kibo.ctrl.v1.DataPlaneService/CancelWorkspaceUpload",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DataPlaneServiceServer).CancelWorkspaceUpload(ctx, req.(*CancelWorkspaceUploadRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _DataPlaneService_WatchWorkspaceDirectory_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(WatchWorkspaceDirectoryRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(DataPlaneServiceServer).WatchWorkspaceDirectory(m, &dataPlaneServiceWatchWorkspaceDirectoryServer{stream})
+}
+
+type DataPlaneService_WatchWorkspaceDirectoryServer interface {
+	Send(*WatchWorkspaceDirectoryResponse) error
+	grpc.ServerStream
+}
+
+type dataPlaneServiceWatchWorkspaceDirectoryServer struct {
+	grpc.ServerStream
+}
+
+func (x *dataPlaneServiceWatchWorkspaceDirectoryServer) Send(m *WatchWorkspaceDirectoryResponse) error {
+	return x.ServerStream.SendMsg(m)
+}
+
 var _DataPlaneService_serviceDesc = grpc.ServiceDesc{
 	ServiceName: "kibo.ctrl.v1.DataPlaneService",
 	HandlerType: (*DataPlaneServiceServer)(nil),
@@ -229,11 +897,79 @@ var _DataPlaneService_serviceDesc = grpc.ServiceDesc{
 			MethodName: "WriteWorkspaceFile",
 			Handler:    _DataPlaneService_WriteWorkspaceFile_Handler,
 		},
+		{
+			MethodName: "ListWorkspaceProcesses",
+			Handler:    _DataPlaneService_ListWorkspaceProcesses_Handler,
+		},
+		{
+			MethodName: "SendWorkspaceProcessInput",
+			Handler:    _DataPlaneService_SendWorkspaceProcessInput_Handler,
+		},
+		{
+			MethodName: "SignalWorkspaceProcess",
+			Handler:    _DataPlaneService_SignalWorkspaceProcess_Handler,
+		},
+		{
+			MethodName: "ResizeWorkspaceProcess",
+			Handler:    _DataPlaneService_ResizeWorkspaceProcess_Handler,
+		},
+		{
+			MethodName: "StatWorkspacePath",
+			Handler:    _DataPlaneService_StatWorkspacePath_Handler,
+		},
+		{
+			MethodName: "ListWorkspaceDirectory",
+			Handler:    _DataPlaneService_ListWorkspaceDirectory_Handler,
+		},
+		{
+			MethodName: "MakeWorkspaceDirectory",
+			Handler:    _DataPlaneService_MakeWorkspaceDirectory_Handler,
+		},
+		{
+			MethodName: "MoveWorkspacePath",
+			Handler:    _DataPlaneService_MoveWorkspacePath_Handler,
+		},
+		{
+			MethodName: "RemoveWorkspacePath",
+			Handler:    _DataPlaneService_RemoveWorkspacePath_Handler,
+		},
+		{
+			MethodName: "StartWorkspaceUpload",
+			Handler:    _DataPlaneService_StartWorkspaceUpload_Handler,
+		},
+		{
+			MethodName: "WriteWorkspaceUpload",
+			Handler:    _DataPlaneService_WriteWorkspaceUpload_Handler,
+		},
+		{
+			MethodName: "CancelWorkspaceUpload",
+			Handler:    _DataPlaneService_CancelWorkspaceUpload_Handler,
+		},
 	},
 	Streams: []grpc.StreamDesc{
 		{
 			StreamName:    "ExecWorkspaceCommand",
 			Handler:       _DataPlaneService_ExecWorkspaceCommand_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "StartWorkspaceProcess",
+			Handler:       _DataPlaneService_StartWorkspaceProcess_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "ConnectWorkspaceProcess",
+			Handler:       _DataPlaneService_ConnectWorkspaceProcess_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "DownloadWorkspaceFile",
+			Handler:       _DataPlaneService_DownloadWorkspaceFile_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "WatchWorkspaceDirectory",
+			Handler:       _DataPlaneService_WatchWorkspaceDirectory_Handler,
 			ServerStreams: true,
 		},
 	},

@@ -27,6 +27,13 @@ type NodeGuestServiceClient interface {
 	// (a half-close). The call ends once both sides sent `eof`; cancelling it cuts the
 	// connection at once.
 	OpenGuestPort(ctx context.Context, opts ...grpc.CallOption) (NodeGuestService_OpenGuestPortClient, error)
+	// The data plane's guest processes (the runtime's GuestProcesses), kept by this node: one
+	// call per operation (start, list, input, signal, resize, end), its arguments and its answer
+	// as JSON, an input's bytes in `data`.
+	CallGuestProcesses(ctx context.Context, in *CallGuestProcessesRequest, opts ...grpc.CallOption) (*CallGuestProcessesResponse, error)
+	// Follows a guest process: its output (`dropped` for what was not kept), then its exit (or
+	// why it cannot be followed). Cancelling the call leaves the process running.
+	FollowGuestProcess(ctx context.Context, in *FollowGuestProcessRequest, opts ...grpc.CallOption) (NodeGuestService_FollowGuestProcessClient, error)
 }
 
 type nodeGuestServiceClient struct {
@@ -100,6 +107,47 @@ func (x *nodeGuestServiceOpenGuestPortClient) Recv() (*OpenGuestPortResponse, er
 	return m, nil
 }
 
+func (c *nodeGuestServiceClient) CallGuestProcesses(ctx context.Context, in *CallGuestProcessesRequest, opts ...grpc.CallOption) (*CallGuestProcessesResponse, error) {
+	out := new(CallGuestProcessesResponse)
+	err := c.cc.Invoke(ctx, "/kibo.node.v1.NodeGuestService/CallGuestProcesses", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *nodeGuestServiceClient) FollowGuestProcess(ctx context.Context, in *FollowGuestProcessRequest, opts ...grpc.CallOption) (NodeGuestService_FollowGuestProcessClient, error) {
+	stream, err := c.cc.NewStream(ctx, &_NodeGuestService_serviceDesc.Streams[2], "/kibo.node.v1.NodeGuestService/FollowGuestProcess", opts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &nodeGuestServiceFollowGuestProcessClient{stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+type NodeGuestService_FollowGuestProcessClient interface {
+	Recv() (*FollowGuestProcessResponse, error)
+	grpc.ClientStream
+}
+
+type nodeGuestServiceFollowGuestProcessClient struct {
+	grpc.ClientStream
+}
+
+func (x *nodeGuestServiceFollowGuestProcessClient) Recv() (*FollowGuestProcessResponse, error) {
+	m := new(FollowGuestProcessResponse)
+	if err := x.ClientStream.RecvMsg(m); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
 // NodeGuestServiceServer is the server API for NodeGuestService service.
 // All implementations must embed UnimplementedNodeGuestServiceServer
 // for forward compatibility
@@ -114,6 +162,13 @@ type NodeGuestServiceServer interface {
 	// (a half-close). The call ends once both sides sent `eof`; cancelling it cuts the
 	// connection at once.
 	OpenGuestPort(NodeGuestService_OpenGuestPortServer) error
+	// The data plane's guest processes (the runtime's GuestProcesses), kept by this node: one
+	// call per operation (start, list, input, signal, resize, end), its arguments and its answer
+	// as JSON, an input's bytes in `data`.
+	CallGuestProcesses(context.Context, *CallGuestProcessesRequest) (*CallGuestProcessesResponse, error)
+	// Follows a guest process: its output (`dropped` for what was not kept), then its exit (or
+	// why it cannot be followed). Cancelling the call leaves the process running.
+	FollowGuestProcess(*FollowGuestProcessRequest, NodeGuestService_FollowGuestProcessServer) error
 	mustEmbedUnimplementedNodeGuestServiceServer()
 }
 
@@ -126,6 +181,12 @@ func (UnimplementedNodeGuestServiceServer) RunGuestJob(*RunGuestJobRequest, Node
 }
 func (UnimplementedNodeGuestServiceServer) OpenGuestPort(NodeGuestService_OpenGuestPortServer) error {
 	return status.Errorf(codes.Unimplemented, "method OpenGuestPort not implemented")
+}
+func (UnimplementedNodeGuestServiceServer) CallGuestProcesses(context.Context, *CallGuestProcessesRequest) (*CallGuestProcessesResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method CallGuestProcesses not implemented")
+}
+func (UnimplementedNodeGuestServiceServer) FollowGuestProcess(*FollowGuestProcessRequest, NodeGuestService_FollowGuestProcessServer) error {
+	return status.Errorf(codes.Unimplemented, "method FollowGuestProcess not implemented")
 }
 func (UnimplementedNodeGuestServiceServer) mustEmbedUnimplementedNodeGuestServiceServer() {}
 
@@ -187,10 +248,54 @@ func (x *nodeGuestServiceOpenGuestPortServer) Recv() (*OpenGuestPortRequest, err
 	return m, nil
 }
 
+func _NodeGuestService_CallGuestProcesses_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CallGuestProcessesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NodeGuestServiceServer).CallGuestProcesses(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/kibo.node.v1.NodeGuestService/CallGuestProcesses",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NodeGuestServiceServer).CallGuestProcesses(ctx, req.(*CallGuestProcessesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _NodeGuestService_FollowGuestProcess_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(FollowGuestProcessRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(NodeGuestServiceServer).FollowGuestProcess(m, &nodeGuestServiceFollowGuestProcessServer{stream})
+}
+
+type NodeGuestService_FollowGuestProcessServer interface {
+	Send(*FollowGuestProcessResponse) error
+	grpc.ServerStream
+}
+
+type nodeGuestServiceFollowGuestProcessServer struct {
+	grpc.ServerStream
+}
+
+func (x *nodeGuestServiceFollowGuestProcessServer) Send(m *FollowGuestProcessResponse) error {
+	return x.ServerStream.SendMsg(m)
+}
+
 var _NodeGuestService_serviceDesc = grpc.ServiceDesc{
 	ServiceName: "kibo.node.v1.NodeGuestService",
 	HandlerType: (*NodeGuestServiceServer)(nil),
-	Methods:     []grpc.MethodDesc{},
+	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "CallGuestProcesses",
+			Handler:    _NodeGuestService_CallGuestProcesses_Handler,
+		},
+	},
 	Streams: []grpc.StreamDesc{
 		{
 			StreamName:    "RunGuestJob",
@@ -202,6 +307,11 @@ var _NodeGuestService_serviceDesc = grpc.ServiceDesc{
 			Handler:       _NodeGuestService_OpenGuestPort_Handler,
 			ServerStreams: true,
 			ClientStreams: true,
+		},
+		{
+			StreamName:    "FollowGuestProcess",
+			Handler:       _NodeGuestService_FollowGuestProcess_Handler,
+			ServerStreams: true,
 		},
 	},
 	Metadata: "kibo/node/v1/node_guest_service.proto",
