@@ -52,6 +52,8 @@ from ..domain.guest_errors import file_error
 from ..domain.model import Phase, WorkspaceState
 from ..runtime.base import Exit, GuestAccess, GuestRefused, JobStopped, Output
 from ..store.base import Changes, Reader, Store
+from .data_plane_files import DataPlaneFiles
+from .data_plane_processes import DataPlaneProcesses
 from .data_plane_sessions import Session, Sessions
 
 log = logging.getLogger(__name__)
@@ -92,6 +94,8 @@ class DataPlane:
         data_dir.mkdir(parents=True, exist_ok=True)
         self._key = _key(data_dir / "data-plane.key")
         self.sessions = Sessions()
+        self.processes = DataPlaneProcesses(self)
+        self.files = DataPlaneFiles(self)
 
     def on_changes(self, changes: Changes) -> None:
         """A hub listener: ends the calls whose credential a commit revoked."""
