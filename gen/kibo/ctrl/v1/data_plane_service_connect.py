@@ -39,7 +39,8 @@ _GZIP_COMPRESSION = GzipCompression()
 
 class DataPlaneService(Protocol):
     """
-    Using a running workspace: run commands in it, read and write files under its volumes.
+    Using a running workspace: run commands and processes in it (with a terminal if wanted), and
+    move files in and out of it.
 
     Every call but IssueDataPlaneCredential carries a credential. A credential is bound to
     the workspace's execution generation and data_plane.credential_revision: it is refused
@@ -424,7 +425,8 @@ class DataPlaneServiceASGIApplication(ConnectASGIApplication[DataPlaneService]):
 
 class DataPlaneServiceClient(ConnectClient):
     """
-    Using a running workspace: run commands in it, read and write files under its volumes.
+    Using a running workspace: run commands and processes in it (with a terminal if wanted), and
+    move files in and out of it.
 
     Every call but IssueDataPlaneCredential carries a credential. A credential is bound to
     the workspace's execution generation and data_plane.credential_revision: it is refused
@@ -927,7 +929,8 @@ class DataPlaneServiceClient(ConnectClient):
 
 class DataPlaneServiceSync(Protocol):
     """
-    Using a running workspace: run commands in it, read and write files under its volumes.
+    Using a running workspace: run commands and processes in it (with a terminal if wanted), and
+    move files in and out of it.
 
     Every call but IssueDataPlaneCredential carries a credential. A credential is bound to
     the workspace's execution generation and data_plane.credential_revision: it is refused
@@ -1310,7 +1313,8 @@ class DataPlaneServiceWSGIApplication(ConnectWSGIApplication):
 
 class DataPlaneServiceClientSync(ConnectClientSync):
     """
-    Using a running workspace: run commands in it, read and write files under its volumes.
+    Using a running workspace: run commands and processes in it (with a terminal if wanted), and
+    move files in and out of it.
 
     Every call but IssueDataPlaneCredential carries a credential. A credential is bound to
     the workspace's execution generation and data_plane.credential_revision: it is refused

@@ -26,7 +26,8 @@ if _version_not_supported:
 
 
 class DataPlaneServiceStub:
-    """Using a running workspace: run commands in it, read and write files under its volumes.
+    """Using a running workspace: run commands and processes in it (with a terminal if wanted), and
+    move files in and out of it.
 
     Every call but IssueDataPlaneCredential carries a credential. A credential is bound to
     the workspace's execution generation and data_plane.credential_revision: it is refused
@@ -144,7 +145,8 @@ class DataPlaneServiceStub:
 
 
 class DataPlaneServiceServicer:
-    """Using a running workspace: run commands in it, read and write files under its volumes.
+    """Using a running workspace: run commands and processes in it (with a terminal if wanted), and
+    move files in and out of it.
 
     Every call but IssueDataPlaneCredential carries a credential. A credential is bound to
     the workspace's execution generation and data_plane.credential_revision: it is refused
@@ -424,7 +426,8 @@ def add_DataPlaneServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class DataPlaneService:
-    """Using a running workspace: run commands in it, read and write files under its volumes.
+    """Using a running workspace: run commands and processes in it (with a terminal if wanted), and
+    move files in and out of it.
 
     Every call but IssueDataPlaneCredential carries a credential. A credential is bound to
     the workspace's execution generation and data_plane.credential_revision: it is refused
