@@ -342,5 +342,17 @@ def node_guest_service(guests: NodeGuestApi) -> Service:
         (
             ServerStream("RunGuestJob", ngu.RunGuestJobRequest, ngu.RunGuestJobResponse, guests.run_guest_job),
             BidiStream("OpenGuestPort", ngu.OpenGuestPortRequest, ngu.OpenGuestPortResponse, guests.open_guest_port),
+            Unary(
+                "CallGuestProcesses",
+                ngu.CallGuestProcessesRequest,
+                ngu.CallGuestProcessesResponse,
+                guests.call_guest_processes,
+            ),
+            ServerStream(
+                "FollowGuestProcess",
+                ngu.FollowGuestProcessRequest,
+                ngu.FollowGuestProcessResponse,
+                guests.follow_guest_process,
+            ),
         ),
     )

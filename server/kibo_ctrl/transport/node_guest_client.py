@@ -1,6 +1,7 @@
-"""The data plane's hop to a remote node's guests, on the control plane: `GuestAccess`
-over gRPC (kibo.node.v1.NodeGuestService, served by `kibo-ctrl node`), and the map by node
-ID that api/data_plane.py reads (the local node's runtime, else the node's declared hop)."""
+"""The data plane's hop to a remote node's guests, on the control plane: `GuestAccess`,
+`GuestPorts` and `GuestProcesses` over gRPC (kibo.node.v1.NodeGuestService, served by
+`kibo-ctrl node`), and the map by node ID that api/data_plane.py reads (the local node's
+runtime, else the node's declared hop)."""
 
 from __future__ import annotations
 
@@ -8,20 +9,50 @@ import asyncio
 import contextlib
 from collections.abc import AsyncGenerator, Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
+import msgspec
 from kibo.node.v1 import node_guest_service_pb2 as guest_pb2
 from kibo.node.v1 import node_guest_service_pb2_grpc as guest_grpc
 
 from ..api.node_api import encode
+from ..api.node_guest_api import (
+    EndArguments,
+    FollowSelection,
+    InputArguments,
+    ListArguments,
+    Received,
+    ResizeArguments,
+    SignalArguments,
+    StartArguments,
+)
+from ..domain.errors import Unimplemented
 from ..engine import pki
-from ..runtime.base import Exit, GuestAccess, GuestPorts, GuestRefused, GuestStream, JobStopped, Output
+from ..runtime.base import (
+    Dropped,
+    Exit,
+    GuestAccess,
+    GuestPorts,
+    GuestProcesses,
+    GuestRefused,
+    GuestStream,
+    JobStopped,
+    Output,
+    ProcessInfo,
+    ProcessSpec,
+    Selector,
+)
 
+T = TypeVar("T")
 PathRule = Callable[[str, list[str]], object]
 Endpoints = Callable[[str], tuple[str, str] | None]
 # A data frame's bytes at most (OpenGuestPort), as the node takes them.
 PORT_CHUNK = 64 * 1024
+# How long a guest-process operation that does not wait on the guest (list, signal, resize,
+# end) may take: a node that does not answer must not hold a revoke's `end` for good. A
+# start and an input wait as long as the guest makes them (a stdin it does not read).
+CALL_TIMEOUT_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -44,8 +75,9 @@ class GuestTls:
 
 class RemoteGuests:
     """A remote node's guests: each job is one RunGuestJob call, each connection to a guest's
-    port one OpenGuestPort call (over mutual TLS, unless the node link is plaintext:
-    --insecure-node-link)."""
+    port one OpenGuestPort call, each operation on its guest processes one CallGuestProcesses
+    call and each follower one FollowGuestProcess call (over mutual TLS, unless the node link
+    is plaintext: --insecure-node-link)."""
 
     def __init__(
         self, address: str, secret: str, check_path: PathRule, tls: GuestTls | None = None, node_id: str = ""
@@ -126,6 +158,126 @@ class RemoteGuests:
         if which == "refused":
             raise GuestRefused(first.refused.status, first.refused.message, first.refused.errno)
         raise GuestRefused("unavailable", "the node ended the connection before it was opened")
+
+    # -- guest processes (runtime.base.GuestProcesses), kept by the node ------------------------
+
+    async def start_guest_process(self, instance_id: str, spec: ProcessSpec) -> ProcessInfo:
+        arguments = StartArguments(
+            argv=list(spec.argv),
+            env=dict(spec.env),
+            cwd=spec.cwd,
+            user=spec.user,
+            tag=spec.tag,
+            pty=spec.pty,
+            close_stdin=spec.close_stdin,
+            owner=spec.owner,
+            job=None if spec.job is None else dict(spec.job),
+        )
+        answer = await self._processes(instance_id, "start", arguments, spec.stdin, waits=True)
+        return _answer(answer, ProcessInfo)
+
+    async def list_guest_processes(self, instance_id: str) -> list[ProcessInfo]:
+        return _answer(await self._processes(instance_id, "list", ListArguments()), list[ProcessInfo])
+
+    async def follow_guest_process(
+        self,
+        instance_id: str,
+        selector: Selector,
+        replay: bool = False,
+        stop: asyncio.Event | None = None,
+        hold: bool = False,
+    ) -> AsyncGenerator[Output | Dropped | Exit, None]:
+        """One FollowGuestProcess call; closing this generator (or `stop`) cancels it, which
+        closes the node's follower and leaves the process running. With `hold`, the node's
+        follower is the one the process's output waits for, and it waits on this call's flow
+        control: a consumer that stops reading stops the guest's output, end to end."""
+        selection = FollowSelection(*_selection(selector), hold=hold)
+        request = guest_pb2.FollowGuestProcessRequest(
+            instance_id=instance_id, selector=encode(selection), replay=replay
+        )
+        call = self._stub.FollowGuestProcess(request, metadata=self._metadata)
+        stopper = asyncio.create_task(_cancel_on(stop, call)) if stop is not None else None
+        try:
+            async for response in call:
+                which = response.WhichOneof("event")
+                if which == "output":
+                    yield Output(response.output.stream, response.output.data)
+                elif which == "dropped":
+                    yield Dropped(response.dropped)
+                elif which == "exit":
+                    yield Exit(response.exit.code)
+                elif which == "refused":
+                    refused = response.refused
+                    raise GuestRefused(refused.status, refused.message, refused.errno)
+        except asyncio.CancelledError:
+            if stop is not None and stop.is_set():
+                raise JobStopped() from None
+            raise
+        except grpc.aio.AioRpcError as error:
+            raise _process_error(error) from None
+        finally:
+            if stopper is not None:
+                stopper.cancel()
+            call.cancel()
+        if stop is not None and stop.is_set():
+            raise JobStopped()
+
+    async def send_guest_process_input(
+        self, instance_id: str, selector: Selector, data: bytes, close: bool = False, offset: int | None = None
+    ) -> int:
+        arguments = InputArguments(*_selection(selector), close=close, offset=offset)
+        answer = await self._processes(instance_id, "input", arguments, data, waits=True)
+        return _answer(answer, Received).received
+
+    async def signal_guest_process(self, instance_id: str, selector: Selector, signum: int) -> None:
+        await self._processes(instance_id, "signal", SignalArguments(*_selection(selector), signal=signum))
+
+    async def resize_guest_process(self, instance_id: str, selector: Selector, rows: int, cols: int) -> None:
+        arguments = ResizeArguments(*_selection(selector), rows=rows, cols=cols)
+        await self._processes(instance_id, "resize", arguments)
+
+    async def end_guest_processes(self, instance_id: str, keep_owner: int | None = None) -> None:
+        await self._processes(instance_id, "end", EndArguments(keep_owner=keep_owner))
+
+    async def _processes(
+        self, instance_id: str, operation: str, arguments: object, data: bytes = b"", waits: bool = False
+    ) -> bytes:
+        """One CallGuestProcesses call: its answer's JSON; GuestRefused as the node refused.
+        `waits`: the operation waits on the guest (no deadline), else CALL_TIMEOUT_S."""
+        request = guest_pb2.CallGuestProcessesRequest(
+            instance_id=instance_id, operation=operation, arguments=encode(arguments), data=data
+        )
+        try:
+            response = await self._stub.CallGuestProcesses(
+                request, metadata=self._metadata, timeout=None if waits else CALL_TIMEOUT_S
+            )
+        except grpc.aio.AioRpcError as error:
+            raise _process_error(error) from None
+        if response.WhichOneof("outcome") == "refused":
+            refused = response.refused
+            raise GuestRefused(refused.status, refused.message, refused.errno)
+        return bytes(response.result)
+
+
+def _selection(selector: Selector) -> tuple[int | None, str | None]:
+    """A selector as the wire's (pid, tag): one of them."""
+    return (None, selector) if isinstance(selector, str) else (selector, None)
+
+
+def _answer(raw: bytes, kind: type[T]) -> T:
+    try:
+        return msgspec.json.decode(raw, type=kind)
+    except (msgspec.ValidationError, msgspec.DecodeError) as error:
+        raise GuestRefused("error", f"the node's answer cannot be read as {kind}: {error}") from None
+
+
+def _process_error(error: grpc.aio.AioRpcError) -> GuestRefused | Unimplemented:
+    """Why a guest-process call failed on the hop itself: a node whose agent keeps no guest
+    processes (an older one) cannot, arguments it refused are the caller's, anything else is
+    the node not answering (retry)."""
+    if error.code() is grpc.StatusCode.UNIMPLEMENTED:
+        return Unimplemented("the workspace's node keeps no guest processes (its agent is older: upgrade it)")
+    return _unanswered(error)
 
 
 class RemoteGuestStream:
@@ -223,6 +375,14 @@ class NodeGuests(Mapping[str, GuestAccess]):
         whose runtime opens none (the simulator)."""
         guests = self[node_id]
         if not isinstance(guests, GuestPorts):
+            raise KeyError(node_id)
+        return guests
+
+    def processes(self, node_id: str) -> GuestProcesses:
+        """`node_id`'s guest processes: KeyError for a node with no data plane, or whose
+        runtime keeps none (the simulator). A remote node's are its hop's (RemoteGuests)."""
+        guests = self[node_id]
+        if not isinstance(guests, GuestProcesses):
             raise KeyError(node_id)
         return guests
 
