@@ -218,7 +218,7 @@ class RemoteGuests:
         finally:
             if stopper is not None:
                 stopper.cancel()
-            call.cancel()
+            call.cancel()  # at once, not at garbage collection: the node's follower is closed
         if stop is not None and stop.is_set():
             raise JobStopped()
 
