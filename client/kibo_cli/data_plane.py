@@ -1,14 +1,12 @@
-"""`kibo workspace exec` and `kibo workspace cp`: use a running workspace through the data
-plane. Each run issues a fresh data-plane credential (the workspace must be AVAILABLE),
-then runs the command or moves the file with it."""
+"""`kibo workspace exec`: run a command in a running workspace through the data plane, and what
+the data-plane commands share (workspace_processes.py, workspace_files.py). Each run issues a
+fresh data-plane credential (the workspace must be AVAILABLE), then uses it."""
 
 from __future__ import annotations
 
 import contextlib
 import os
-import re
 import sys
-from pathlib import Path, PurePosixPath
 from typing import Annotated, BinaryIO
 
 import grpc
@@ -29,8 +27,6 @@ WorkspaceId = Annotated[str, typer.Argument(help="The workspace ID (ws-...).", s
 # Reading and writing retry a restarting guest this long (issuing the credential first
 # does not retry, so an unreachable server is reported at once).
 RETRY_SECONDS = 10.0
-# WORKSPACE_ID:/path: the ID has no `/`, so `./a:b` and `/x:y` are local paths.
-_REMOTE = re.compile(r"(?P<workspace>[^/:]+):(?P<path>.*)", re.DOTALL)
 
 EXEC_HELP = (
     "Run a command in an AVAILABLE workspace, streaming its output; exit with its exit code.\n\n"
@@ -43,25 +39,14 @@ EXEC_HELP = (
     "run, 127 when not found, 128+N when killed by signal N). When kibo itself fails it prints "
     "a `kibo:` line on stderr and exits with the code of the table in kibo --help (e.g. 4: the "
     "workspace is not AVAILABLE). A command is never resent: if the connection breaks while it "
-    "runs, kibo says it may have run and exits 8. Ctrl-C stops the command (exit 130)."
-)
-
-CP_HELP = (
-    "Copy a file into or out of an AVAILABLE workspace.\n\n"
-    "Exactly one side is WORKSPACE_ID:/path, an absolute path under one of the workspace's "
-    "volume mounts (e.g. ws-...:/data/notes.txt); the other is a local file, or - for stdin "
-    "(upload) or stdout (download). Upload: the workspace file is created or replaced "
-    "atomically, with the local file's permission bits (0644 from stdin); a remote path ending "
-    "in / takes the local file's name. Download: into an existing local directory the file "
-    "keeps its name. Up to 3 MiB per file; directories are not copied."
+    "runs, kibo says it may have run and exits 8. Ctrl-C stops the command (exit 130).\n\n"
+    "--tty (-t) runs it on a terminal instead, as kibo workspace shell does: kibo's terminal (its "
+    "stdin must be one) in raw mode, every key to the command (Ctrl-C too), its size followed, "
+    "exit code passed through."
 )
 
 
-def _local_error(error: OSError, what: str) -> typer.Exit:
-    return fail(f"cannot {what} {error.filename or ''}: {error.strerror}", ExitCode.ERROR)
-
-
-def _explain(error: kibotos.KiboError, workspace_id: str) -> typer.Exit:
+def explain(error: kibotos.KiboError, workspace_id: str) -> typer.Exit:
     """Report an error of issuing or using a credential, with the next step, and exit."""
     report(error)
     if isinstance(error, kibotos.ConflictError) and not error.hint:
@@ -81,7 +66,7 @@ def _issue(client: kibotos.Client, workspace_id: str) -> str:
     try:
         return client.issue_data_plane_credential(workspace_id, retry_unavailable=0).credential
     except kibotos.KiboError as error:
-        raise _explain(error, workspace_id) from None
+        raise explain(error, workspace_id) from None
 
 
 def _refused_credential(error: kibotos.KiboError, workspace_id: str) -> typer.Exit:
@@ -90,10 +75,10 @@ def _refused_credential(error: kibotos.KiboError, workspace_id: str) -> typer.Ex
         note(f"kibo: UNAUTHENTICATED: {error.message}")
         note(f"      {workspace_id} was stopped, restarted or its access revoked meanwhile; nothing was done")
         return typer.Exit(int(ExitCode.NOT_ALLOWED))
-    return _explain(error, workspace_id)
+    return explain(error, workspace_id)
 
 
-def _stdin_bytes() -> bytes:
+def stdin_bytes() -> bytes:
     stream = sys.stdin
     if stream is None:
         return b""
@@ -107,7 +92,7 @@ def _stdin_bytes() -> bytes:
     return data
 
 
-def _write(stream: BinaryIO, data: bytes) -> None:
+def write_out(stream: BinaryIO, data: bytes) -> None:
     stream.write(data)
     stream.flush()
 
@@ -153,6 +138,9 @@ def exec_command(
     no_stdin: Annotated[
         bool, typer.Option("--no-stdin", "-n", help="Give the command no input, even when stdin is not a terminal.")
     ] = False,
+    tty: Annotated[
+        bool, typer.Option("--tty", "-t", help="Run it on a terminal: this one, in raw mode (stdin must be one).")
+    ] = False,
 ) -> None:
     try:
         environment = parsing.pairs(env, "--env")
@@ -161,7 +149,15 @@ def exec_command(
     limit = timeout_seconds(timeout) if timeout is not None else None
     if limit is not None and limit <= 0:
         raise fail("--timeout must be positive", ExitCode.USAGE)
-    stdin = b"" if no_stdin or sys.stdin is None or sys.stdin.isatty() else _stdin_bytes()
+    if tty:
+        if no_stdin:
+            raise fail("--no-stdin and --tty: a terminal's input is its keys", ExitCode.USAGE)
+        from .workspace_processes import terminal  # it uses this module's helpers
+
+        raise typer.Exit(
+            terminal(workspace_id, command, env=environment, cwd=workdir, limit=limit, what="kibo workspace exec --tty")
+        )
+    stdin = b"" if no_stdin or sys.stdin is None or sys.stdin.isatty() else stdin_bytes()
     out, err = sys.stdout.buffer, sys.stderr.buffer
     with _connect() as client:
         credential = _issue(client, workspace_id)
@@ -175,7 +171,7 @@ def exec_command(
                     code = event.exit_code
                     break
                 started = True
-                _write(out if event.stream == "stdout" else err, event.data)
+                write_out(out if event.stream == "stdout" else err, event.data)
         except KeyboardInterrupt:
             raise fail("interrupted: the command was stopped", ExitCode.INTERRUPTED) from None
         except BrokenPipeError:
@@ -196,95 +192,3 @@ def exec_command(
             events.close()  # cancels the call if still open: the server kills the command
     # The SDK's stream ends with the exit code or raises, so `code` is set here.
     raise typer.Exit(code if code is not None else int(ExitCode.UNAVAILABLE))
-
-
-# -- cp ------------------------------------------------------------------------------------
-
-
-def _side(text: str) -> tuple[str, str] | None:
-    """(workspace ID, path) when `text` names a workspace file, else None (a local path)."""
-    match = _REMOTE.fullmatch(text)
-    if match is None:
-        return None
-    return match["workspace"], match["path"]
-
-
-@handle
-def cp(
-    src: Annotated[str, typer.Argument(help="WORKSPACE_ID:/path, a local file, or - (stdin).", show_default=False)],
-    dst: Annotated[str, typer.Argument(help="WORKSPACE_ID:/path, a local file or directory, or - (stdout).")],
-) -> None:
-    source, target = _side(src), _side(dst)
-    if (source is None) == (target is None):
-        raise fail(
-            "give exactly one side as WORKSPACE_ID:/path (the other is a local path or -)",
-            ExitCode.USAGE,
-            hint="kibo workspace cp notes.txt ws-...:/data/notes.txt, or the other way round",
-        )
-    remote = source or target
-    assert remote is not None
-    workspace_id, path = remote
-    if not path.startswith("/"):
-        raise fail(
-            f"{workspace_id}:{path}: the workspace path must be absolute, under a volume mount (e.g. /data/...)",
-            ExitCode.USAGE,
-        )
-    if target is not None:
-        _upload(src, workspace_id, path)
-    else:
-        _download(workspace_id, path, dst)
-
-
-def _upload(local: str, workspace_id: str, path: str) -> None:
-    mode = 0
-    if local == "-":
-        if path.endswith("/"):
-            raise fail(f"{workspace_id}:{path}: name the file to write from stdin", ExitCode.USAGE)
-        content = _stdin_bytes()
-    else:
-        file = Path(local)
-        try:
-            if file.is_dir():
-                raise fail(f"{local} is a directory: cp copies one file", ExitCode.USAGE)
-            mode = file.stat().st_mode & 0o777
-            if file.stat().st_size > MAX_FILE_BYTES:
-                raise fail(
-                    f"{local} is larger than {MAX_FILE_BYTES >> 20} MiB, the most cp carries",
-                    ExitCode.INVALID_ARGUMENT,
-                )
-            content = file.read_bytes()
-        except OSError as error:
-            raise _local_error(error, "read") from None
-        if path.endswith("/"):
-            path += file.name
-    with _connect() as client:
-        credential = _issue(client, workspace_id)
-        try:
-            size = client.write_workspace_file(credential, path, content, mode=mode, retry_unavailable=RETRY_SECONDS)
-        except kibotos.KiboError as error:
-            raise _refused_credential(error, workspace_id) from None
-    note(f"{workspace_id}:{path}: {size} bytes written")
-
-
-def _download(workspace_id: str, path: str, local: str) -> None:
-    with _connect() as client:
-        credential = _issue(client, workspace_id)
-        try:
-            content = client.read_workspace_file(credential, path, retry_unavailable=RETRY_SECONDS)
-        except kibotos.KiboError as error:
-            raise _refused_credential(error, workspace_id) from None
-    if local == "-":
-        _write(sys.stdout.buffer, content)
-        return
-    file = Path(local)
-    if file.is_dir():
-        file = file / PurePosixPath(path).name
-    temporary = file.with_name(f".{file.name}.kibo-{os.getpid()}.tmp")
-    try:
-        temporary.write_bytes(content)
-        temporary.replace(file)
-    except OSError as error:
-        with contextlib.suppress(OSError):
-            temporary.unlink()
-        raise _local_error(error, "write") from None
-    note(f"{file}: {len(content)} bytes from {workspace_id}:{path}")

@@ -60,7 +60,7 @@ class Settings:
     def token(self) -> str | None:
         return self.discovery.token if self.discovery is not None else None
 
-    def client(self) -> kibotos.Client:
+    def connection(self) -> kibotos.Connection:
         def read(path: Path | None) -> bytes | None:
             return path.read_bytes() if path is not None else None
 
@@ -74,7 +74,14 @@ class Settings:
         )
         if self.discovery is not None:
             connection = dataclasses.replace(connection, discovery=self.discovery)
-        return kibotos.Client(connection=connection)
+        return connection
+
+    def client(self) -> kibotos.Client:
+        return kibotos.Client(connection=self.connection())
+
+    def async_client(self) -> kibotos.AsyncClient:
+        """For the commands that do several things at once (a terminal): open it in the event loop."""
+        return kibotos.AsyncClient(connection=self.connection())
 
 
 _current: list[Settings] = []

@@ -1,6 +1,8 @@
 """`kibo workspace ...`: create, get, list, stop, start, delete, wait, cleanup-status,
 events, instances, labels, resize, expire; bind-volume, rebind-volume, unbind-volume,
-network-policy and revoke-access (workspace_config.py); exec and cp (data_plane.py)."""
+network-policy and revoke-access (workspace_config.py); exec (data_plane.py); shell,
+start-process, ps, kill, logs (workspace_processes.py); cp, ls, stat, mkdir, mv, rm, watch
+(workspace_files.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +17,17 @@ import typer
 from kibo.ctrl.v1 import command_pb2, workspace_pb2
 from kibo.ctrl.v1 import observation_service_pb2 as obs_pb2
 
-from . import data_plane, exit_codes, exposures, output, parsing, render, workspace_config
+from . import (
+    data_plane,
+    exit_codes,
+    exposures,
+    output,
+    parsing,
+    render,
+    workspace_config,
+    workspace_files,
+    workspace_processes,
+)
 from .exit_codes import ExitCode
 from .output import Format, note
 from .progress import Progress
@@ -729,7 +741,14 @@ def expire(
 # -- the data plane (data_plane.py) ------------------------------------------------------
 
 app.command("exec", help=data_plane.EXEC_HELP, cls=data_plane.ExecCommand)(data_plane.exec_command)
-app.command("cp", help=data_plane.CP_HELP)(data_plane.cp)
+app.command("shell")(workspace_processes.shell)
+app.command("start-process", cls=data_plane.ExecCommand)(workspace_processes.start_process)
+app.command("ps")(workspace_processes.ps)
+app.command("kill")(workspace_processes.kill)
+app.command("logs")(workspace_processes.logs)
+app.command("cp", help=workspace_files.CP_HELP)(workspace_files.cp)
+for _name in ("ls", "stat", "mkdir", "mv", "rm", "watch"):
+    app.command(_name)(getattr(workspace_files, _name))
 
 # -- bindings, network policy, data-plane access (workspace_config.py) -------------------
 

@@ -9,11 +9,28 @@
 The Go SDK's (sdk/go) `kibotos.Settle` / `kibotos.NewCommandID` / `client.WaitWorkspace` are
 `kibotos.settle` / `kibotos.new_command_id` / `client.wait_workspace` here.
 
+A running workspace's processes and files: `client.workspace_access(workspace_id)` (its
+`.processes` and `.files`; kibotos.aio_access says how).
+
 The token: `token=`, else $KIBO_TOKEN, else a local server's admin token
 (kibotos.token_discovery, the rule `kibo` follows too).
 """
 
+from .access import Files, Processes, ProcessHandle, WorkspaceAccess
+from .access_common import (
+    FileChange,
+    ProcessDropped,
+    ProcessEvent,
+    ProcessExit,
+    ProcessOutput,
+    ProcessResult,
+    TransferProgress,
+    WatchEvent,
+    WatchOverflow,
+    WatchReady,
+)
 from .aio import AsyncClient
+from .aio_access import AsyncFiles, AsyncProcesses, AsyncProcessHandle, AsyncWorkspaceAccess
 from .client import Client
 from .command_id import RESERVED_PREFIXES, check_command_id, new_command_id
 from .connection import DEFAULT_ADDRESS, Connection, check_address, resolve_address
@@ -51,6 +68,10 @@ __all__ = [
     "STEADY_STATES",
     "AbortedError",
     "AsyncClient",
+    "AsyncFiles",
+    "AsyncProcessHandle",
+    "AsyncProcesses",
+    "AsyncWorkspaceAccess",
     "Backoff",
     "Client",
     "CommandFailedError",
@@ -63,23 +84,37 @@ __all__ = [
     "ExecExit",
     "ExecOutput",
     "ExecResult",
+    "FileChange",
+    "Files",
     "InternalError",
     "InvalidArgumentError",
     "KiboError",
     "KiboTimeoutError",
     "NotFoundError",
     "PermissionDeniedError",
+    "ProcessDropped",
+    "ProcessEvent",
+    "ProcessExit",
+    "ProcessHandle",
+    "ProcessOutput",
+    "ProcessResult",
+    "Processes",
     "QuotaExceededError",
     "RateLimitedError",
     "ReservedCommandIdError",
     "ResourceExhaustedError",
     "SettleOptions",
     "SettleTimeoutError",
+    "TransferProgress",
     "UnauthenticatedError",
     "UnavailableError",
     "WaitOptions",
     "WaitResult",
     "WaitTimeoutError",
+    "WatchEvent",
+    "WatchOverflow",
+    "WatchReady",
+    "WorkspaceAccess",
     "WrongPortError",
     "check_address",
     "check_command_id",

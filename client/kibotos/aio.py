@@ -39,6 +39,7 @@ from kibo.sim.v1 import simulator_pb2_grpc as sim_grpc
 
 from . import build
 from . import data_plane as dpl
+from .aio_access import AsyncWorkspaceAccess
 from .call_options import AsyncCall, OnAnswer, OnUpdate, SettleArg, raise_if_failed, settle_options, wait_options
 from .connection import Connection
 from .errors import from_rpc_error
@@ -625,6 +626,14 @@ class AsyncClient:
         return response
 
     # -- data plane (see kibotos.data_plane) ------------------------------------------------
+
+    def workspace_access(
+        self, workspace_id: str, *, credential: str = "", retry_unavailable: float = dpl.DEFAULT_RETRY_UNAVAILABLE
+    ) -> AsyncWorkspaceAccess:
+        """The processes and files of a running workspace (`.processes`, `.files`: see
+        kibotos.aio_access), with a data-plane credential issued at its first call (or the one
+        given), and issued anew once if a call is refused after the workspace was started again."""
+        return AsyncWorkspaceAccess(self, workspace_id, credential=credential, retry_unavailable=retry_unavailable)
 
     async def issue_data_plane_credential(
         self, workspace_id: str, *, retry_unavailable: float = dpl.DEFAULT_RETRY_UNAVAILABLE

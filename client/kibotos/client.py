@@ -40,6 +40,7 @@ from kibo.sim.v1 import simulator_pb2_grpc as sim_grpc
 
 from . import build
 from . import data_plane as dpl
+from .access import WorkspaceAccess
 from .call_options import OnAnswer, OnUpdate, SettleArg, SyncCall, raise_if_failed, settle_options, wait_options
 from .connection import Connection
 from .errors import from_rpc_error
@@ -612,6 +613,14 @@ class Client:
         return response
 
     # -- data plane (see kibotos.data_plane) ------------------------------------------------
+
+    def workspace_access(
+        self, workspace_id: str, *, credential: str = "", retry_unavailable: float = dpl.DEFAULT_RETRY_UNAVAILABLE
+    ) -> WorkspaceAccess:
+        """The processes and files of a running workspace (`.processes`, `.files`: see
+        kibotos.aio_access), with a data-plane credential issued at its first call (or the one
+        given), and issued anew once if a call is refused after the workspace was started again."""
+        return WorkspaceAccess(self, workspace_id, credential=credential, retry_unavailable=retry_unavailable)
 
     def issue_data_plane_credential(
         self, workspace_id: str, *, retry_unavailable: float = dpl.DEFAULT_RETRY_UNAVAILABLE
