@@ -22,7 +22,7 @@ import pytest
 from kibo.node.v1 import node_guest_service_pb2 as guest_pb2
 from kibo.node.v1 import node_guest_service_pb2_grpc as guest_grpc
 from kibo_ctrl import routes
-from kibo_ctrl.api.node_guest_api import MAX_DATA_BYTES, NodeGuestApi, guest_authenticator
+from kibo_ctrl.api.node_guest_api import MAX_ARGUMENTS_BYTES, MAX_DATA_BYTES, NodeGuestApi, guest_authenticator
 from kibo_ctrl.domain.errors import Unimplemented
 from kibo_ctrl.runtime.base import (
     Dropped,
@@ -223,6 +223,24 @@ async def test_every_operation_crosses_the_hop_as_it_was_sent(hop: Hop) -> None:
     assert runtime.calls[-1] == ("end", INSTANCE, None)
 
 
+async def test_the_largest_command_the_public_api_takes_crosses_and_a_larger_message_is_refused(hop: Hop) -> None:
+    remote, runtime = hop.remote, hop.runtime
+    # argv and env of 1 MiB together (api/data_plane_processes.py MAX_COMMAND_BYTES), text with
+    # quotes and newlines (escaped in JSON), and a stdin of 1 MiB.
+    argv = ("sh", "-c", 'echo "a\\b"\n' * (400 * 1024 // 9))
+    env = {f"V{i}": "é" * 100 for i in range(2000)}
+    spec = ProcessSpec(argv=argv, env=env, stdin=b"\n" * (1 << 20), tag="big")
+    assert sum(len(a.encode()) + 1 for a in argv) + sum(len(k) + len(v.encode()) + 2 for k, v in env.items()) < 1 << 20
+    started = await remote.start_guest_process(INSTANCE, spec)
+    assert runtime.calls[-1] == ("start", INSTANCE, spec) and started.argv == argv
+    # Past the hop's 4 MiB message (1 MiB of control characters is 6 MiB of JSON): refused, not
+    # "retry", and the hop serves on.
+    with pytest.raises(GuestRefused) as refused:
+        await remote.start_guest_process(INSTANCE, ProcessSpec(argv=("\x01" * (1 << 20),)))
+    assert refused.value.status == "error"
+    assert await remote.list_guest_processes(INSTANCE)
+
+
 async def test_a_refusal_crosses_with_its_status_message_and_errno(hop: Hop) -> None:
     remote, runtime = hop.remote, hop.runtime
     for status, errno in (("not-found", ""), ("conflict", ""), ("limit", ""), ("os-error", "ENOENT")):
@@ -346,7 +364,7 @@ HOSTILE_CALLS = {
     "negative-offset": call("input", b'{"tag": "web", "offset": -1}'),
     "input-too-big": call("input", b'{"tag": "web"}', b"x" * (MAX_DATA_BYTES + 1)),
     "data-for-signal": call("signal", b'{"pid": 3}', b"x"),
-    "arguments-too-big": call("start", b'{"argv": ["' + b"a" * 70000 + b'"]}'),
+    "arguments-too-big": call("start", b'{"argv": ["' + b"a" * MAX_ARGUMENTS_BYTES + b'"]}'),
     "deep-job": call("start", b'{"job": {"a": ' + b"[" * 20000 + b"]" * 20000 + b"}}"),
     "argv-and-job": call("start", b'{"argv": ["sh"], "job": {"mode": "write"}}'),
     "no-command": call("start", b"{}"),

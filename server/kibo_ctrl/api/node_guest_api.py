@@ -42,10 +42,13 @@ MAX_JOB_BYTES = 64 * 1024
 MAX_PORT_DATA = 64 * 1024
 FIRST_FRAME_S = 10.0
 MAX_INSTANCE_ID = 256
-# Guest processes: an operation's arguments (a start's argv, env, an upload's job: as a
-# RunGuestJob's job), and its bytes (an upload's part, 2 MiB, is the largest input the
-# public API takes; SendWorkspaceProcessInput's is 1 MiB).
-MAX_ARGUMENTS_BYTES = MAX_JOB_BYTES
+# Guest processes: an operation's arguments as JSON (a start's argv and env take up to 1 MiB
+# in the public API, api/data_plane_processes.py: twice that leaves room for JSON's escapes of
+# ordinary text), a selector's, and an operation's bytes (an upload's part, 2 MiB, is the
+# largest input the public API takes; a start's stdin and an input's are 1 MiB). A start's
+# arguments and stdin together stay under the node's 4 MiB message.
+MAX_ARGUMENTS_BYTES = 2 << 20
+MAX_SELECTOR_BYTES = 4096
 MAX_DATA_BYTES = 2 << 20
 # An output frame on FollowGuestProcess at most (well under gRPC's 4 MiB message).
 MAX_OUTPUT_FRAME = 256 * 1024
@@ -338,8 +341,8 @@ class NodeGuestApi:
         end (the control plane cancelled it) closes the follower: the process runs on."""
         processes = self._guest_processes()
         instance_id = _instance_id(request.instance_id)
-        if len(request.selector) > MAX_ARGUMENTS_BYTES:
-            raise InvalidArgument(f"selector: at most {MAX_ARGUMENTS_BYTES} bytes", field="selector")
+        if len(request.selector) > MAX_SELECTOR_BYTES:
+            raise InvalidArgument(f"selector: at most {MAX_SELECTOR_BYTES} bytes", field="selector")
         selection = _arguments(request.selector, FollowSelection, "selector")
         items = processes.follow_guest_process(
             instance_id, selection.selector(), replay=request.replay, hold=selection.hold

@@ -273,10 +273,13 @@ def _answer(raw: bytes, kind: type[T]) -> T:
 
 def _process_error(error: grpc.aio.AioRpcError) -> GuestRefused | Unimplemented:
     """Why a guest-process call failed on the hop itself: a node whose agent keeps no guest
-    processes (an older one) cannot, arguments it refused are the caller's, anything else is
-    the node not answering (retry)."""
+    processes (an older one) cannot, arguments it refused are the caller's, a message past
+    the hop's 4 MiB (a request, or an answer) is no use retrying, anything else is the node
+    not answering (retry)."""
     if error.code() is grpc.StatusCode.UNIMPLEMENTED:
         return Unimplemented("the workspace's node keeps no guest processes (its agent is older: upgrade it)")
+    if error.code() is grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return GuestRefused("error", f"larger than the node's hop carries: {error.details()}")
     return _unanswered(error)
 
 
