@@ -61,7 +61,9 @@ The data plane's hands: `guest_job` runs guest_exec.py, which joins the guest's 
 and namespaces and runs a command or reads/writes a file as the guest sees it; its output
 comes through bounded queues (guest_jobs.py: back-pressure down to the guest's pipe).
 `open_guest_port` connects to a port on the guest's loopback from inside its network
-namespace (guest_ports.py): an exposure's last hop.
+namespace (guest_ports.py): an exposure's last hop. Processes started in a guest (background,
+PTY, input, signals; uploads) are kept in a table per instance (guest_access/processes.py),
+killed at the instance's stop, destroy and release.
 
 Rootless (the control plane is not root): guests' user namespaces map only this user's
 uid/gid (sandbox.rootless), nothing is chowned, limits are rlimits and layers and volumes
@@ -108,9 +110,10 @@ from ..base import (
 from . import adoption, network, observation, provision, safepath, sandbox, seccomp, storage
 from .cgroups import Cgroups
 from .disk_guard import DiskGuard
-from .fork_client import ForkServer
+from .fork_client import Door, ForkServer
 from .guest_access import ports as guest_ports
 from .guest_access.jobs import run_guest_exec
+from .guest_access.processes import ProcessTable, TableProcesses
 from .image_pool import ImagePool
 from .job_doors import JobDoors
 from .node_supervision import NodeSupervision
@@ -128,8 +131,9 @@ FORCE_TIMEOUT_S = 5.0
 SYNC_TIMEOUT_S = 60.0
 
 
-class ProcessRuntime:
-    """The Runtime of the local node: see the module docstring."""
+class ProcessRuntime(TableProcesses):
+    """The Runtime of the local node: see the module docstring. Its GuestProcesses are its
+    table's (guest_access/processes.py)."""
 
     def __init__(self, node_id: str, options: ProcessOptions) -> None:
         self.node_id = node_id
@@ -183,6 +187,8 @@ class ProcessRuntime:
             self.forks.start()  # warming up meanwhile: the first launch does not wait for its imports
         # Guest jobs forked in their instance's cgroups (job_doors.py).
         self.doors = JobDoors(self.forks, options.job_door_idle_s)
+        # Processes started in guests (the data plane's), by instance; dropped at its end.
+        self.processes = ProcessTable(lambda i: (self.instance_dir(i), self._job_site(i)), self.guest_ready)
         self.images = storage.usable(self.isolation)
         if not self.images:
             log.warning("writable layers and volumes are plain directories: their sizes are NOT enforced")
@@ -375,6 +381,7 @@ class ProcessRuntime:
     async def _release(self, instance_id: str) -> bool:
         """What a stopped instance holds: its cgroup and leftovers (provision.release_sync),
         then its network slot. False if a cgroup could not be removed."""
+        self.processes.forget(instance_id)
         released = await asyncio.to_thread(release_sync, self.instance_dir(instance_id))
         if self.networks is not None:
             await asyncio.to_thread(self.networks.release, instance_id)
@@ -471,6 +478,7 @@ class ProcessRuntime:
     async def stop(self, instance: Instance, force: bool) -> StopDurability:
         directory = self.instance_dir(instance.id)
         self.doors.close(instance.id)
+        self.processes.forget(instance.id)  # the data plane's: ended with the execution
         supervised = self._attach(instance.id)
         if supervised is not None:
             supervised.quiet += 1
@@ -512,6 +520,7 @@ class ProcessRuntime:
     async def destroy(self, instance: Instance) -> None:
         directory = self.instance_dir(instance.id)
         self.doors.close(instance.id)
+        self.processes.forget(instance.id)
         supervised = self._attach(instance.id)
         if supervised is not None:
             supervised.quiet += 1
@@ -570,11 +579,15 @@ class ProcessRuntime:
         it ended; bounded memory; killed when `stop` is set (then JobStopped)."""
         if not self.guest_ready(instance_id):
             raise GuestRefused("unavailable", "the guest is not running or is restarting: retry")
+        forks = self._job_site(instance_id)
         directory = self.instance_dir(instance_id)
-        forks = self.doors.get(instance_id, directory, bool(self.cgroups.parents))
         async with contextlib.aclosing(run_guest_exec(directory, job, stdin, seconds, stop, forks)) as items:
             async for item in items:
                 yield item
+
+    def _job_site(self, instance_id: str) -> ForkServer | Door:
+        """Where the instance's next guest job or process is forked: its door (job_doors.py)."""
+        return self.doors.get(instance_id, self.instance_dir(instance_id), bool(self.cgroups.parents))
 
     async def open_guest_port(self, instance_id: str, port: int) -> GuestStream:
         """A TCP connection to `port` on the guest's loopback, made in its network namespace
@@ -592,6 +605,7 @@ class ProcessRuntime:
         for supervised in self._supervised.values():
             with contextlib.suppress(BaseException):
                 await supervised.task
+        self.processes.close()
         self.doors.close_all()
         if self.node_supervision is not None:
             self.node_supervision.close()
