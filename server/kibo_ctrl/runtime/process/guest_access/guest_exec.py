@@ -4,6 +4,8 @@
 
 JOB_JSON = {"mode": "exec", "argv": [...], "env": {...}, "cwd": "/"}
          | {"mode": "read", "path": "/data/x"} | {"mode": "write", "path": "/data/x", "file_mode": 420}
+         | the modes of guest_files.py (files anywhere in the guest: stat, list, mkdir, move,
+           remove, tar-out, untar, watch; read and write with "anywhere": true)
 
 It joins the guest's cgroup (its limits apply, and a stop kills it; forked from the
 instance's job door it was born there: forkserver.py), opens the guest's namespaces (user,
@@ -38,8 +40,11 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from kibo_ctrl.runtime.process import safepath, userns
+    from kibo_ctrl.runtime.process.guest_access import guest_files
 else:
     sys.path.insert(0, str(Path(__file__).parent.parent))  # run as a script: the runtime's modules
+    sys.path.insert(0, str(Path(__file__).parent))  # and its siblings (guest_files: files anywhere)
+    import guest_files
     import safepath
     import userns
 
@@ -151,7 +156,12 @@ def main() -> None:
     if proc < 0:
         raise Refused("unavailable", "the guest is not running (it may be restarting): retry")
     mounts = [guest_path for _, guest_path in spec["mounts"]]
-    path = guest_file(str(job.get("path") or ""), mounts) if job["mode"] in ("read", "write") else ""
+    files = guest_files.handles(job)  # files anywhere in the guest (guest_files.py)
+    try:
+        found = guest_files.paths(job, spec) if files else {}
+    except guest_files.Invalid as error:
+        raise Refused("invalid", str(error)) from None
+    path = guest_file(str(job.get("path") or ""), mounts) if job["mode"] in ("read", "write") and not files else ""
     for procs in spec["cgroup_procs"] if not IN_CGROUP else ():
         with open(procs, "w") as f:
             f.write(str(os.getpid()))
@@ -201,12 +211,15 @@ def main() -> None:
             streams_done()
             report("ok", code)
         return
+    guest_files.before_fork(job)
     child = os.fork()  # the file work in the guest's PID namespace, as the command would be
     if child == 0:
         try:
             _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
             os.chdir(cwd)
-            if job["mode"] == "read":
+            if files:
+                os._exit(guest_files.run(job, found))
+            elif job["mode"] == "read":
                 with open(path, "rb") as f:
                     while chunk := f.read(1 << 16):
                         os.write(1, chunk)
@@ -216,6 +229,10 @@ def main() -> None:
         except OSError as error:
             report_os_error(error)
             os._exit(126)
+        except guest_files.Invalid as error:
+            report("invalid", error=str(error))
+            os._exit(126)
+    guest_files.in_parent(job, child)
     _, status = os.waitpid(child, 0)
     streams_done()
     report("ok", _exit_code(status))
