@@ -245,6 +245,58 @@ CASES: dict[str, tuple[Case, ...]] = {
             grpc.StatusCode.UNAUTHENTICATED,
         ),
     ),
+    "DataPlaneService/StartWorkspaceProcess": (
+        Case(
+            "workspace",
+            lambda i, w: dp.StartWorkspaceProcessRequest(credential=forged(w.b_credential, i), argv=["id"]),
+            grpc.StatusCode.UNAUTHENTICATED,
+        ),
+    ),
+    "DataPlaneService/ConnectWorkspaceProcess": (
+        Case(
+            "workspace",
+            lambda i, w: dp.ConnectWorkspaceProcessRequest(
+                credential=forged(w.b_credential, i), process=dp.ProcessSelector(pid=1), replay=True
+            ),
+            grpc.StatusCode.UNAUTHENTICATED,
+        ),
+    ),
+    "DataPlaneService/ListWorkspaceProcesses": (
+        Case(
+            "workspace",
+            lambda i, w: dp.ListWorkspaceProcessesRequest(credential=forged(w.b_credential, i)),
+            grpc.StatusCode.UNAUTHENTICATED,
+        ),
+    ),
+    "DataPlaneService/SendWorkspaceProcessInput": (
+        Case(
+            "workspace",
+            lambda i, w: dp.SendWorkspaceProcessInputRequest(
+                credential=forged(w.b_credential, i), process=dp.ProcessSelector(tag="server"), data=b"owned\n"
+            ),
+            grpc.StatusCode.UNAUTHENTICATED,
+        ),
+    ),
+    "DataPlaneService/SignalWorkspaceProcess": (
+        Case(
+            "workspace",
+            lambda i, w: dp.SignalWorkspaceProcessRequest(
+                credential=forged(w.b_credential, i), process=dp.ProcessSelector(pid=1), signal=9
+            ),
+            grpc.StatusCode.UNAUTHENTICATED,
+        ),
+    ),
+    "DataPlaneService/ResizeWorkspaceProcess": (
+        Case(
+            "workspace",
+            lambda i, w: dp.ResizeWorkspaceProcessRequest(
+                credential=forged(w.b_credential, i),
+                process=dp.ProcessSelector(tag="tty"),
+                size=dp.PtySize(rows=24, cols=80),
+            ),
+            grpc.StatusCode.UNAUTHENTICATED,
+        ),
+    ),
     "SimulatorService/InjectFault": (
         Case("workspace", lambda i, w: sim.InjectFaultRequest(workspace_id=i, fault=sim.FAULT_VMM_CRASH)),
     ),

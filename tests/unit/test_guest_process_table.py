@@ -351,6 +351,18 @@ async def test_a_keeper_killed_under_its_command_takes_the_command(table: Proces
     await until(lambda: not any(alive(pid) for pid in sleeps))
 
 
+async def test_the_servers_departure_kills_the_group(table: ProcessTable) -> None:
+    """The control pipe's end (this server gone: a node agent killed) and nothing else: the
+    keeper in the guest kills its command's group, nothing runs on unsupervised."""
+    info = await table.start(INSTANCE, ProcessSpec(argv=("sh", "-c", "sleep 69 & sleep 69")))
+    sleeps = await _wait_for_pids("sleep 69")
+    process = table._find(INSTANCE, info.pid)
+    os.close(process.control)
+    process.control = -1
+    await until(lambda: not any(alive(pid) for pid in sleeps))
+    assert (await collect(table, info.pid))[-1] == Exit(128 + signal.SIGKILL)
+
+
 async def test_unknown_user_and_working_directory_are_refused(table: ProcessTable) -> None:
     with pytest.raises(GuestRefused) as user:
         await table.start(INSTANCE, ProcessSpec(argv=("true",), user="no-such-user-here"))

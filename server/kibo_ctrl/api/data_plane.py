@@ -19,6 +19,7 @@ Connect like every service; errors are domain errors, mapped in transport/errors
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import hashlib
@@ -44,13 +45,23 @@ from ..domain.errors import (
     InvalidArgument,
     KiboError,
     NotFound,
+    QuotaExceeded,
     Unauthenticated,
     Unavailable,
     Unimplemented,
 )
 from ..domain.guest_errors import file_error
-from ..domain.model import Phase, WorkspaceState
-from ..runtime.base import Exit, GuestAccess, GuestRefused, JobStopped, Output
+from ..domain.model import Phase, Workspace, WorkspaceState
+from ..runtime.base import (
+    MAX_GUEST_PROCESSES,
+    MAX_UPLOADS,
+    Exit,
+    GuestAccess,
+    GuestProcesses,
+    GuestRefused,
+    JobStopped,
+    Output,
+)
 from ..store.base import Changes, Reader, Store
 from .data_plane_files import DataPlaneFiles
 from .data_plane_processes import DataPlaneProcesses
@@ -96,10 +107,43 @@ class DataPlane:
         self.sessions = Sessions()
         self.processes = DataPlaneProcesses(self)
         self.files = DataPlaneFiles(self)
+        # By workspace: (instance, revision, live) as last seen, and the processes' ends under way.
+        self._process_owners: dict[str, tuple[str | None, int, bool]] = {}
+        self._ending: set[asyncio.Task[None]] = set()
 
     def on_changes(self, changes: Changes) -> None:
-        """A hub listener: ends the calls whose credential a commit revoked."""
+        """A hub listener: ends the calls whose credential a commit revoked, and the guest
+        processes started under it."""
         self.sessions.on_changes(changes)
+        for workspace in changes.workspaces.values():
+            self._end_processes(workspace)
+
+    def _end_processes(self, workspace: Workspace) -> None:
+        """Has the workspace's node end the processes started under a credential revision the
+        workspace no longer honours (a revoke, stop, force stop or delete): when its revision
+        changes or it stops being AVAILABLE, and when first seen (what ran before a restart of
+        this server is not known here). Nothing to do (a dict lookup) for any other change."""
+        live = workspace.state is WorkspaceState.AVAILABLE and not (workspace.deleted or workspace.deletion_started)
+        now = (workspace.instance_id, workspace.data_plane_revision, live)
+        before = self._process_owners.pop(workspace.id, None)
+        if not workspace.deleted:
+            self._process_owners[workspace.id] = now
+        if workspace.instance_id is None or before == now:
+            return
+        if before is not None and (before[0] != now[0] or (before[1] == now[1] and not before[2])):
+            return  # a new instance (nothing of it runs yet), or one becoming AVAILABLE
+        runtime = self._guests.get(workspace.node_id or "")
+        if not isinstance(runtime, GuestProcesses):
+            return
+        keep = workspace.data_plane_revision if live else None
+        task = asyncio.get_running_loop().create_task(runtime.end_guest_processes(workspace.instance_id, keep))
+        self._ending.add(task)
+        task.add_done_callback(self._processes_ended)
+
+    def _processes_ended(self, task: asyncio.Task[None]) -> None:
+        self._ending.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("ending a workspace's revoked processes failed: %s", task.exception())
 
     # -- credentials ----------------------------------------------------------------------
 
@@ -275,6 +319,12 @@ def _refused(refused: GuestRefused, path: str, field: str) -> KiboError:
         return NotFound(str(refused), field=field)
     if refused.status == "os-error":
         return file_error(refused.errno, path, str(refused), field)
+    if refused.status == "conflict":
+        return Conflict(str(refused), field=field)
+    if refused.status == "limit":
+        # The guest processes' table names its cap in `errno`: "processes" or "uploads".
+        quota, limit = ("uploads", MAX_UPLOADS) if refused.errno == "uploads" else ("processes", MAX_GUEST_PROCESSES)
+        return QuotaExceeded(str(refused), quota=f"workspace_{quota}", limit=limit, used=limit, requested=1)
     # Entering the guest failed, or the job died (e.g. killed by the guest's memory limit):
     # the detail names host paths, so it goes to the log, not to the caller.
     incident = secrets.token_hex(6)
