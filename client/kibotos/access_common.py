@@ -326,23 +326,21 @@ def local_size(source: IO[bytes]) -> int | None:
 
 
 class Meter:
-    """Calls the progress callback as bytes move, at most every 0.1 s and once at the end."""
+    """Calls the progress callback after each part moved (an upload's 2 MiB, a download's message)."""
 
     def __init__(self, progress: TransferProgress | None, total: int | None, done: int = 0) -> None:
         self.progress = progress
         self.total = total
         self.done = done
-        self._shown = 0.0
 
     def add(self, count: int) -> None:
         self.done += count
-        now = time.monotonic()
-        if self.progress is not None and now - self._shown >= 0.1:
-            self._shown = now
+        if self.progress is not None:
             self.progress(self.done, self.total)
 
     def finish(self) -> None:
-        if self.progress is not None:
+        """At the end (an empty file's only call)."""
+        if self.progress is not None and self.done == 0:
             self.progress(self.done, self.total)
 
 

@@ -429,8 +429,8 @@ class AsyncFiles:
         `parents`: make its missing parent directories. `archive`: `source` is an uncompressed tar
         stream, unpacked into the directory `path` (made if missing).
 
-        `progress(sent, total)` is called as it goes (total: None unless `source` is a regular
-        file). A part whose call broke is sent again; the server's FAILED_PRECONDITION on a part
+        `progress(sent, total)` is called after each part (total: None unless `source` is a
+        regular file). A part whose call broke is sent again; the server's FAILED_PRECONDITION on a part
         it already took names the offset it has, and the upload goes on from there. On any
         error the upload is cancelled: nothing of it is left in the guest."""
         if isinstance(source, str | os.PathLike):
@@ -481,7 +481,6 @@ class AsyncFiles:
                 offset = await self._write_part(upload_id, offset, part, finish)
                 meter.add(len(part))
                 if finish:
-                    meter.finish()
                     return offset
                 part = following
         except BaseException:
@@ -525,7 +524,7 @@ class AsyncFiles:
         path: created, or with `offset` written from there on), streamed; the bytes written.
         `archive`: the directory `path` as an uncompressed tar stream (symlinks kept as links).
 
-        `progress(received, total)` is called as it goes. A file's download whose stream broke
+        `progress(received, total)` is called after each message of data. A file's download whose stream broke
         (UNAVAILABLE) resumes where it was, for retry_unavailable seconds without progress, when
         the file's size and mtime are unchanged (else ConflictError)."""
         if offset < 0:
