@@ -59,9 +59,12 @@ async def refused_field(call: Any) -> str:
     return refused.value.field
 
 
-@pytest.mark.parametrize(
-    ("fields", "field"), START_REFUSALS, ids=[f"{i}-{f}" for i, (_, f) in enumerate(START_REFUSALS)]
-)
+START_IDS = [f"{field}-{i}" for i, (_, field) in enumerate(START_REFUSALS)]
+# The reserved prefix's cases, by name (tests/mutations/guestprocesses.py names them).
+START_IDS[20], START_IDS[21] = "reserved-tag", "reserved-prefix-alone"
+
+
+@pytest.mark.parametrize(("fields", "field"), START_REFUSALS, ids=START_IDS)
 async def test_a_start_names_the_field_it_refuses(fields: dict[str, Any], field: str) -> None:
     handlers, _ = processes()
     request = dp.StartWorkspaceProcessRequest(credential="c", **fields)
@@ -88,7 +91,9 @@ SELECTORS: list[tuple[dp.ProcessSelector, str]] = [
 ]
 
 
-@pytest.mark.parametrize(("selector", "field"), SELECTORS, ids=[f for _, f in SELECTORS])
+@pytest.mark.parametrize(
+    ("selector", "field"), SELECTORS, ids=["none", "pid-0", "pid-negative", "tag-empty", "tag-slash", "tag-reserved"]
+)
 async def test_every_call_checks_its_selector(selector: dp.ProcessSelector, field: str) -> None:
     handlers, _ = processes()
     calls = [

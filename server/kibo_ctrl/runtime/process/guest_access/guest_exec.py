@@ -40,11 +40,12 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from kibo_ctrl.runtime.process import safepath, userns
-    from kibo_ctrl.runtime.process.guest_access import guest_files
+    from kibo_ctrl.runtime.process.guest_access import guest_files, guest_process
 else:
     sys.path.insert(0, str(Path(__file__).parent.parent))  # run as a script: the runtime's modules
     sys.path.insert(0, str(Path(__file__).parent))  # and its siblings (guest_files: files anywhere)
     import guest_files
+    import guest_process
     import safepath
     import userns
 
@@ -173,6 +174,8 @@ def main() -> None:
     program = Path(spec["seccomp_filter"]).read_bytes() if own_userns else b""
     env = {**spec["guest_env"], **job.get("env", {})}
     cwd = str(job.get("cwd") or "/")
+    # A process's pid in the guest is read from the host's /proc (guest_process.py).
+    host_proc = os.open("/proc", os.O_RDONLY | os.O_DIRECTORY) if job["mode"] == "process" else -1
     if spec["isolation"] == "none":
         # No namespaces: guest paths are host paths under its mounts.
         host = {guest_path: host_path for host_path, guest_path in spec["mounts"]}
@@ -197,6 +200,9 @@ def main() -> None:
         os.fchdir(root)
         os.chroot(".")
         os.close(root)
+    if job["mode"] == "process":  # kept by the node: guest_process.py gives up the privileges
+        entered = guest_process.Entered(own_userns, bool(spec.get("rootless")), program, host_proc, last_cap)
+        sys.exit(guest_process.run(job, env, cwd, entered, spec))
     # From here on this process is the guest's root too (it needs no privilege to wait and report).
     if own_userns:
         # The guest's root (host uid host_id_base), like every guest process.
