@@ -297,6 +297,42 @@ CASES: dict[str, tuple[Case, ...]] = {
             grpc.StatusCode.UNAUTHENTICATED,
         ),
     ),
+    # Files anywhere in the guest: the forged credential is refused before any path is looked at.
+    **{
+        f"DataPlaneService/{rpc}": (Case("workspace", build, grpc.StatusCode.UNAUTHENTICATED),)
+        for rpc, build in {
+            "StatWorkspacePath": lambda i, w: dp.StatWorkspacePathRequest(
+                credential=forged(w.b_credential, i), path="/etc/passwd"
+            ),
+            "ListWorkspaceDirectory": lambda i, w: dp.ListWorkspaceDirectoryRequest(
+                credential=forged(w.b_credential, i), path="/", depth=2
+            ),
+            "MakeWorkspaceDirectory": lambda i, w: dp.MakeWorkspaceDirectoryRequest(
+                credential=forged(w.b_credential, i), path="/root/owned", parents=True
+            ),
+            "MoveWorkspacePath": lambda i, w: dp.MoveWorkspacePathRequest(
+                credential=forged(w.b_credential, i), source="/etc/hostname", destination="/root/owned"
+            ),
+            "RemoveWorkspacePath": lambda i, w: dp.RemoveWorkspacePathRequest(
+                credential=forged(w.b_credential, i), path="/data", recursive=True
+            ),
+            "DownloadWorkspaceFile": lambda i, w: dp.DownloadWorkspaceFileRequest(
+                credential=forged(w.b_credential, i), path="/etc", archive=True
+            ),
+            "StartWorkspaceUpload": lambda i, w: dp.StartWorkspaceUploadRequest(
+                credential=forged(w.b_credential, i), path="/root/owned"
+            ),
+            "WriteWorkspaceUpload": lambda i, w: dp.WriteWorkspaceUploadRequest(
+                credential=forged(w.b_credential, i), upload_id="kibo-upload-0123456789abcdef", data=b"x", finish=True
+            ),
+            "CancelWorkspaceUpload": lambda i, w: dp.CancelWorkspaceUploadRequest(
+                credential=forged(w.b_credential, i), upload_id="kibo-upload-0123456789abcdef"
+            ),
+            "WatchWorkspaceDirectory": lambda i, w: dp.WatchWorkspaceDirectoryRequest(
+                credential=forged(w.b_credential, i), path="/", recursive=True
+            ),
+        }.items()
+    },
     "SimulatorService/InjectFault": (
         Case("workspace", lambda i, w: sim.InjectFaultRequest(workspace_id=i, fault=sim.FAULT_VMM_CRASH)),
     ),

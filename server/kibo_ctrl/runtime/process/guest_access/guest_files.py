@@ -35,9 +35,11 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import json
 import os
 import posixpath
+import shutil
 import signal
 import stat
 from collections import deque
@@ -49,9 +51,8 @@ if TYPE_CHECKING:
 else:
     import safepath  # guest_exec.py put runtime/process/ on sys.path
 
-# shutil, tarfile and the modules of tar streams and watches (guest_tar.py, guest_watch.py)
-# are imported where they are used: guest_exec.py, which imports this module, starts ~2.4 ms
-# sooner without them when it is exec'd rather than forked warm.
+# Everything is imported before guest_exec.py enters the guest's root (where the host's
+# files, this interpreter's library among them, are not): no import may wait until a use.
 
 # The modes of this module; "read" and "write" are its own only with "anywhere" (else the
 # mount-only read and write of ReadWorkspaceFile and WriteWorkspaceFile, in guest_exec.py).
@@ -144,13 +145,6 @@ def run(job: dict[str, Any], found: dict[str, str]) -> int:
         raise Invalid(f"the job cannot be done: {error}") from None
 
 
-def _sibling(name: str) -> Any:
-    """guest_tar or guest_watch, imported when first used (this directory is on sys.path)."""
-    import importlib
-
-    return importlib.import_module(name)
-
-
 def _run(job: dict[str, Any], found: dict[str, str]) -> int:
     os.umask(0o022)
     mode = job["mode"]
@@ -170,9 +164,9 @@ def _run(job: dict[str, Any], found: dict[str, str]) -> int:
     elif mode == "read":
         read_file(path, given, max(0, int(job.get("offset") or 0)))
     elif mode == "tar-out":
-        _sibling("guest_tar").tar_out(path, given)
+        guest_tar.tar_out(path, given)
     elif mode == "watch":
-        _sibling("guest_watch").watch(path, given, bool(job.get("recursive")))
+        guest_watch.watch(path, given, bool(job.get("recursive")))
     elif mode in UPLOADS:
         return _upload(job, path)
     return 0
@@ -195,7 +189,7 @@ def _upload(job: dict[str, Any], path: str) -> int:
         if job["mode"] == "write":
             write_file(path, int(job.get("file_mode") or 0o644) & 0o7777, bool(job.get("parents")), commit)
         else:
-            _sibling("guest_tar").untar(path, bool(job.get("parents")), commit)
+            guest_tar.untar(path, bool(job.get("parents")), commit)
         return 0
     except Cancelled:
         return EXIT_CANCELLED
@@ -381,8 +375,6 @@ def move(source: str, destination: str) -> None:
 
 
 def _copy_then_remove(source: str, destination: str) -> None:
-    import shutil
-
     st = os.lstat(source)
     temp = _temp_name(destination)
     try:
@@ -409,8 +401,6 @@ def _copy_then_remove(source: str, destination: str) -> None:
 def remove(path: str, recursive: bool) -> None:
     """A symlink is removed, never what it points to; rmtree walks by file descriptors
     (shutil's fd-based variant: a symlink planted meanwhile is not followed)."""
-    import shutil
-
     st = os.lstat(path)
     if not stat.S_ISDIR(st.st_mode):
         os.unlink(path)
@@ -430,8 +420,6 @@ def _temp_name(path: str) -> str:
 
 def _big_pipe(fd: int) -> None:
     with contextlib.suppress(OSError):
-        import fcntl
-
         fcntl.fcntl(fd, F_SETPIPE_SZ, CHUNK)
 
 
@@ -563,3 +551,11 @@ def _name(fd: int, temp: str, mode: int) -> None:
         raise
     finally:
         os.close(out)
+
+
+# The modes that use the definitions above, imported last (they import this module).
+if TYPE_CHECKING:
+    from kibo_ctrl.runtime.process.guest_access import guest_tar, guest_watch
+else:
+    import guest_tar
+    import guest_watch

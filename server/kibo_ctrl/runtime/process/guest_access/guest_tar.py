@@ -19,20 +19,19 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import shutil
 import stat
+import tarfile
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, BinaryIO, cast
 
 if TYPE_CHECKING:
-    import tarfile
-
     from kibo_ctrl.runtime.process.guest_access import guest_files
     from kibo_ctrl.runtime.process.guest_access.guest_files import CHUNK, Invalid, Names
 else:
     import guest_files  # guest_exec.py put this directory on sys.path
     from guest_files import CHUNK, Invalid, Names
 
-# tarfile and shutil are imported where they are used (see guest_files.py).
 TAR_BLOCK = 512
 TAR_RECORD = 20 * TAR_BLOCK
 _text = guest_files._text
@@ -78,15 +77,11 @@ def tar_out(path: str, given: str) -> None:
 
 
 def _header(info: tarfile.TarInfo) -> bytes:
-    import tarfile
-
     return info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
 
 
 def _tar_entry(entry: os.DirEntry[str], name: str, names: Names, links: dict[tuple[int, int], str]) -> int:
     """One entry's header (and data); the bytes written. Special files are skipped."""
-    import tarfile
-
     st = entry.stat(follow_symlinks=False)
     info = tarfile.TarInfo(name)
     info.mtime = st.st_mtime
@@ -181,8 +176,6 @@ def _clear(parent: int, name: str, directory: bool) -> bool:
 
 def _extract(source: BinaryIO, stage: int) -> None:
     """Every entry of the stream beneath the staging directory, checked before it is made."""
-    import tarfile
-
     directories: list[tuple[list[str], int, float]] = []
     with tarfile.open(fileobj=source, mode="r|", bufsize=CHUNK, errors="surrogateescape") as tar:
         for member in tar:
@@ -302,9 +295,6 @@ def untar(path: str, parents: bool, commit: Callable[[], None]) -> None:
     """stdin (a tar stream) unpacked under `path` (made if missing): into a staging directory
     inside it first, merged in once the whole stream is in and accepted; the staging directory
     goes whatever happens (a refusal, an error, SIGTERM)."""
-    import shutil
-    import tarfile
-
     made = not os.path.lexists(path)
     if parents:
         os.makedirs(path, exist_ok=True)

@@ -6,6 +6,8 @@ awaits each write to its client) stops taking chunks, the queue fills, the reade
 reading, each pipe's reader pauses at 2 x CHUNK buffered, the kernel's pipe buffer
 (64 KiB) fills and the guest's command blocks in write(2). So a job holds at most about
 QUEUE_CHUNKS + 4 chunks of the server's memory (~0.5 MiB), whatever the guest writes.
+A job may ask for larger reads (`read_size`, at most MAX_READ_SIZE: a download's, whose
+messages are then larger and fewer): then its bound is QUEUE_CHUNKS + 4 of those.
 
 A job ends its command (SIGKILL to the process group of guest_exec, which the command and
 whatever it starts share, even inside the guest's PID namespace) when:
@@ -45,13 +47,15 @@ GUEST_EXEC = Path(__file__).with_name("guest_exec.py")
 CHUNK = 1 << 16
 # Chunks queued between the pipes and the consumer.
 QUEUE_CHUNKS = 4
+# A job's own read size (`read_size`) is at most this.
+MAX_READ_SIZE = 1 << 20
 
 
 _EOF = None
 
 
-async def _pump(name: str, reader: asyncio.StreamReader, queue: asyncio.Queue[Output | None]) -> None:
-    while chunk := await reader.read(CHUNK):
+async def _pump(name: str, reader: asyncio.StreamReader, queue: asyncio.Queue[Output | None], size: int) -> None:
+    while chunk := await reader.read(size):
         await queue.put(Output(name, chunk))  # blocks while the consumer does not take: back-pressure
     await queue.put(_EOF)
 
@@ -164,6 +168,7 @@ async def run_guest_exec(
     in_file = os.fdopen(stdin_write, "wb", buffering=0)
     unowned = [out_file, err_file, in_file]
     queue: asyncio.Queue[Output | None] = asyncio.Queue(QUEUE_CHUNKS)
+    size = min(MAX_READ_SIZE, max(CHUNK, int(job.get("read_size") or CHUNK)))
     transports: list[asyncio.BaseTransport] = []
     tasks: list[asyncio.Task[None]] = []
     watcher = loop.create_task(_kill_when(stop, process)) if stop is not None else loop.create_future()
@@ -173,11 +178,11 @@ async def run_guest_exec(
     open_streams = 2
     try:
         for name, file in (("stdout", out_file), ("stderr", err_file)):
-            reader = asyncio.StreamReader(limit=CHUNK, loop=loop)
+            reader = asyncio.StreamReader(limit=size, loop=loop)
             transport, _ = await loop.connect_read_pipe(_protocol_of(reader), file)
             unowned.remove(file)
             transports.append(transport)
-            tasks.append(loop.create_task(_pump(name, reader, queue)))
+            tasks.append(loop.create_task(_pump(name, reader, queue, size)))
         write_transport, write_protocol = await loop.connect_write_pipe(_WriteProtocol, in_file)
         unowned.remove(in_file)
         transports.append(write_transport)
