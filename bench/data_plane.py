@@ -172,10 +172,11 @@ async def pty_echo(data: dpg.DataPlaneServiceStub, credential: str, keys: int) -
     )
     stream = data.StartWorkspaceProcess(start)
     seen = b""
-    async for event in stream:
+    while b"ready" not in seen:  # read() only: grpc.aio refuses a call read both ways
+        event = await stream.read()
+        if event is grpc.aio.EOF:
+            raise RuntimeError("the echo process ended before it was ready")
         seen += event.pty
-        if b"ready" in seen:
-            break
     times = []
     for i in range(keys):
         key = bytes([ord("a") + i % 26])
