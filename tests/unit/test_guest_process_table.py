@@ -35,7 +35,7 @@ from kibo_ctrl.runtime.base import (
     ProcessSpec,
 )
 from kibo_ctrl.runtime.process.fork_client import ForkServer
-from kibo_ctrl.runtime.process.guest_access.processes import CHUNK, ProcessTable
+from kibo_ctrl.runtime.process.guest_access.processes import CHUNK, LISTED_ARGV_BYTES, ProcessTable
 
 INSTANCE = "ws-table-g1"
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="guest_exec switches users and joins cgroups as root")
@@ -425,3 +425,14 @@ async def test_the_ended_ones_kept_are_the_last_ones(table: ProcessTable) -> Non
     with pytest.raises(GuestRefused) as gone:
         await table.follow(INSTANCE, started[0].pid).__anext__()
     assert gone.value.status == "not-found"
+
+
+async def test_a_long_command_is_listed_short(table: ProcessTable) -> None:
+    """Listed, each process's command is cut to 4 KiB, so a list of every kept process stays far
+    under the 4 MiB message limit, however long the commands were."""
+    long = ("x" * 20_000,) * 3
+    started = await table.start(INSTANCE, ProcessSpec(argv=("true", *long)))
+    await collect(table, started.pid)
+    [listed] = [p for p in await table.list(INSTANCE) if p.pid == started.pid]
+    assert listed.argv[0] == "true" and listed.argv[-1].endswith("...")
+    assert sum(len(word.encode()) for word in listed.argv) <= LISTED_ARGV_BYTES + 3

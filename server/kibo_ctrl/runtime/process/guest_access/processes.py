@@ -218,7 +218,7 @@ class _Process:
         return ProcessInfo(
             pid=self.pid,
             tag=spec.tag,
-            argv=tuple(spec.argv),
+            argv=listed_argv(spec.argv),
             pty=spec.pty is not None,
             running=self.running,
             exit_code=self.code if self.final else 0,
@@ -394,6 +394,26 @@ class _Process:
         for task in self.tasks:
             task.cancel()
         self.notify()
+
+
+# A process's command as listed: the first LISTED_ARGV_BYTES of it (a start may carry 1 MiB of
+# arguments; 48 of those in one ListWorkspaceProcesses answer would pass the 4 MiB message limit).
+LISTED_ARGV_BYTES = 4096
+
+
+def listed_argv(argv: tuple[str, ...]) -> tuple[str, ...]:
+    """`argv` cut to LISTED_ARGV_BYTES of UTF-8 in all, the cut argument ending with "..."."""
+    kept: list[str] = []
+    room = LISTED_ARGV_BYTES
+    for word in argv:
+        size = len(word.encode())
+        if size <= room:
+            kept.append(word)
+            room -= size
+            continue
+        kept.append(word.encode()[: max(room, 0)].decode(errors="ignore") + "...")
+        break
+    return tuple(kept)
 
 
 def _wake(waiter: asyncio.Future[None]) -> None:
