@@ -323,6 +323,22 @@ def _name(info: dp.FileInfo, under: str) -> str:
     return f"{shown}/" if info.type == dp.FILE_TYPE_DIRECTORY else shown
 
 
+def _columns(rows: list[tuple[str, ...]], right: tuple[int, ...] = ()) -> list[str]:
+    """Rows as ls -l aligns them: columns two spaces apart, those in `right` right-aligned, the
+    last one as it is (no padding after it)."""
+    if not rows:
+        return []
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = []
+    for row in rows:
+        cells = [
+            cell.rjust(widths[i]) if i in right else cell if i == len(row) - 1 else cell.ljust(widths[i])
+            for i, cell in enumerate(row)
+        ]
+        lines.append("  ".join(cells))
+    return lines
+
+
 @handle
 def ls(
     workspace_id: WorkspaceId,
@@ -343,11 +359,10 @@ def ls(
         output.emit_json({"entries": [output.to_dict(e) for e in entries], "truncated": listing.truncated})
         return
     under = path.rstrip("/")
+    console = output.stdout()
     if long:
-        table = output.table("MODE", "OWNER", "GROUP", "SIZE", "MODIFIED", "NAME")
-        table.show_header = False
-        for entry in entries:
-            table.add_row(
+        rows = [
+            (
                 _mode_text(entry),
                 entry.owner or str(entry.uid),
                 entry.group or str(entry.gid),
@@ -355,9 +370,11 @@ def ls(
                 output.when(entry.modify_time),
                 _name(entry, under),
             )
-        output.stdout().print(table)
+            for entry in entries
+        ]
+        for line in _columns(rows, right=(3,)):
+            console.print(output.printable(line), markup=False, highlight=False)
     else:
-        console = output.stdout()
         for entry in entries:
             console.print(output.printable(_name(entry, under)), markup=False, highlight=False)
     if listing.truncated:

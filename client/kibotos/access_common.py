@@ -278,19 +278,21 @@ def watch_event(response: dp.WatchWorkspaceDirectoryResponse) -> WatchEvent:
     raise KiboError(f"the watch sent an event this client does not know ({kind or 'none'})")
 
 
-# "... offset 1234 ...": the number a refused part names, when the server does not give it apart.
-_OFFSET_IN_TEXT = re.compile(r"\boffset (\d{1,19})\b")
+# "... it has taken 4194304 bytes; go on from offset 4194304": the offset a refused part's message
+# names (it names the refused offset too), when its ErrorInfo metadata does not give it.
+_GO_ON_FROM = re.compile(r"\bgo on from offset (\d{1,19})\b")
 
 
 def server_offset(error: KiboError) -> int | None:
-    """The offset an upload's refused part names (FAILED_PRECONDITION: the bytes the server has
-    taken), or None when the error is another one."""
-    if not isinstance(error, ConflictError):
+    """The offset to go on from that a refused upload part names (FAILED_PRECONDITION, CONFLICT on
+    the field `offset`: the bytes the server has taken); None for any other error (e.g. the upload
+    has finished: field `upload_id`)."""
+    if not isinstance(error, ConflictError) or error.reason != "CONFLICT" or error.field not in ("", "offset"):
         return None
     given = error.metadata.get("offset", "")
     if given.isdigit():
         return int(given)
-    found = _OFFSET_IN_TEXT.search(error.message)
+    found = _GO_ON_FROM.search(error.message)
     return int(found.group(1)) if found else None
 
 
