@@ -196,6 +196,13 @@ def test_exec_tty_and_a_shell_ended_by_sigterm(
     assert pane.dead_status() == 5
     assert re.search(r"on-a-terminal\s+20 70", pane.screen()), pane.screen()
     assert _settings_kept(tmp_path)
+    # Its --timeout: the command is killed then, and kibo exits 124 (as exec without a terminal).
+    started = time.monotonic()
+    line = _kibo_line(
+        server, "workspace", "exec", "-t", "--timeout", "1s", workspace, "--", "sleep", "30", tmp_path=tmp_path
+    )
+    assert panes(line).dead_status() == 124
+    assert time.monotonic() - started < 10 and _settings_kept(tmp_path)
 
     # A SIGTERM to kibo: the terminal restored, exit 128 + 15, the guest's shell killed.
     pane = panes(_kibo_line(server, "workspace", "shell", workspace, tmp_path=tmp_path))
@@ -222,7 +229,8 @@ def test_cp_shows_its_progress_on_a_terminal(
     the last line when done."""
     kibo = shlex.join([*KIBO, "--server", server.address, "workspace", "cp", "-", f"{workspace}:/root/progress.bin"])
     feed = "head -c 6291456 /dev/zero; sleep 3; head -c 1048576 /dev/zero"
-    pane = panes(shlex.join(["sh", "-c", f"({feed}) | {kibo}"]))
+    status = tmp_path / "status"
+    pane = panes(shlex.join(["sh", "-c", f"({feed}) | {kibo}; s=$?; echo $s >{status}; exit $s"]))
     shown = pane.wait_for(r"progress\.bin: (\d+\.\d) MiB, [\d.]+ MiB/s")
     assert float(shown.group(1)) >= 2.0
     assert pane.dead_status() == 0
