@@ -15,6 +15,7 @@ import re
 import stat as stat_bits
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 from types import TracebackType
 from typing import Annotated, BinaryIO
@@ -198,7 +199,7 @@ def _upload(client: kibotos.Client, access: kibotos.WorkspaceAccess, local: str,
             status = file.stat()
         except OSError as error:
             raise _local_error(error, "read") from None
-        mode, name = stat_bits.S_IMODE(status.st_mode), file.name
+        mode, name = status.st_mode & 0o777, file.name  # (no setuid, setgid or sticky bit, as cp)
         if stat_bits.S_ISDIR(status.st_mode):
             _upload_directory(files, workspace_id, file, path)
             return
@@ -323,7 +324,7 @@ def _name(info: dp.FileInfo, under: str) -> str:
     return f"{shown}/" if info.type == dp.FILE_TYPE_DIRECTORY else shown
 
 
-def _columns(rows: list[tuple[str, ...]], right: tuple[int, ...] = ()) -> list[str]:
+def _columns(rows: Sequence[tuple[str, ...]], right: tuple[int, ...] = ()) -> list[str]:
     """Rows as ls -l aligns them: columns two spaces apart, those in `right` right-aligned, the
     last one as it is (no padding after it)."""
     if not rows:
