@@ -26,7 +26,15 @@ from kibo.ctrl.v1 import workspace_pb2 as wp
 
 from tests.server import ServerProcess
 from tests.system.test_data_plane_client import delete, poll
-from tests.system.test_data_plane_security import RSS_BOUND_KIB, RssSampler, jobs, revoke, rss_kib, server_pid
+from tests.system.test_data_plane_security import (
+    RSS_BOUND_KIB,
+    RssSampler,
+    jobs,
+    revoke,
+    rss_kib,
+    server_pid,
+    written_bytes,
+)
 from tests.system.test_process_runtime import sandbox_server
 
 # Room for the page cache of a 1 GiB upload (the guest's memory limit holds its file's pages).
@@ -373,7 +381,12 @@ def test_upload_errors_are_the_guests(sdk: kibotos.Client, stub: Any, credential
 # -- tar streams and symlinks -----------------------------------------------------------------------
 
 
-def _tar(files: dict[str, bytes], links: dict[str, str] | None = None, hard: dict[str, str] | None = None) -> bytes:
+def _tar(
+    files: dict[str, bytes],
+    links: dict[str, str] | None = None,
+    hard: dict[str, str] | None = None,
+    special: dict[str, bytes] | None = None,
+) -> bytes:
     out = io.BytesIO()
     with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for name, data in files.items():
@@ -387,6 +400,10 @@ def _tar(files: dict[str, bytes], links: dict[str, str] | None = None, hard: dic
         for name, target in (hard or {}).items():
             info = tarfile.TarInfo(name)
             info.type, info.linkname = tarfile.LNKTYPE, target
+            tar.addfile(info)
+        for name, kind in (special or {}).items():
+            info = tarfile.TarInfo(name)
+            info.type = kind
             tar.addfile(info)
     return out.getvalue()
 
@@ -439,6 +456,10 @@ HOSTILE_ARCHIVES = {
     "through-a-symlink": lambda: _tar_through(),
     "hard-link-out": lambda: _tar({"ok": b"1"}, hard={"h": "../victim"}),
     "hard-link-absolute": lambda: _tar({"ok": b"1"}, hard={"h": "/root/victim"}),
+    # (Names are unpacked into a staging directory one level below the target first.)
+    "hard-link-out-of-staging": lambda: _tar({"ok": b"1"}, hard={"h": "../../victim"}),
+    "fifo": lambda: _tar({"ok": b"1"}, special={"f": tarfile.FIFOTYPE}),
+    "device": lambda: _tar({"ok": b"1"}, special={"null": tarfile.CHRTYPE}),
 }
 
 
@@ -614,9 +635,13 @@ def test_a_download_the_client_stops_reading(
     with RssSampler(server_pid(server)) as sampler:
         time.sleep(2.0)
     peak = max(sampler.samples) - start_kib
-    print(f"a stalled download: server RSS +{peak} KiB")
+    sent = max(written_bytes(pid) for pid in jobs(server, workspace))  # the guest's sendfile so far
+    print(f"a stalled download: server RSS +{peak} KiB, the guest's reader sent {sent >> 20} MiB")
     assert peak < RSS_BOUND_KIB, f"the server grew by {peak >> 10} MiB"
-    assert jobs(server, workspace), "the download's job ended: nothing held it"
+    # Back-pressure reached the guest: its reader is held, far from the 600 MiB, and stays held.
+    assert sent < 64 << 20, f"the guest sent {sent >> 20} MiB"
+    time.sleep(0.5)
+    assert max(written_bytes(pid) for pid in jobs(server, workspace)) == sent, "the guest's reader went on"
     call.cancel()
     poll(lambda: not jobs(server, workspace))
 
@@ -654,10 +679,13 @@ def test_revoke_ends_a_running_watch_and_download(
     server: ServerProcess, sdk: kibotos.Client, stub: Any, credential: str, workspace: str
 ) -> None:
     sh(sdk, credential, "mkdir /root/w && head -c 200M /dev/zero > /var/tmp/revoked")
-    watch = stub.WatchWorkspaceDirectory(dp.WatchWorkspaceDirectoryRequest(credential=credential, path="/root/w"))
+    # A deadline: a call the revoke did not end fails with DEADLINE_EXCEEDED, not a hang.
+    watch = stub.WatchWorkspaceDirectory(
+        dp.WatchWorkspaceDirectoryRequest(credential=credential, path="/root/w"), timeout=10
+    )
     assert next(watch).ready
     download_call = stub.DownloadWorkspaceFile(
-        dp.DownloadWorkspaceFileRequest(credential=credential, path="/var/tmp/revoked")
+        dp.DownloadWorkspaceFileRequest(credential=credential, path="/var/tmp/revoked"), timeout=10
     )
     assert next(download_call).WhichOneof("part") == "info"
     poll(lambda: len(jobs(server, workspace)) >= 2)
@@ -715,3 +743,49 @@ def _works(stub: Any, credential: str) -> bool:
         return True
     except grpc.RpcError:
         return False
+
+
+def test_a_revoke_ends_a_running_upload_and_leaves_nothing(
+    server: ServerProcess, sdk: kibotos.Client, stub: Any, credential: str, workspace: str
+) -> None:
+    """The node ends the old credential's processes, uploads among them: the file being written
+    had no name in the guest (O_TMPFILE), so nothing of it is left."""
+    started = stub.StartWorkspaceUpload(dp.StartWorkspaceUploadRequest(credential=credential, path="/root/revoked"))
+    part = dp.WriteWorkspaceUploadRequest(credential=credential, upload_id=started.upload_id, data=b"x" * PART)
+    stub.WriteWorkspaceUpload(part)
+    revoke(sdk, workspace)
+    refused = code_of(lambda: stub.WriteWorkspaceUpload(part))
+    assert refused.code() == grpc.StatusCode.UNAUTHENTICATED, refused
+    fresh = str(sdk.issue_data_plane_credential(workspace).credential)
+    poll(lambda: not jobs(server, workspace))
+    left = sh(sdk, fresh, "ls -A /root")
+    assert b"revoked" not in left and b".kibo" not in left, left
+
+
+def test_an_upload_id_reaches_uploads_only(sdk: kibotos.Client, stub: Any, credential: str) -> None:
+    """A process's tag is not an upload ID: its input is not written, nor is it signalled."""
+    started = stub.StartWorkspaceProcess(
+        dp.StartWorkspaceProcessRequest(credential=credential, shell="cat > /root/stdin", tag="server", background=True)
+    )
+    assert next(started).started.tag == "server"
+    for rpc, request in (
+        ("WriteWorkspaceUpload", dp.WriteWorkspaceUploadRequest(credential=credential, upload_id="server", data=b"x")),
+        ("CancelWorkspaceUpload", dp.CancelWorkspaceUploadRequest(credential=credential, upload_id="server")),
+    ):
+        refused = code_of(lambda rpc=rpc, request=request: getattr(stub, rpc)(request))
+        assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT and field_of(refused) == "upload_id", refused
+    listed = stub.ListWorkspaceProcesses(dp.ListWorkspaceProcessesRequest(credential=credential)).processes
+    assert [p.running for p in listed if p.tag == "server"] == [True]
+    assert sh(sdk, credential, "cat /root/stdin") == b""
+    stub.SignalWorkspaceProcess(
+        dp.SignalWorkspaceProcessRequest(credential=credential, process=dp.ProcessSelector(tag="server"))
+    )
+
+
+def test_the_guests_root_is_not_removed(sdk: kibotos.Client, stub: Any, credential: str) -> None:
+    for path in ("/", "//", "/root/..", "/."):
+        refused = code_of(
+            lambda path=path: stub.RemoveWorkspacePath(dp.RemoveWorkspacePathRequest(credential=credential, path=path))
+        )
+        assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT and field_of(refused) == "path", (path, refused)
+    assert sh(sdk, credential, "ls /etc/passwd") == b"/etc/passwd\n"
