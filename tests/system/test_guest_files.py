@@ -789,3 +789,24 @@ def test_the_guests_root_is_not_removed(sdk: kibotos.Client, stub: Any, credenti
         )
         assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT and field_of(refused) == "path", (path, refused)
     assert sh(sdk, credential, "ls /etc/passwd") == b"/etc/passwd\n"
+
+
+def test_a_watch_that_is_not_read_says_it_overflowed(sdk: kibotos.Client, stub: Any, credential: str) -> None:
+    """Its client stops reading: the watch's output holds the guest's watcher, the kernel's queue of
+    events fills (16,384) and drops the rest; the watch says so instead of going silent."""
+    sh(sdk, credential, "mkdir /root/flood")
+    events = stub.WatchWorkspaceDirectory(
+        dp.WatchWorkspaceDirectoryRequest(credential=credential, path="/root/flood"), timeout=20
+    )
+    assert next(events).ready
+    sh(sdk, credential, "cd /root/flood && seq 1 40000 | xargs touch")  # 80,000 events, none read meanwhile
+    seen = 0
+    for event in events:
+        if event.overflow:
+            break
+        seen += 1
+    else:
+        raise AssertionError("the watch ended without saying it overflowed")
+    events.cancel()
+    print(f"overflow after {seen} events")
+    assert seen < 80_000
