@@ -103,7 +103,10 @@ class Pane:
         return int(self.tmux("display-message", "-p", "-t", "t", "#{pane_pid}"))
 
     def kill(self) -> None:
+        """End its tmux server, and remove its socket (kill-server leaves the file)."""
+        socket = self.tmux("display-message", "-p", "#{socket_path}").strip()
         subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True, timeout=10, check=False)
+        Path(socket).unlink(missing_ok=True)
 
 
 @pytest.fixture
@@ -117,9 +120,10 @@ def panes(tmp_path: Path) -> Iterator[Callable[..., Pane]]:
     yield make
     for pane in made:
         pane.kill()
-    # Nothing left behind: each tmux server is gone (its socket too).
+    # Nothing left behind: each tmux server is gone, and its socket.
     for pane in made:
         assert subprocess.run(["tmux", "-L", pane.socket, "has-session"], capture_output=True).returncode != 0
+        assert not list(Path("/tmp").glob(f"tmux-*/{pane.socket}")), pane.socket
 
 
 def _kibo_line(server: ServerProcess, *arguments: str, tmp_path: Path) -> str:
