@@ -11,6 +11,12 @@
 //     when the stream breaks, until the command is terminal and the workspace steady.
 //   - Errors are typed: errors.As(err, &kibotos.ConflictError{}) and friends, each carrying the
 //     kibo.ctrl.v1.ErrorDetail (reason, field, workspace state, hint) of the status details.
+//   - The data plane, with a credential from Client.IssueDataPlaneCredential: Client.Run, and
+//     Client.StartWorkspaceProcess / ConnectWorkspaceProcess, which give a *Process (Recv of
+//     typed events, SendInput, Signal, Resize, Connect); Client.UploadFile and
+//     Client.DownloadFile (any size, io.Reader and io.Writer, resumed after a broken call),
+//     UploadArchive and DownloadArchive for directories as tar streams; and
+//     Client.WatchWorkspaceDirectory.
 //
 // The raw stubs are Client.Workspaces, Client.Observation, Client.Volumes, Client.DataPlane
 // and Client.Simulator; they send the token too, and their errors are typed the same way

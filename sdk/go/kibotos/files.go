@@ -372,20 +372,24 @@ func (c *Client) writePart(ctx context.Context, credential, uploadID string, sta
 	}
 }
 
-// offsetInMessage finds the offset a refused part's message names ("... offset 1048576 ...").
-var offsetInMessage = regexp.MustCompile(`\boffset (\d{1,19})\b`)
+// goOnFrom finds the offset a refused part's message says to go on from ("... it has taken
+// 4194304 bytes; go on from offset 4194304"); the message names the refused offset too.
+var goOnFrom = regexp.MustCompile(`\bgo on from offset (\d{1,19})\b`)
 
 // UploadOffset is the offset to go on from that a refused WriteWorkspaceUpload names (the
-// bytes the server has taken): a CONFLICT's ErrorInfo metadata "offset", else its message's
-// "offset N".
+// bytes the server has taken): a CONFLICT on the field "offset", whose ErrorInfo metadata
+// "offset" gives it, else its message ("go on from offset N").
 func UploadOffset(err error) (int64, bool) {
 	var apiErr *APIError
 	if !errors.As(err, &apiErr) || apiErr.Code != codes.FailedPrecondition || apiErr.Reason() != "CONFLICT" {
 		return 0, false
 	}
+	if field := apiErr.Field(); field != "" && field != "offset" {
+		return 0, false // another conflict: e.g. the upload has finished (field upload_id)
+	}
 	text, ok := apiErr.Info.GetMetadata()["offset"]
 	if !ok {
-		match := offsetInMessage.FindStringSubmatch(apiErr.Message)
+		match := goOnFrom.FindStringSubmatch(apiErr.Message)
 		if match == nil {
 			return 0, false
 		}

@@ -110,7 +110,7 @@ type Process struct {
 	// follows: the stream ends with an exit code (false: a background start's, which ends
 	// after `started`).
 	follows bool
-	done    bool
+	err     error
 	dropped int64
 }
 
@@ -124,28 +124,24 @@ func (p *Process) Selector() *ctrlv1.ProcessSelector {
 
 // Recv returns the process's next event. After a ProcessExit (and, for a background start,
 // at once: its call ends after the start) it returns io.EOF. A stream that ends without an
-// exit code is an UnavailableError: ConnectWorkspaceProcess follows the process again.
+// exit code is an UnavailableError: ConnectWorkspaceProcess follows the process again. An
+// error is returned again by every later call.
 func (p *Process) Recv() (ProcessEvent, error) {
-	if p.done {
-		return nil, io.EOF
+	if p.err != nil {
+		return nil, p.err
 	}
 	event, err := p.recv()
 	switch {
-	case errors.Is(err, io.EOF):
-		p.finish()
-		if p.follows {
-			return nil, unavailable("the process's stream ended without an exit code: ConnectWorkspaceProcess follows it again")
-		}
-		return nil, io.EOF
+	case errors.Is(err, io.EOF) && p.follows:
+		return nil, p.end(unavailable("the process's stream ended without an exit code: ConnectWorkspaceProcess follows it again"))
 	case err != nil:
-		p.finish()
-		return nil, err
+		return nil, p.end(err)
 	}
 	switch e := event.(type) {
 	case ProcessDropped:
 		p.dropped += e.Bytes
 	case ProcessExit:
-		p.finish()
+		p.end(io.EOF)
 	}
 	return event, nil
 }
@@ -153,9 +149,11 @@ func (p *Process) Recv() (ProcessEvent, error) {
 // DroppedBytes is how many bytes of output Recv reported missing so far (ProcessDropped).
 func (p *Process) DroppedBytes() int64 { return p.dropped }
 
-func (p *Process) finish() {
-	p.done = true
+// end ends the call; err is what Recv returns from now on.
+func (p *Process) end(err error) error {
+	p.err = err
 	p.cancel()
+	return err
 }
 
 // ErrBackground is what Wait returns for a process started in the background: its call ended
@@ -182,8 +180,7 @@ func (p *Process) Wait(stdout, stderr io.Writer) (int32, error) {
 			}
 			if w != nil {
 				if _, err := w.Write(e.Data); err != nil {
-					p.finish()
-					return 0, err
+					return 0, p.end(err)
 				}
 			}
 		case ProcessExit:
