@@ -69,6 +69,7 @@ CHUNK = 1 << 20
 # Of /etc/passwd and /etc/group, at most this much is read (names are a convenience).
 MAX_NAMES_BYTES = 1 << 20
 F_SETPIPE_SZ = 1031
+F_GETPIPE_SZ = 1032
 EXIT_CANCELLED = 128 + signal.SIGTERM
 # An upload with "commit" is put in place when this signal comes after the end of stdin.
 COMMIT = signal.SIGUSR1
@@ -419,8 +420,10 @@ def _temp_name(path: str) -> str:
 
 
 def _big_pipe(fd: int) -> None:
+    """A pipe of CHUNK, if it is smaller (never shrunk: the server may have made it larger)."""
     with contextlib.suppress(OSError):
-        fcntl.fcntl(fd, F_SETPIPE_SZ, CHUNK)
+        if fcntl.fcntl(fd, F_GETPIPE_SZ) < CHUNK:
+            fcntl.fcntl(fd, F_SETPIPE_SZ, CHUNK)
 
 
 def read_file(path: str, given: str, offset: int) -> None:
