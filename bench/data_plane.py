@@ -33,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -153,6 +154,10 @@ class Side:
         if got != expect:
             raise RuntimeError(f"{self.name}: downloaded {got} bytes of {expect}")
         return time.perf_counter() - began, int(statistics.median(sizes))
+
+
+def _meta() -> wp.CommandMetadata:
+    return wp.CommandMetadata(command_id=f"bench/{uuid.uuid4()}")
 
 
 def _snake(name: str) -> str:
@@ -278,9 +283,11 @@ async def run(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
         workspaces = wsg.WorkspaceServiceStub(channel)  # type: ignore[no-untyped-call]
         data = dpg.DataPlaneServiceStub(channel)  # type: ignore[no-untyped-call]
         created = await workspaces.CreateWorkspace(
-            ws.CreateWorkspaceRequest(spec=wp.WorkspaceSpec(resources=wp.Resources(vcpus=1, memory_mib=512)))
+            ws.CreateWorkspaceRequest(
+                metadata=_meta(), spec=wp.WorkspaceSpec(resources=wp.Resources(vcpus=1, memory_mib=512))
+            )
         )
-        workspace_id = created.workspace.id
+        workspace_id = created.workspace.workspace_id
         credential = await _credential(data, workspace_id)
         kibo = Side("kibo gRPC", data, connect=False)
         # One upload first: the file the downloads read, and kibo's message size for the ceiling's.
@@ -373,7 +380,7 @@ async def _credential(data: dpg.DataPlaneServiceStub, workspace_id: str) -> str:
 async def _delete(port: int, workspace_id: str) -> None:
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
         workspaces = wsg.WorkspaceServiceStub(channel)  # type: ignore[no-untyped-call]
-        await workspaces.DeleteWorkspace(ws.DeleteWorkspaceRequest(workspace_id=workspace_id))
+        await workspaces.DeleteWorkspace(ws.DeleteWorkspaceRequest(metadata=_meta(), workspace_id=workspace_id))
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
