@@ -387,9 +387,9 @@ class DataPlaneFiles:
             raise InvalidArgument("offset must not be negative", field="offset")
         if request.archive and request.offset:
             raise InvalidArgument("offset: an archive is streamed whole (an offset is for a file)", field="offset")
-        job: dict[str, Any] = {"mode": "tar-out", "path": path} if request.archive else {}
-        job = job or {"mode": "read", "path": path, "anywhere": True, "offset": request.offset}
-        job["read_size"] = READ_SIZE
+        job: dict[str, Any] = {"mode": "tar-out", "path": path, "read_size": READ_SIZE}
+        if not request.archive:
+            job = {"mode": "read", "path": path, "anywhere": True, "offset": request.offset, "read_size": READ_SIZE}
         async with self._guest(request.credential) as (session, runtime, instance_id):
             with self._downloads.take(session.workspace_id):
                 head = bytearray()
@@ -412,7 +412,10 @@ class DataPlaneFiles:
                             except msgspec.MsgspecError:
                                 raise _bad_answer("a download") from None
                             described = True
-                            yield dp.DownloadWorkspaceFileResponse(info=_file_info(info))
+                            first = _file_info(info)
+                            if request.archive:
+                                first.size = 0  # the directory's; an archive's is not known ahead
+                            yield dp.DownloadWorkspaceFileResponse(info=first)
                             if end + 1 < len(head):
                                 yield dp.DownloadWorkspaceFileResponse(data=bytes(head[end + 1 :]))
                             head = bytearray()
@@ -521,22 +524,31 @@ class DataPlaneFiles:
         request: dp.WriteWorkspaceUploadRequest,
         session: Session,
     ) -> dp.WriteWorkspaceUploadResponse:
-        """A part the upload did not take: the upload failed (its error), was finished (a finish
-        sent again: answered as the first was), or the offset is not where it is."""
+        """A part the upload did not take: the offset is not where it is, or it takes no more input
+        (its job failed: its error; or it was finished: a finish sent again is answered as the
+        first was). The node may refuse the input of a failed upload before it knows its end."""
         info = await _process(keeper, instance_id, upload_id)
         if info is None:
             raise NotFound(f"upload {upload_id} not found (finished, cancelled or never started)")
-        if not info.running:
-            await self._ended(keeper, instance_id, upload_id, session)  # raises its error, if any
-            if request.finish and request.offset + len(request.data) == info.received:
-                return dp.WriteWorkspaceUploadResponse(size=info.received, finished=True)
-            raise Conflict(f"upload {upload_id} has finished ({info.received} bytes)", field="upload_id")
-        raise Conflict(
-            f"offset {request.offset} is not where upload {upload_id} is: it has taken {info.received} bytes;"
-            f" go on from offset {info.received}",
-            field="offset",
-            hint=f"send the part at offset {info.received}",
-        )
+        # At the offset, or taken in part by this call before it was refused (a part sent twice is
+        # taken whole): it is not the offset, the upload stopped reading (it failed, or ended).
+        at = info.received == request.offset or request.offset < info.received < request.offset + len(request.data)
+        if info.running and not at:
+            raise Conflict(
+                f"offset {request.offset} is not where upload {upload_id} is: it has taken {info.received} bytes;"
+                f" go on from offset {info.received}",
+                field="offset",
+                hint=f"send the part at offset {info.received}",
+            )
+        try:
+            async with asyncio.timeout(CANCEL_WAIT_S):
+                await self._ended(keeper, instance_id, upload_id, session)  # raises its error, if any
+        except TimeoutError:
+            raise Conflict(f"upload {upload_id} takes no more input", field="upload_id") from None
+        taken = (await _process(keeper, instance_id, upload_id) or info).received
+        if request.finish and request.offset + len(request.data) == taken:
+            return dp.WriteWorkspaceUploadResponse(size=taken, finished=True)
+        raise Conflict(f"upload {upload_id} has finished ({taken} bytes)", field="upload_id")
 
     async def _ended(self, keeper: GuestProcesses, instance_id: str, upload_id: str, session: Session) -> None:
         """Follow the upload to its end: nothing when its job succeeded, else its error."""
