@@ -34,6 +34,7 @@ table, which keeps its output."""
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import fcntl
 import json
@@ -69,10 +70,14 @@ CHUNK = 1 << 20
 # Of /etc/passwd and /etc/group, at most this much is read (names are a convenience).
 MAX_NAMES_BYTES = 1 << 20
 F_SETPIPE_SZ = 1031
+AT_FDCWD = -100
+RENAME_EXCHANGE = 2
 F_GETPIPE_SZ = 1032
 EXIT_CANCELLED = 128 + signal.SIGTERM
 # An upload with "commit" is put in place when this signal comes after the end of stdin.
 COMMIT = signal.SIGUSR1
+
+_libc = ctypes.CDLL(None, use_errno=True)
 
 
 class Invalid(Exception):
@@ -520,12 +525,30 @@ def write_file(path: str, mode: int, parents: bool, commit: Callable[[], None]) 
                 named = True
         finally:
             os.close(fd)
-        os.rename(temp, path)
+        _replace(temp, path)
     except BaseException:
         if named:
             with contextlib.suppress(OSError):
                 os.unlink(temp)
         raise
+
+
+def _replace(temp: str, path: str) -> None:
+    """`temp` put in place of `path`, atomically. A rename over an existing file makes ext4
+    (auto_da_alloc) start writing the new file's data back inside the rename (measured: 270-535
+    ms for 256 MiB on a guest image's loop device, in the upload's finish): the two are exchanged
+    instead (renameat2 RENAME_EXCHANGE, as atomic, without that flush), and the old file, now at
+    the temporary name, removed. Nothing there, or a file system without exchange: a rename.
+    (An upload is not synced to disk, as no write in the guest is: a host crash may lose it.)"""
+    renameat2 = getattr(_libc, "renameat2", None)
+    if renameat2 is None or renameat2(AT_FDCWD, os.fsencode(temp), AT_FDCWD, os.fsencode(path), RENAME_EXCHANGE):
+        os.rename(temp, path)
+        return
+    if stat.S_ISDIR(os.lstat(temp).st_mode):  # a directory put there meanwhile: swapped back
+        renameat2(AT_FDCWD, os.fsencode(temp), AT_FDCWD, os.fsencode(path), RENAME_EXCHANGE)
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR))
+    with contextlib.suppress(OSError):  # in place already: a failure here must not undo it
+        os.unlink(temp)
 
 
 def _name(fd: int, temp: str, mode: int) -> None:
