@@ -813,3 +813,31 @@ def test_a_watch_that_is_not_read_says_it_overflowed(sdk: kibotos.Client, stub: 
     events.cancel()
     print(f"overflow after {seen} events")
     assert seen < 80_000
+
+
+def test_an_upload_belongs_to_its_workspace(
+    server: ServerProcess, sdk: kibotos.Client, stub: Any, credential: str
+) -> None:
+    """Another workspace's credential naming an upload's ID finds nothing (not its path either)."""
+    started = stub.StartWorkspaceUpload(dp.StartWorkspaceUploadRequest(credential=credential, path="/root/mine"))
+    created = sdk.create_workspace(SPEC)
+    other = sdk.wait_workspace(created.workspace, created.command.command_id, timeout=30).workspace_id
+    try:
+        theirs = str(sdk.issue_data_plane_credential(other).credential)
+        for call in (
+            lambda: stub.WriteWorkspaceUpload(
+                dp.WriteWorkspaceUploadRequest(credential=theirs, upload_id=started.upload_id, data=b"x", finish=True)
+            ),
+            lambda: stub.CancelWorkspaceUpload(
+                dp.CancelWorkspaceUploadRequest(credential=theirs, upload_id=started.upload_id)
+            ),
+        ):
+            refused = code_of(call)
+            assert refused.code() == grpc.StatusCode.NOT_FOUND and "/root/mine" not in str(refused.details()), refused
+    finally:
+        delete(sdk, other, server)
+    done = stub.WriteWorkspaceUpload(
+        dp.WriteWorkspaceUploadRequest(credential=credential, upload_id=started.upload_id, data=b"mine", finish=True)
+    )
+    assert (done.size, done.finished) == (4, True)
+    assert sh(sdk, credential, "cat /root/mine") == b"mine"

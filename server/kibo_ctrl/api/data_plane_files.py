@@ -264,7 +264,8 @@ class DataPlaneFiles:
         self._dp = data_plane
         self._downloads = _Counted("downloads", MAX_DOWNLOADS)
         self._watches = _Counted("watches", MAX_WATCHES)
-        self._uploads: OrderedDict[str, str] = OrderedDict()  # upload ID -> its path (messages only)
+        # (instance, upload ID) -> its path, for messages only.
+        self._uploads: OrderedDict[tuple[str, str], str] = OrderedDict()
 
     # -- the parts every call shares -------------------------------------------------------------
 
@@ -447,14 +448,15 @@ class DataPlaneFiles:
             raise Unimplemented("this workspace's runtime keeps no processes: it takes no uploads")
         return runtime
 
-    def _remember(self, upload_id: str, path: str) -> None:
-        self._uploads[upload_id] = path
+    def _remember(self, instance_id: str, upload_id: str, path: str) -> None:
+        self._uploads[instance_id, upload_id] = path
         while len(self._uploads) > MAX_REMEMBERED_UPLOADS:
             self._uploads.popitem(last=False)
 
-    def _about(self, upload_id: str) -> str:
-        """What an upload's errors are about: its path when it started here."""
-        return self._uploads.get(upload_id, f"upload {upload_id}")
+    def _about(self, instance_id: str, upload_id: str) -> str:
+        """What an upload's errors are about: its path when it started here (by instance: another
+        workspace's credential naming the ID learns nothing of it)."""
+        return self._uploads.get((instance_id, upload_id), f"upload {upload_id}")
 
     async def start_workspace_upload(
         self, request: dp.StartWorkspaceUploadRequest, caller: Caller
@@ -481,7 +483,7 @@ class DataPlaneFiles:
                 with contextlib.suppress(GuestRefused):
                     await keeper.signal_guest_process(instance_id, upload_id, signal.SIGTERM)
                 raise _revoked(session)
-        self._remember(upload_id, path)
+        self._remember(instance_id, upload_id, path)
         return dp.StartWorkspaceUploadResponse(upload_id=upload_id)
 
     async def write_workspace_upload(
@@ -494,9 +496,9 @@ class DataPlaneFiles:
             raise InvalidArgument(f"data: at most {MAX_PART_BYTES >> 20} MiB a part", field="data")
         if request.offset < 0:
             raise InvalidArgument("offset must not be negative", field="offset")
-        about = self._about(upload_id)
         async with self._guest(request.credential) as (session, runtime, instance_id):
             keeper = self._keeper(runtime)
+            about = self._about(instance_id, upload_id)
             try:
                 taken = await keeper.send_guest_process_input(
                     instance_id, upload_id, request.data, close=request.finish, offset=request.offset
@@ -556,6 +558,7 @@ class DataPlaneFiles:
 
         errors = bytearray()
         code = 0
+        about = self._about(instance_id, upload_id)
         items = keeper.follow_guest_process(instance_id, upload_id, replay=True, stop=session.stop)
         try:
             async with aclosing(items):
@@ -567,15 +570,15 @@ class DataPlaneFiles:
         except JobStopped:
             raise _revoked(session) from None
         except GuestRefused as refused:
-            raise _refused(refused, self._about(upload_id), "path") from None
+            raise _refused(refused, about, "path") from None
         if code == 0:
             return
         if code == 128 + signal.SIGTERM:
             raise Conflict(f"upload {upload_id} was cancelled (or not written for a minute)", field="upload_id")
         report = _last_report(bytes(errors))
         if report is not None:
-            raise _refused(GuestRefused(report.status, report.error, report.errno), self._about(upload_id), "path")
-        raise GuestError(f"{self._about(upload_id)}: the upload failed in the guest (exit {code})", field="path")
+            raise _refused(GuestRefused(report.status, report.error, report.errno), about, "path")
+        raise GuestError(f"{about}: the upload failed in the guest (exit {code})", field="path")
 
     async def cancel_workspace_upload(
         self, request: dp.CancelWorkspaceUploadRequest, caller: Caller
@@ -601,7 +604,7 @@ class DataPlaneFiles:
                     await self._ended(keeper, instance_id, upload_id, session)
             if session.stop.is_set():
                 raise _revoked(session)
-        self._uploads.pop(upload_id, None)
+        self._uploads.pop((instance_id, upload_id), None)
         return dp.CancelWorkspaceUploadResponse()
 
 
