@@ -75,8 +75,8 @@ MUTATIONS = [
             "A process ends by owner: an end keeps only the processes of the workspace's current credential revision"
         ),
         code=_PROCESSES,
-        find="            if keep_owner is None or process.spec.owner != keep_owner:\n                process.kill()\n",
-        replace="            if keep_owner is None:\n                process.kill()\n",
+        find="            if keep_owner is not None and process.spec.owner == keep_owner:\n                continue\n",
+        replace="            if keep_owner is not None:\n                continue\n",
         tests=(
             f"{_TABLE}::test_end_by_owner_keeps_the_current_ones",
             f"{_SYSTEM}::test_an_end_kills_background_processes_and_ends_connect_streams[revoke]",
@@ -116,8 +116,20 @@ MUTATIONS = [
     Mutation(
         claim="An upload not written for 60 s is cancelled (SIGTERM: nothing of it is left in the guest)",
         code=_PROCESSES,
-        find="            self._control(process, signal.SIGTERM)\n",
-        replace="            pass\n",
+        find=(
+            'cancelled", process.spec.tag, idle)\n        with contextlib.suppress(GuestRefused):\n'
+            "            self._control(process, signal.SIGTERM)\n"
+        ),
+        replace=(
+            'cancelled", process.spec.tag, idle)\n        with contextlib.suppress(GuestRefused):\n            pass\n'
+        ),
         tests=(f"{_TABLE}::test_an_idle_upload_is_cancelled",),
+    ),
+    Mutation(
+        claim="A revoked upload is told first (SIGTERM): an archive's staging directory is removed, nothing is left",
+        code=_PROCESSES,
+        find="            if process.spec.job is not None and process.control >= 0:",
+        replace="            if False:",
+        tests=("tests/system/test_guest_files.py::test_a_revoke_ends_a_running_upload_and_leaves_nothing[archive]",),
     ),
 ]

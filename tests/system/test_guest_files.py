@@ -218,6 +218,11 @@ def test_stat_list_mkdir_move_remove(sdk: kibotos.Client, stub: Any, credential:
     assert sh(sdk, credential, f"cat {base}/g") == b"hello\n"
     full = code_of(lambda: stub.RemoveWorkspacePath(dp.RemoveWorkspacePathRequest(credential=credential, path=other)))
     assert full.code() == grpc.StatusCode.FAILED_PRECONDITION and "ENOTEMPTY" in str(full.details()), full
+    assert "not empty" in str(full.details()) and "recursive" in str(full.trailing_metadata()), full
+    there = code_of(
+        lambda: stub.MakeWorkspaceDirectory(dp.MakeWorkspaceDirectoryRequest(credential=credential, path=other))
+    )
+    assert there.code() == grpc.StatusCode.FAILED_PRECONDITION and "already exists" in str(there.details()), there
     stub.RemoveWorkspacePath(dp.RemoveWorkspacePathRequest(credential=credential, path=other, recursive=True))
     gone = code_of(lambda: stat(stub, credential, other))
     assert gone.code() == grpc.StatusCode.NOT_FOUND and field_of(gone) == "path"
@@ -748,21 +753,28 @@ def _works(stub: Any, credential: str) -> bool:
         return False
 
 
+@pytest.mark.parametrize("archive", [False, True], ids=["file", "archive"])
 def test_a_revoke_ends_a_running_upload_and_leaves_nothing(
-    server: ServerProcess, sdk: kibotos.Client, stub: Any, credential: str, workspace: str
+    server: ServerProcess, sdk: kibotos.Client, stub: Any, credential: str, workspace: str, archive: bool
 ) -> None:
     """The node ends the old credential's processes, uploads among them: the file being written
-    had no name in the guest (O_TMPFILE), so nothing of it is left."""
-    started = stub.StartWorkspaceUpload(dp.StartWorkspaceUploadRequest(credential=credential, path="/root/revoked"))
-    part = dp.WriteWorkspaceUploadRequest(credential=credential, upload_id=started.upload_id, data=b"x" * PART)
+    had no name in the guest (O_TMPFILE), and an archive's staging directory is removed (the
+    upload is told with SIGTERM first), so nothing of either is left."""
+    started = stub.StartWorkspaceUpload(
+        dp.StartWorkspaceUploadRequest(credential=credential, path="/root/revoked", archive=archive)
+    )
+    data = _tar({"big": b"x" * PART}) if archive else b"x" * PART
+    part = dp.WriteWorkspaceUploadRequest(credential=credential, upload_id=started.upload_id, data=data[: PART // 2])
     stub.WriteWorkspaceUpload(part)
+    if archive:  # its staging directory is there, in the target, while the archive comes
+        poll(lambda: b".kibo" in sh(sdk, credential, "ls -A /root/revoked 2>/dev/null; true"))
     revoke(sdk, workspace)
     refused = code_of(lambda: stub.WriteWorkspaceUpload(part))
     assert refused.code() == grpc.StatusCode.UNAUTHENTICATED, refused
     fresh = str(sdk.issue_data_plane_credential(workspace).credential)
     poll(lambda: not jobs(server, workspace))
-    left = sh(sdk, fresh, "ls -A /root")
-    assert b"revoked" not in left and b".kibo" not in left, left
+    left = sh(sdk, fresh, "ls -A /root /root/revoked 2>/dev/null; true")
+    assert b".kibo" not in left and (archive or b"revoked" not in left), left
 
 
 def test_an_upload_id_reaches_uploads_only(sdk: kibotos.Client, stub: Any, credential: str) -> None:

@@ -43,6 +43,8 @@ ERRNO_RULES: dict[str, ErrnoRule] = {
     "ETXTBSY": ErrnoRule(GuestError, "the file is a program that is running"),
     "EBUSY": ErrnoRule(GuestError, "the file or its directory is busy (a mount point?)"),
     "EIO": ErrnoRule(GuestError, "an I/O error in the guest's file system"),
+    "EEXIST": ErrnoRule(GuestError, "it already exists", "remove it first (a directory: or make it with parents)"),
+    "ENOTEMPTY": ErrnoRule(GuestError, "the directory is not empty", "remove it with recursive"),
     "EACCES": ErrnoRule(GuestPermissionDenied, "permission denied by the file's mode in the guest"),
     "EPERM": ErrnoRule(GuestPermissionDenied, "the operation is not permitted in the guest"),
     "ENOSPC": ErrnoRule(GuestExhausted, "no space left on the guest's file system", FULL),

@@ -399,6 +399,8 @@ class _Process:
 # A process's command as listed: the first LISTED_ARGV_BYTES of it (a start may carry 1 MiB of
 # arguments; 48 of those in one ListWorkspaceProcesses answer would pass the 4 MiB message limit).
 LISTED_ARGV_BYTES = 4096
+# An upload ended (a revoke) has this long to remove what it staged before it is killed.
+UPLOAD_END_GRACE_S = 2.0
 
 
 def listed_argv(argv: tuple[str, ...]) -> tuple[str, ...]:
@@ -740,7 +742,15 @@ class ProcessTable:
             if keep_owner is None or pending.owner != keep_owner:
                 pending.killed = True
         for process in list(table.running.values()):
-            if keep_owner is None or process.spec.owner != keep_owner:
+            if keep_owner is not None and process.spec.owner == keep_owner:
+                continue
+            if process.spec.job is not None and process.control >= 0:
+                # An upload: SIGTERM first, so that its job removes what it staged (an archive's
+                # staging directory); SIGKILL after a grace, if it is still there.
+                with contextlib.suppress(GuestRefused):
+                    self._control(process, signal.SIGTERM)
+                process.timers.append(asyncio.get_running_loop().call_later(UPLOAD_END_GRACE_S, process.kill))
+            else:
                 process.kill()
 
     def forget(self, instance_id: str) -> None:
