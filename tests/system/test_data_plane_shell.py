@@ -5,6 +5,7 @@ bubblewrap (as tests/system/test_data_plane_client.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import secrets
@@ -13,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -54,6 +56,9 @@ class Pane:
         assert shutil.which("tmux"), "tmux is missing: apt-get install -y tmux"
         self.status_file = status_file
         self.socket = f"kibo-test-{os.getpid()}-{secrets.token_hex(4)}"
+        # tmux makes tmux-<uid>/ under TMUX_TMPDIR (/tmp by default) and leaves it: one of ours.
+        self.tmpdir = tempfile.mkdtemp(prefix="kibo-tmux-")
+        self.env = {**os.environ, "TMUX_TMPDIR": self.tmpdir}
         config = tmp_path / f"{self.socket}.conf"
         config.write_text("set -g remain-on-exit on\nset -g history-limit 5000\n")
         rows, cols = size
@@ -61,7 +66,12 @@ class Pane:
 
     def tmux(self, *arguments: str) -> str:
         done = subprocess.run(
-            ["tmux", "-L", self.socket, *arguments], capture_output=True, text=True, timeout=10, check=True
+            ["tmux", "-L", self.socket, *arguments],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+            env=self.env,
         )
         return done.stdout
 
@@ -103,15 +113,20 @@ class Pane:
         return int(self.tmux("display-message", "-p", "-t", "t", "#{pane_pid}"))
 
     def kill(self) -> None:
-        """End its tmux server, and remove its socket (kill-server leaves the file)."""
-        socket = self.tmux("display-message", "-p", "#{socket_path}").strip()
-        subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True, timeout=10, check=False)
-        Path(socket).unlink(missing_ok=True)
+        """End its tmux server, and remove its socket's directory (kill-server leaves the file)."""
+        subprocess.run(
+            ["tmux", "-L", self.socket, "kill-server"], capture_output=True, timeout=10, check=False, env=self.env
+        )
+        shutil.rmtree(self.tmpdir, ignore_errors=True)
 
 
 @pytest.fixture
 def panes(tmp_path: Path) -> Iterator[Callable[..., Pane]]:
     made: list[Pane] = []
+    # tmux's default directory appears during these tests although every tmux call here names
+    # its own (TMUX_TMPDIR): removed after, when it was not there before and is empty.
+    default = Path(f"/tmp/tmux-{os.getuid()}")
+    there_before = default.exists()
 
     def make(command: str, size: tuple[int, int] = (30, 100)) -> Pane:
         made.append(Pane(tmp_path, command, size, status_file=tmp_path / "status"))
@@ -122,8 +137,14 @@ def panes(tmp_path: Path) -> Iterator[Callable[..., Pane]]:
         pane.kill()
     # Nothing left behind: each tmux server is gone, and its socket.
     for pane in made:
-        assert subprocess.run(["tmux", "-L", pane.socket, "has-session"], capture_output=True).returncode != 0
-        assert not list(Path("/tmp").glob(f"tmux-*/{pane.socket}")), pane.socket
+        assert (
+            subprocess.run(["tmux", "-L", pane.socket, "has-session"], capture_output=True, env=pane.env).returncode
+            != 0
+        )
+        assert not Path(pane.tmpdir).exists(), pane.tmpdir
+    if not there_before:
+        with contextlib.suppress(OSError):
+            default.rmdir()
 
 
 def _kibo_line(server: ServerProcess, *arguments: str, tmp_path: Path) -> str:
