@@ -41,10 +41,6 @@ UserOpt = Annotated[
 # The shell of `kibo workspace shell`: bash when the guest has it, else sh; a login shell, so
 # that the guest's /etc/profile sets its PATH and prompt.
 SHELL_LINE = "if command -v bash >/dev/null 2>&1; then exec bash -l; fi; exec sh -l"
-# `logs` without --follow: the kept output comes at once; stop when nothing comes for this long
-# (or after LOGS_AT_MOST: a process that writes without a pause).
-LOGS_QUIET = 0.25
-LOGS_AT_MOST = 2.0
 _DEFAULT_SIZE = (24, 80)
 
 
@@ -380,7 +376,7 @@ def logs(
 
     What the workspace kept (its last 128 KiB), stdout to stdout and stderr to stderr; with
     --follow, then its output as it comes, until it exits (a line on stderr says how). Without
-    --follow kibo stops once nothing more comes for a moment. Leaving never stops the process."""
+    --follow kibo stops at the end of what was kept. Leaving never stops the process."""
     try:
         code = asyncio.run(_logs(workspace_id, process_selector(process), follow))
     except KeyboardInterrupt:
@@ -395,30 +391,23 @@ def _signalled(code: int) -> str:
 
 async def _logs(workspace_id: str, process: int | str, follow: bool) -> int | None:
     """Print the output; the exit code once it came (None: still running)."""
-    loop = asyncio.get_running_loop()
     async with settings().async_client() as client:
         access = await _access_async(client, workspace_id)
         events = access.processes.connect(process, replay=True)
-        until = loop.time() + LOGS_AT_MOST
         try:
-            while True:
-                if follow:
-                    event = await anext(events)
-                else:
-                    wait = min(LOGS_QUIET, until - loop.time())
-                    if wait <= 0:
-                        return None
-                    try:
-                        event = await asyncio.wait_for(anext(events), wait)
-                    except TimeoutError:
-                        return None
+            async for event in events:
                 if isinstance(event, kibotos.ProcessExit):
                     return event.exit_code
+                if isinstance(event, kibotos.ProcessReplayed):
+                    if not follow:
+                        return None  # what was kept has all come: the logs so far
+                    continue
                 if isinstance(event, kibotos.ProcessDropped):
                     note(f"kibo: [{event.count} bytes of output not kept]")
                     continue
                 stream = (sys.stderr if event.stream == "stderr" else sys.stdout).buffer
                 stream.write(event.data)
                 stream.flush()
+            return None
         finally:
             await events.aclose()

@@ -34,6 +34,7 @@ __all__ = [
     "ProcessEvent",
     "ProcessExit",
     "ProcessOutput",
+    "ProcessReplayed",
     "ProcessResult",
     "Selector",
     "TransferProgress",
@@ -76,13 +77,20 @@ class ProcessDropped:
 
 
 @dataclass(frozen=True)
+class ProcessReplayed:
+    """Connecting with replay=True to a process that runs, once: the output the node kept when the
+    call began has all come; what follows comes as the process writes it (a reader of the logs
+    so far stops here). An ended process's ProcessExit comes instead."""
+
+
+@dataclass(frozen=True)
 class ProcessExit:
     """How the process ended, the last event (128 + N when killed by signal N)."""
 
     exit_code: int
 
 
-ProcessEvent = ProcessOutput | ProcessDropped | ProcessExit
+ProcessEvent = ProcessOutput | ProcessDropped | ProcessReplayed | ProcessExit
 
 
 @dataclass(frozen=True)
@@ -177,6 +185,8 @@ def process_event(response: dp.StartWorkspaceProcessResponse | dp.ConnectWorkspa
         return ProcessOutput("pty", response.pty)
     if kind == "dropped_bytes":
         return ProcessDropped(int(response.dropped_bytes))
+    if kind == "replayed":
+        return ProcessReplayed()
     if kind == "exit_code":
         return ProcessExit(int(response.exit_code))
     raise KiboError(f"the process's stream sent an event this client does not know ({kind or 'none'})")
@@ -200,6 +210,8 @@ class Collector:
             self.exit_code = event.exit_code
         elif isinstance(event, ProcessDropped):
             self.dropped += event.count
+        elif isinstance(event, ProcessReplayed):
+            pass
         elif event.stream == "stderr":
             self.stderr += event.data
         else:

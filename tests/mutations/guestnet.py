@@ -104,7 +104,7 @@ MUTATIONS = [
             "keeps its network and takes a new policy live"
         ),
         code="server/kibo_ctrl/runtime/process/runtime.py",
-        find="            self.networks.adopt()  # slots found on the machine: their live owners keep them\n",
+        find="            self.networks.adopt(frozenset(i.id for i in instances))\n",
         replace="            pass\n",
         tests=(f"{_T}test_after_a_control_plane_kill_the_guest_keeps_its_network_and_takes_a_new_policy",),
     ),

@@ -25,7 +25,7 @@ from kibo_cli.main import app
 from typer.testing import CliRunner, Result
 
 from tests.server import ServerProcess
-from tests.system.test_data_plane_client import create, delete, poll
+from tests.system.test_data_plane_client import create, delete, kibo_process, poll
 from tests.system.test_process_runtime import sandbox_server
 
 KIBO = [sys.executable, "-c", "from kibo_cli.main import main; main()"]
@@ -60,6 +60,8 @@ def _output(events: Iterator[kibotos.ProcessEvent], until: bytes) -> bytes:
     """Output of `events` up to (and with) the first chunk that makes it contain `until`."""
     seen = b""
     for event in events:
+        if isinstance(event, kibotos.ProcessReplayed):  # the end of what was kept, when it connected
+            continue
         assert isinstance(event, kibotos.ProcessOutput), (event, seen)
         seen += event.data
         if until in seen:
@@ -99,7 +101,9 @@ def test_a_background_process_by_tag(access: kibotos.WorkspaceAccess) -> None:
     again = processes.connect(started.pid, replay=True)  # by pid, with what was kept
     assert _output(again, b"bye\n") == b"ready\ngot:one\ngot:two\nbye\n"
     processes.signal("echo", signal.SIGTERM)
-    assert list(again) == [kibotos.ProcessExit(128 + signal.SIGTERM)]
+    assert [e for e in again if not isinstance(e, kibotos.ProcessReplayed)] == [
+        kibotos.ProcessExit(128 + signal.SIGTERM)
+    ]
     ended = {p.tag: p for p in processes.list()}["echo"]
     assert not ended.running and ended.exit_code == 128 + signal.SIGTERM
     # An ended process's output and exit are kept: a late follower gets them at once.
@@ -167,6 +171,31 @@ async def _first_output(events: AsyncIterator[kibotos.ProcessEvent]) -> AsyncIte
     async for event in events:
         yield event
         return
+
+
+def test_cli_logs_stops_at_the_end_of_what_was_kept(server: ServerProcess, workspace: str) -> None:
+    """`kibo workspace logs` without --follow prints what the workspace kept and stops there (the
+    replay's end the server marks), even while the process writes on without a pause."""
+    started = kibo(
+        server, "workspace", "start-process", workspace, "--tag", "ticker", "--",
+        "sh", "-c", "echo first; while :; do echo tick; done",
+    )  # fmt: skip
+    assert started.exit_code == 0, started.output
+    try:
+        poll(lambda: b"tick" in kibo_process(server, "workspace", "logs", workspace, "ticker").stdout)
+        for _ in range(3):
+            shown = subprocess.run(
+                [*KIBO, "--server", server.address, "workspace", "logs", workspace, "ticker"],
+                capture_output=True,
+                timeout=20,
+                check=False,
+            )
+            assert shown.returncode == 0, shown.stderr
+            lines = shown.stdout.splitlines()
+            # The last 128 KiB kept, in whole lines but perhaps the first (cut by the ring).
+            assert set(lines[1:-1]) <= {b"first", b"tick"} and len(shown.stdout) <= 200 * 1024, lines[:3]
+    finally:
+        kibo(server, "workspace", "kill", workspace, "ticker", "--signal", "KILL")
 
 
 def test_cli_processes(server: ServerProcess, workspace: str) -> None:

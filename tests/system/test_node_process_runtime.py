@@ -102,7 +102,20 @@ async def test_a_process_node_readopts_its_sandbox_after_kill9(
             assert len(supervisor_processes(f"supervisor.py {node.data_dir}")) == 1
             # The new agent made a new secret: the data plane follows it.
             credential = await plane.credential(kept.workspace_id)
-            assert (await plane.exec(credential, "cat", "/data/note"))[1] == b"through the node"
+
+            async def note() -> bytes | None:
+                """UNAVAILABLE says retry: the control plane's link to the restarted node's data
+                plane may still be in its reconnect backoff."""
+                try:
+                    return (await plane.exec(credential, "cat", "/data/note"))[1]
+                except grpc.aio.AioRpcError as error:
+                    if error.code() != grpc.StatusCode.UNAVAILABLE:
+                        raise
+                    return None
+
+            assert await eventually(note, within=20, what="the data plane through the restarted node") == (
+                b"through the node"
+            )
             # Fully controllable after the adoption: a graceful stop ends the guest.
             response = await client.stop(kept.workspace_id)
             assert response.workspace.state == S.WORKSPACE_STATE_STOPPED

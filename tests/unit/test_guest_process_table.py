@@ -33,6 +33,7 @@ from kibo_ctrl.runtime.base import (
     JobStopped,
     Output,
     ProcessSpec,
+    Replayed,
 )
 from kibo_ctrl.runtime.process.fork_client import ForkServer
 from kibo_ctrl.runtime.process.guest_access.processes import CHUNK, LISTED_ARGV_BYTES, ProcessTable
@@ -83,8 +84,8 @@ async def table(instance: Path, forks: ForkServer) -> AsyncIterator[ProcessTable
 
 async def collect(
     table: ProcessTable, selector: int | str, replay: bool = True, within: float = 10.0
-) -> list[Output | Dropped | Exit]:
-    items: list[Output | Dropped | Exit] = []
+) -> list[Output | Dropped | Replayed | Exit]:
+    items: list[Output | Dropped | Replayed | Exit] = []
 
     async def run() -> None:
         async for item in table.follow(INSTANCE, selector, replay=replay):
@@ -94,7 +95,7 @@ async def collect(
     return items
 
 
-def joined(items: list[Output | Dropped | Exit], stream: str) -> bytes:
+def joined(items: list[Output | Dropped | Replayed | Exit], stream: str) -> bytes:
     return b"".join(item.data for item in items if isinstance(item, Output) and item.stream == stream)
 
 
@@ -195,6 +196,8 @@ async def test_a_terminal_its_size_ctrl_c_and_exit_code(table: ProcessTable) -> 
     async def until_seen(text: bytes) -> None:
         while text not in seen:
             item = await asyncio.wait_for(follower.__anext__(), 10)
+            if item == Replayed():  # (the replay of nothing, at once)
+                continue
             assert isinstance(item, Output) and item.stream == "pty", item
             seen.extend(item.data)
 
@@ -235,6 +238,8 @@ async def test_a_hold_follower_holds_the_writer_and_memory_stays_bounded(table: 
     info = await table.start(INSTANCE, ProcessSpec(argv=("head", "-c", "1G", "/dev/zero")))
     follower = table.follow(INSTANCE, info.pid, replay=True, hold=True)
     first = await follower.__anext__()
+    if first == Replayed():  # nothing was kept yet
+        first = await follower.__anext__()
     assert isinstance(first, Output)
     [writer] = await _wait_for_pids("head -c 1G /dev/zero")
     await asyncio.sleep(0.5)  # the follower reads no more: the writer is held
@@ -284,7 +289,10 @@ async def test_caps_and_tags(table: ProcessTable) -> None:
     with pytest.raises(GuestRefused) as past:
         await table.start(INSTANCE, ProcessSpec(argv=("sleep", "63")))
     assert past.value.status == "limit" and past.value.errno == "processes"
-    assert len(_pids("sleep 63")) == MAX_GUEST_PROCESSES
+    # (A started process's keeper may still be on its way to exec its command.)
+    await until(lambda: len(_pids("sleep 63")) == MAX_GUEST_PROCESSES)
+    await asyncio.sleep(0.2)
+    assert len(_pids("sleep 63")) == MAX_GUEST_PROCESSES  # and none beyond
     await table.signal(INSTANCE, "t0", signal.SIGKILL)
     await collect(table, "t0")
     with pytest.raises(GuestRefused) as taken:
@@ -436,3 +444,25 @@ async def test_a_long_command_is_listed_short(table: ProcessTable) -> None:
     [listed] = [p for p in await table.list(INSTANCE) if p.pid == started.pid]
     assert listed.argv[0] == "true" and listed.argv[-1].endswith("...")
     assert sum(len(word.encode()) for word in listed.argv) <= LISTED_ARGV_BYTES + 3
+
+
+async def test_a_replay_says_where_the_kept_output_ends(table: ProcessTable) -> None:
+    """Replayed comes once, after what was kept when the follow began and before what comes
+    live (`kibo workspace logs` without --follow stops there); without replay, or for a process
+    that has ended (its Exit ends the replay), it never comes."""
+    info = await table.start(INSTANCE, ProcessSpec(argv=("sh", "-c", "echo kept; read line; echo $line"), tag="r"))
+    while True:  # until "kept" is kept: an empty replay is Replayed at once
+        follower = table.follow(INSTANCE, "r", replay=True)
+        first = await anext(follower)
+        if first != Replayed():
+            break
+        await follower.aclose()
+        await asyncio.sleep(0.01)
+    assert first == Output("stdout", b"kept\n")
+    assert await anext(follower) == Replayed()
+    await table.send(INSTANCE, "r", b"later\n")
+    assert await anext(follower) == Output("stdout", b"later\n")
+    assert await anext(follower) == Exit(0)
+    assert await collect(table, info.pid, replay=False) == [Exit(0)]
+    ended = await collect(table, info.pid)
+    assert ended == [Output("stdout", b"kept\n"), Output("stdout", b"later\n"), Exit(0)], ended  # no Replayed

@@ -86,12 +86,18 @@ type ProcessOutput struct {
 // the replay, or dropped while it did not read) before the next output.
 type ProcessDropped struct{ Bytes int64 }
 
+// ProcessReplayed comes once when following a running process with replay: the output the node
+// kept when the call began has all come; what follows comes as the process writes it (an ended
+// process's ProcessExit comes instead).
+type ProcessReplayed struct{}
+
 // ProcessExit is the last event: how the process ended (128 + N when killed by signal N).
 type ProcessExit struct{ Code int32 }
 
-func (ProcessOutput) processEvent()  {}
-func (ProcessDropped) processEvent() {}
-func (ProcessExit) processEvent()    {}
+func (ProcessOutput) processEvent()   {}
+func (ProcessDropped) processEvent()  {}
+func (ProcessReplayed) processEvent() {}
+func (ProcessExit) processEvent()     {}
 
 // Process is a process started or followed through the data plane. Recv reads its events;
 // SendInput, CloseInput, Signal and Resize act on it; Close leaves the call (a foreground
@@ -256,6 +262,8 @@ func connectEvent(m *ctrlv1.ConnectWorkspaceProcessResponse) ProcessEvent {
 		return ProcessOutput{StreamPTY, e.Pty}
 	case *ctrlv1.ConnectWorkspaceProcessResponse_DroppedBytes:
 		return ProcessDropped{e.DroppedBytes}
+	case *ctrlv1.ConnectWorkspaceProcessResponse_Replayed:
+		return ProcessReplayed{}
 	case *ctrlv1.ConnectWorkspaceProcessResponse_ExitCode:
 		return ProcessExit{e.ExitCode}
 	}

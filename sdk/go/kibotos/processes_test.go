@@ -93,6 +93,9 @@ func TestDataPlaneBackgroundProcessByTag(t *testing.T) {
 		t.Fatal(err)
 	}
 	outputUntil(t, first, "ready\n") // the replay: it was written before this call
+	if event, err := first.Recv(); err != nil || event != (kibotos.ProcessReplayed{}) {
+		t.Fatalf("after the kept output: want ProcessReplayed, got %#v, %v", event, err)
+	}
 	if err := first.SendInput(ctx, []byte("ping\n")); err != nil {
 		t.Fatal(err)
 	}

@@ -38,6 +38,7 @@ from ..runtime.base import (
     JobStopped,
     Output,
     ProcessSpec,
+    Replayed,
     Selector,
 )
 from .data_plane_sessions import Session
@@ -128,6 +129,9 @@ class DataPlaneProcesses:
                             with contextlib.suppress(BaseException):
                                 await first
                     while True:
+                        if isinstance(item, Replayed):  # (replayed only so that nothing is missed)
+                            item = await anext(items)
+                            continue
                         ended = isinstance(item, Exit)
                         yield _event(dp.StartWorkspaceProcessResponse, item)
                         if ended:
@@ -153,7 +157,10 @@ class DataPlaneProcesses:
             try:
                 async with aclosing(items):
                     async for item in items:
-                        yield _event(dp.ConnectWorkspaceProcessResponse, item)
+                        if isinstance(item, Replayed):
+                            yield dp.ConnectWorkspaceProcessResponse(replayed=True)
+                        else:
+                            yield _event(dp.ConnectWorkspaceProcessResponse, item)
             except JobStopped:
                 raise self._dp_revoked(session) from None
             except GuestRefused as refused:

@@ -32,6 +32,7 @@ from ..runtime.base import (
     GuestStream,
     Output,
     ProcessSpec,
+    Replayed,
     Selector,
 )
 from .auth import Authenticator, PeerRule, token_hash
@@ -357,6 +358,8 @@ class NodeGuestApi:
                             yield guest_pb2.FollowGuestProcessResponse(output=output)
                     elif isinstance(item, Dropped):
                         yield guest_pb2.FollowGuestProcessResponse(dropped=item.count)
+                    elif isinstance(item, Replayed):
+                        yield guest_pb2.FollowGuestProcessResponse(replayed=True)
                     elif isinstance(item, Exit):
                         yield guest_pb2.FollowGuestProcessResponse(exit=guest_pb2.GuestExit(code=item.code))
         except GuestRefused as refused:

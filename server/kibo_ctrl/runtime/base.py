@@ -260,6 +260,12 @@ class Dropped:
     count: int
 
 
+@dataclass(frozen=True)
+class Replayed:
+    """Following with `replay` a process that runs, once: the output kept when the follow began
+    has all come; what follows comes as it is written (for an ended one, its Exit says that)."""
+
+
 # A process: its pid in the guest, or its tag.
 Selector = int | str
 
@@ -287,8 +293,8 @@ class GuestProcesses(Protocol):
         replay: bool = False,
         stop: asyncio.Event | None = None,
         hold: bool = False,
-    ) -> AsyncGenerator[Output | Dropped | Exit, None]:
-        """Its output from now (or from what is kept: `replay`), then its Exit. `hold`: the
+    ) -> AsyncGenerator[Output | Dropped | Replayed | Exit, None]:
+        """Its output from now (or from what is kept: `replay`, then Replayed), then its Exit. `hold`: the
         process's output waits for this follower rather than being dropped for it (a
         foreground start's: back-pressure to the guest, as an exec). JobStopped once `stop`
         is set; closing the generator leaves the process running."""

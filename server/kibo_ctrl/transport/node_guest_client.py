@@ -41,6 +41,7 @@ from ..runtime.base import (
     Output,
     ProcessInfo,
     ProcessSpec,
+    Replayed,
     Selector,
 )
 
@@ -186,7 +187,7 @@ class RemoteGuests:
         replay: bool = False,
         stop: asyncio.Event | None = None,
         hold: bool = False,
-    ) -> AsyncGenerator[Output | Dropped | Exit, None]:
+    ) -> AsyncGenerator[Output | Dropped | Replayed | Exit, None]:
         """One FollowGuestProcess call; closing this generator (or `stop`) cancels it, which
         closes the node's follower and leaves the process running. With `hold`, the node's
         follower is the one the process's output waits for, and it waits on this call's flow
@@ -204,6 +205,8 @@ class RemoteGuests:
                     yield Output(response.output.stream, response.output.data)
                 elif which == "dropped":
                     yield Dropped(response.dropped)
+                elif which == "replayed":
+                    yield Replayed()
                 elif which == "exit":
                     yield Exit(response.exit.code)
                 elif which == "refused":

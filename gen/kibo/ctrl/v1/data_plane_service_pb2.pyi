@@ -195,18 +195,20 @@ class StartWorkspaceProcessResponse(_message.Message):
     def __init__(self, started: _Optional[_Union[ProcessStarted, _Mapping]] = ..., stdout: _Optional[bytes] = ..., stderr: _Optional[bytes] = ..., pty: _Optional[bytes] = ..., dropped_bytes: _Optional[int] = ..., exit_code: _Optional[int] = ...) -> None: ...
 
 class ConnectWorkspaceProcessResponse(_message.Message):
-    __slots__ = ("stdout", "stderr", "pty", "dropped_bytes", "exit_code")
+    __slots__ = ("stdout", "stderr", "pty", "dropped_bytes", "exit_code", "replayed")
     STDOUT_FIELD_NUMBER: _ClassVar[int]
     STDERR_FIELD_NUMBER: _ClassVar[int]
     PTY_FIELD_NUMBER: _ClassVar[int]
     DROPPED_BYTES_FIELD_NUMBER: _ClassVar[int]
     EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    REPLAYED_FIELD_NUMBER: _ClassVar[int]
     stdout: bytes
     stderr: bytes
     pty: bytes
     dropped_bytes: int
     exit_code: int
-    def __init__(self, stdout: _Optional[bytes] = ..., stderr: _Optional[bytes] = ..., pty: _Optional[bytes] = ..., dropped_bytes: _Optional[int] = ..., exit_code: _Optional[int] = ...) -> None: ...
+    replayed: bool
+    def __init__(self, stdout: _Optional[bytes] = ..., stderr: _Optional[bytes] = ..., pty: _Optional[bytes] = ..., dropped_bytes: _Optional[int] = ..., exit_code: _Optional[int] = ..., replayed: _Optional[bool] = ...) -> None: ...
 
 class ConnectWorkspaceProcessRequest(_message.Message):
     __slots__ = ("credential", "process", "replay")

@@ -120,13 +120,15 @@ class FollowGuestProcessRequest(_message.Message):
     def __init__(self, instance_id: _Optional[str] = ..., selector: _Optional[bytes] = ..., replay: _Optional[bool] = ...) -> None: ...
 
 class FollowGuestProcessResponse(_message.Message):
-    __slots__ = ("output", "exit", "refused", "dropped")
+    __slots__ = ("output", "exit", "refused", "dropped", "replayed")
     OUTPUT_FIELD_NUMBER: _ClassVar[int]
     EXIT_FIELD_NUMBER: _ClassVar[int]
     REFUSED_FIELD_NUMBER: _ClassVar[int]
     DROPPED_FIELD_NUMBER: _ClassVar[int]
+    REPLAYED_FIELD_NUMBER: _ClassVar[int]
     output: GuestOutput
     exit: GuestExit
     refused: GuestRefusal
     dropped: int
-    def __init__(self, output: _Optional[_Union[GuestOutput, _Mapping]] = ..., exit: _Optional[_Union[GuestExit, _Mapping]] = ..., refused: _Optional[_Union[GuestRefusal, _Mapping]] = ..., dropped: _Optional[int] = ...) -> None: ...
+    replayed: bool
+    def __init__(self, output: _Optional[_Union[GuestOutput, _Mapping]] = ..., exit: _Optional[_Union[GuestExit, _Mapping]] = ..., refused: _Optional[_Union[GuestRefusal, _Mapping]] = ..., dropped: _Optional[int] = ..., replayed: _Optional[bool] = ...) -> None: ...

@@ -314,7 +314,8 @@ class ProcessRuntime(TableProcesses):
     def adopt(self, instances: list[Instance]) -> None:
         adoption.adopt(self, self._supervised, instances)
         if self.networks is not None:
-            self.networks.adopt()  # slots found on the machine: their live owners keep them
+            # Slots found on the machine: owners that run, or that the store has here, keep them.
+            self.networks.adopt(frozenset(i.id for i in instances))
 
     def _attach(self, instance_id: str) -> Supervised | None:
         """The live supervisor of the instance, if one runs (see adoption.attach)."""

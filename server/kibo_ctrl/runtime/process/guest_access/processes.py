@@ -64,6 +64,7 @@ from ...base import (
     Output,
     ProcessInfo,
     ProcessSpec,
+    Replayed,
     Selector,
 )
 from ..fork_client import Child, Door, ForkServer
@@ -601,12 +602,14 @@ class ProcessTable:
         replay: bool = False,
         stop: asyncio.Event | None = None,
         hold: bool = False,
-    ) -> AsyncGenerator[Output | Dropped | Exit, None]:
+    ) -> AsyncGenerator[Output | Dropped | Replayed | Exit, None]:
         process = self._find(instance_id, selector)
         ring = process.ring
         cursor = _Cursor(ring.first_seq, ring.start) if replay else _Cursor(ring.first_seq + len(ring.chunks), ring.end)
         if replay and ring.start:
             cursor.offset = 0  # what was not kept comes as Dropped first
+        # With replay: Replayed once the cursor has passed what was kept when the follow began.
+        replayed_at = ring.end if replay else None
         stopped = asyncio.create_task(stop.wait()) if stop is not None else None
         if hold and not process.done:
             process.holds.add(cursor)
@@ -615,6 +618,11 @@ class ProcessTable:
             while True:
                 if stop is not None and stop.is_set():
                     raise JobStopped("the follower was stopped")
+                if replayed_at is not None and cursor.offset >= replayed_at:
+                    replayed_at = None
+                    if not process.done:  # (an ended one's Exit says it all)
+                        yield Replayed()
+                    continue
                 if cursor.offset < ring.start:
                     missed = ring.start - cursor.offset
                     cursor.seq, cursor.offset = ring.first_seq, ring.start
@@ -841,7 +849,7 @@ class TableProcesses:
         replay: bool = False,
         stop: asyncio.Event | None = None,
         hold: bool = False,
-    ) -> AsyncGenerator[Output | Dropped | Exit, None]:
+    ) -> AsyncGenerator[Output | Dropped | Replayed | Exit, None]:
         return self.processes.follow(instance_id, selector, replay, stop, hold)
 
     async def send_guest_process_input(

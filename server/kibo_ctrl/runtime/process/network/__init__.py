@@ -272,9 +272,10 @@ class GuestNetworks:
 
     # -- restart ----------------------------------------------------------------------------
 
-    def adopt(self) -> None:
+    def adopt(self, known: frozenset[str] = frozenset()) -> None:
         """After a restart: each slot found on the machine is its recorded owner's if that
-        owner still runs (its policy in force again), else it goes."""
+        owner still runs or the store still has it on this node (`known`: its end, a destroy,
+        releases it), its policy in force again; else it goes."""
         with self._lock:
             found = sorted(self._unknown)
         for index in found:
@@ -283,7 +284,7 @@ class GuestNetworks:
             owner = None
             with contextlib.suppress(OSError, ValueError, KeyError, msgspec.DecodeError):
                 data = json.loads(record.read_text())
-                if self._live(data["instance_id"]):
+                if data["instance_id"] in known or self._live(data["instance_id"]):
                     policy = msgspec.convert(data["policy"], NetworkPolicy)
                     owner = data["instance_id"]
             if owner is None:
