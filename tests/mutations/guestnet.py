@@ -108,4 +108,14 @@ MUTATIONS = [
         replace="            pass\n",
         tests=(f"{_T}test_after_a_control_plane_kill_the_guest_keeps_its_network_and_takes_a_new_policy",),
     ),
+    Mutation(
+        claim=(
+            "A guest's network slot being released is never made again meanwhile by the filler thread (which "
+            "removes a leftover of the same name first): every ready slot keeps its namespace"
+        ),
+        code="server/kibo_ctrl/runtime/process/network/__init__.py",
+        find="                self._making.add(held.slot.index)\n",
+        replace="                pass\n",
+        tests=("tests/system/test_guest_network_slots.py::test_a_released_slot_is_not_made_again_while_it_goes",),
+    ),
 ]

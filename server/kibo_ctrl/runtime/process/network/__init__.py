@@ -244,9 +244,17 @@ class GuestNetworks:
             held = self._held.pop(instance_id, None)
             if held is not None:
                 self._by_address.pop(str(held.slot.address), None)
+                # Reserved while it goes: the filler (its own thread) would otherwise make a
+                # slot of the same name meanwhile, which this removal then took away (a ready
+                # slot with no namespace: "/run/netns/kibo-...: No such file" at a launch).
+                self._making.add(held.slot.index)
         if held is None:
             return
-        self._unhold(held.slot)
+        try:
+            self._unhold(held.slot)
+        finally:
+            with self._lock:
+                self._making.discard(held.slot.index)
 
     def _unhold(self, s: slots.Slot) -> None:
         with contextlib.suppress(NftError):
@@ -290,10 +298,15 @@ class GuestNetworks:
             if owner is None:
                 self._unhold(s)
             else:
-                with self._lock:
-                    self._unknown.discard(index)
                 parsed = rules.parse(policy)
                 held = Held(owner, s, parsed, int(data["gen"]), self._dns(parsed, s), {})
+                with self._lock:
+                    # Held before it is no longer unknown, in one step: the filler (its own
+                    # thread) never sees the index free and makes a slot of it again (which
+                    # took the adopted guest's veth, and its route, under load).
+                    self._held[owner] = held
+                    self._by_address[str(s.address)] = held
+                    self._unknown.discard(index)
                 try:
                     self.nft.run(
                         rules.guest_chain(self.table, s.chain, held.policy, held.gen, keep_domains=True)
@@ -301,9 +314,6 @@ class GuestNetworks:
                     )
                 except NftError as error:
                     log.error("guest network of %s: its policy could not be applied again: %s", owner, error)
-                with self._lock:
-                    self._held[owner] = held
-                    self._by_address[str(s.address)] = held
             with self._lock:
                 self._unknown.discard(index)
         self._refill.set()
