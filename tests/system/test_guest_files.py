@@ -811,10 +811,13 @@ def test_a_watch_that_is_not_read_says_it_overflowed(sdk: kibotos.Client, stub: 
     events fills (16,384) and drops the rest; the watch says so instead of going silent."""
     sh(sdk, credential, "mkdir /root/flood")
     events = stub.WatchWorkspaceDirectory(
-        dp.WatchWorkspaceDirectoryRequest(credential=credential, path="/root/flood"), timeout=20
+        dp.WatchWorkspaceDirectoryRequest(credential=credential, path="/root/flood"), timeout=90
     )
     assert next(events).ready
-    sh(sdk, credential, "cd /root/flood && seq 1 40000 | xargs touch")  # 80,000 events, none read meanwhile
+    # 80,000 events, none read meanwhile: past what the pipe, the server and gRPC's window hold
+    # (~1 MiB of JSON lines each), then past the kernel's 16,384. (The deadline leaves room for
+    # a suite that runs slow on a loaded machine: it was 20 s, and ran out once.)
+    sh(sdk, credential, "cd /root/flood && seq 1 40000 | xargs touch")
     seen = 0
     for event in events:
         if event.overflow:
