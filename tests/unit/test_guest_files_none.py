@@ -30,7 +30,12 @@ from kibo_ctrl.runtime.process.guest_access.processes import ProcessTable
 
 INSTANCE = "ws-files-g1"
 UPLOAD = "kibo-upload-0123456789abcdef"
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="guest_exec joins cgroups and drops privileges as root")
+
+
+@pytest.fixture(autouse=True)
+def _as_root() -> None:
+    """Like the process runtime's other tests: they fail, not skip, where they cannot run."""
+    assert os.geteuid() == 0, "guest_exec joins cgroups and drops privileges as root: run these tests as root"
 
 
 def _start_time(pid: int) -> int:

@@ -39,7 +39,12 @@ from kibo_ctrl.runtime.process.fork_client import ForkServer
 from kibo_ctrl.runtime.process.guest_access.processes import CHUNK, LISTED_ARGV_BYTES, ProcessTable
 
 INSTANCE = "ws-table-g1"
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="guest_exec switches users and joins cgroups as root")
+
+
+@pytest.fixture(autouse=True)
+def _as_root() -> None:
+    """Like the process runtime's other tests: they fail, not skip, where they cannot run."""
+    assert os.geteuid() == 0, "guest_exec switches users and joins cgroups as root: run these tests as root"
 
 
 def _start_time(pid: int) -> int:
