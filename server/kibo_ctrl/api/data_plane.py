@@ -43,18 +43,13 @@ from ..domain.errors import (
     Conflict,
     GuestError,
     InvalidArgument,
-    KiboError,
     NotFound,
-    QuotaExceeded,
     Unauthenticated,
     Unavailable,
     Unimplemented,
 )
-from ..domain.guest_errors import file_error
 from ..domain.model import Phase, Workspace, WorkspaceState
 from ..runtime.base import (
-    MAX_GUEST_PROCESSES,
-    MAX_UPLOADS,
     Exit,
     GuestAccess,
     GuestProcesses,
@@ -63,6 +58,8 @@ from ..runtime.base import (
     Output,
 )
 from ..store.base import Changes, Reader, Store
+from .data_plane_errors import refused as _refused
+from .data_plane_errors import revoked as _revoked
 from .data_plane_files import DataPlaneFiles
 from .data_plane_processes import DataPlaneProcesses
 from .data_plane_sessions import Session, Sessions
@@ -298,38 +295,3 @@ def _check_path(guests: GuestAccess, path: str, mounts: list[str]) -> None:
         guests.check_file_path(path, mounts)
     except ValueError as error:
         raise InvalidArgument(str(error), field="path") from None
-
-
-def _revoked(session: Session) -> Unauthenticated:
-    return Unauthenticated(
-        f"the credential was revoked while the call ran ({session.why}): its command was killed",
-        field="credential",
-        hint="request a new credential (IssueDataPlaneCredential) while the workspace is AVAILABLE",
-    )
-
-
-def _refused(refused: GuestRefused, path: str, field: str) -> KiboError:
-    """The error for a job that could not run; `path` and `field`: what an OS error is about
-    (the file of a read or write, the working directory of an exec)."""
-    if refused.status == "unavailable":
-        return Unavailable(str(refused))
-    if refused.status == "invalid":
-        return InvalidArgument(str(refused), field=field)
-    if refused.status == "not-found":
-        return NotFound(str(refused), field=field)
-    if refused.status == "os-error":
-        return file_error(refused.errno, path, str(refused), field)
-    if refused.status == "conflict":
-        return Conflict(str(refused), field=field)
-    if refused.status == "limit":
-        # The guest processes' table names its cap in `errno`: "processes" or "uploads".
-        quota, limit = ("uploads", MAX_UPLOADS) if refused.errno == "uploads" else ("processes", MAX_GUEST_PROCESSES)
-        return QuotaExceeded(str(refused), quota=f"workspace_{quota}", limit=limit, used=limit, requested=1)
-    # Entering the guest failed, or the job died (e.g. killed by the guest's memory limit):
-    # the detail names host paths, so it goes to the log, not to the caller.
-    incident = secrets.token_hex(6)
-    log.warning("data-plane job failed (incident %s): %s: %s", incident, refused.status, refused)
-    return GuestError(
-        f"the job in the guest failed or was killed (incident {incident})",
-        hint="retry; if it persists, the server log has the cause under this incident ID",
-    )

@@ -59,6 +59,8 @@ from ..runtime.base import (
     ProcessInfo,
     ProcessSpec,
 )
+from .data_plane_errors import refused as _refused
+from .data_plane_errors import revoked as _revoked
 from .data_plane_sessions import Session
 
 if TYPE_CHECKING:
@@ -286,8 +288,6 @@ class DataPlaneFiles:
         field: str,
     ) -> AsyncGenerator[bytes, None]:
         """A file job's standard output as it comes; its errors as the API's."""
-        from .data_plane import _refused, _revoked
-
         items = runtime.guest_job(instance_id, job, b"", 0.0, session.stop)
         try:
             async with aclosing(items):
@@ -461,8 +461,6 @@ class DataPlaneFiles:
     async def start_workspace_upload(
         self, request: dp.StartWorkspaceUploadRequest, caller: Caller
     ) -> dp.StartWorkspaceUploadResponse:
-        from .data_plane import _refused, _revoked
-
         path = _path(request.path, "path")
         mode = _mode(request.mode)
         job: dict[str, Any] = {"mode": "untar" if request.archive else "write", "path": path, "anywhere": True}
@@ -489,8 +487,6 @@ class DataPlaneFiles:
     async def write_workspace_upload(
         self, request: dp.WriteWorkspaceUploadRequest, caller: Caller
     ) -> dp.WriteWorkspaceUploadResponse:
-        from .data_plane import _refused, _revoked
-
         upload_id = _upload_id(request.upload_id)
         if len(request.data) > MAX_PART_BYTES:
             raise InvalidArgument(f"data: at most {MAX_PART_BYTES >> 20} MiB a part", field="data")
@@ -554,8 +550,6 @@ class DataPlaneFiles:
 
     async def _ended(self, keeper: GuestProcesses, instance_id: str, upload_id: str, session: Session) -> None:
         """Follow the upload to its end: nothing when its job succeeded, else its error."""
-        from .data_plane import _refused, _revoked
-
         errors = bytearray()
         code = 0
         about = self._about(instance_id, upload_id)
@@ -583,8 +577,6 @@ class DataPlaneFiles:
     async def cancel_workspace_upload(
         self, request: dp.CancelWorkspaceUploadRequest, caller: Caller
     ) -> dp.CancelWorkspaceUploadResponse:
-        from .data_plane import _revoked
-
         upload_id = _upload_id(request.upload_id)
         async with self._guest(request.credential) as (session, runtime, instance_id):
             keeper = self._keeper(runtime)

@@ -41,6 +41,8 @@ from ..runtime.base import (
     Replayed,
     Selector,
 )
+from .data_plane_errors import refused as refused_error
+from .data_plane_errors import revoked
 from .data_plane_sessions import Session
 
 if TYPE_CHECKING:
@@ -255,21 +257,15 @@ class DataPlaneProcesses:
 
     @staticmethod
     def _dp_revoked(session: Session) -> KiboError:
-        from .data_plane import _revoked
-
-        return _revoked(session)
+        return revoked(session)
 
 
 def _refused(refused: GuestRefused, field: str) -> KiboError:
-    from .data_plane import _refused as refused_error  # data_plane.py imports this module
-
     return refused_error(refused, "", field)
 
 
 def _start_refused(refused: GuestRefused, cwd: str) -> KiboError:
     """A start's refusal: the user (invalid), the working directory (an OS error), the tag in use."""
-    from .data_plane import _refused as refused_error
-
     if refused.status == "invalid":
         return InvalidArgument(str(refused), field="user")
     if refused.status == "os-error":
